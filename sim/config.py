@@ -1,0 +1,232 @@
+"""Experiment configuration: YAML validated by pydantic models (unknown keys are errors).
+
+``load_config(path)`` returns an :class:`ExperimentConfig` or raises :class:`ConfigError`, whose
+message names the file and the offending key (``configs/x.yaml: engine.blok_size: unknown key``).
+Input paths inside a config (traces, fitted latency files) are resolved against the config
+file's directory; ``output_dir`` is relative to the working directory.
+Imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sim.hashing import HASH_ALGOS
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the file and key in the message."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Strict):
+    """vLLM engine knobs (defaults: vLLM 0.25.1's LLM-class defaults on a >=70 GiB GPU, but
+    ``max_num_batched_tokens`` 8192 / ``max_num_seqs`` 256, the API-server-like H100 setting)."""
+
+    block_size: Annotated[int, Field(gt=0, le=4096)] = 16
+    num_gpu_blocks: Annotated[int, Field(ge=2)] | None = None
+    kv_cache_gib: Annotated[float, Field(gt=0)] | None = None
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.92
+    max_num_batched_tokens: Annotated[int, Field(gt=0)] = 8192
+    max_num_seqs: Annotated[int, Field(gt=0)] = 256
+    max_model_len: Annotated[int, Field(gt=1)] | None = None
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: Annotated[int, Field(ge=0)] = 0
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    watermark: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    scheduler_reserve_full_isl: bool = True
+    enable_prefix_caching: bool = True
+    hash_algo: Literal["fast", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor"] = "fast"
+    hash_seed: int = 0
+    use_eagle: bool = False
+
+    @model_validator(mode="after")
+    def _one_capacity(self) -> "EngineConfig":
+        if self.num_gpu_blocks is not None and self.kv_cache_gib is not None:
+            raise ValueError("set num_gpu_blocks or kv_cache_gib, not both")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}), as vLLM requires"
+            )
+        return self
+
+
+class FixedLatencyConfig(_Strict):
+    kind: Literal["fixed"]
+    step_time_s: Annotated[float, Field(gt=0)] = 0.01
+
+
+class RooflineLatencyConfig(_Strict):
+    kind: Literal["roofline"]
+    overhead_s: Annotated[float, Field(ge=0)] | None = None
+
+
+class FittedLatencyConfig(_Strict):
+    kind: Literal["fitted"]
+    path: str
+
+
+LatencyConfig = Annotated[
+    FixedLatencyConfig | RooflineLatencyConfig | FittedLatencyConfig, Field(discriminator="kind")
+]
+
+
+class MooncakeWorkload(_Strict):
+    """A Mooncake FAST'25 trace (512-token chained block ids), re-blocked to token ids."""
+
+    kind: Literal["mooncake"]
+    path: str | None = None  # default: <shared traces>/mooncake/conversation_trace.jsonl
+    start: Annotated[int, Field(ge=0)] = 0
+    limit: Annotated[int, Field(gt=0)] | None = None
+    time_scale: Annotated[float, Field(gt=0)] = 1.0
+    tokens_per_id: Annotated[int, Field(gt=0)] = 512
+    max_output_tokens: Annotated[int, Field(gt=0)] | None = None
+
+
+class TraceWorkload(_Strict):
+    """A canonical token-level JSONL trace (see ``workloads.trace_format``)."""
+
+    kind: Literal["trace"]
+    path: str
+    skip_bad_lines: bool = False
+
+
+class SharedPrefixWorkload(_Strict):
+    """Synthetic requests sharing a few popular prefixes (Zipf), Poisson arrivals."""
+
+    kind: Literal["synthetic_shared_prefix"]
+    num_requests: Annotated[int, Field(gt=0)] = 200
+    num_prefixes: Annotated[int, Field(gt=0)] = 4
+    prefix_tokens: Annotated[int, Field(gt=0)] = 1024
+    suffix_tokens: Annotated[int, Field(gt=0)] = 256
+    output_tokens: Annotated[int, Field(gt=0)] = 64
+    rate: Annotated[float, Field(gt=0)] = 10.0
+    zipf: Annotated[float, Field(ge=0)] = 1.0
+    seed: int | None = None  # default: the experiment seed
+
+
+WorkloadConfig = Annotated[
+    MooncakeWorkload | TraceWorkload | SharedPrefixWorkload, Field(discriminator="kind")
+]
+
+
+class ReplayConfig(_Strict):
+    fast_forward: bool = True
+    progress: bool | Literal["auto"] = "auto"
+    record_events: bool = False
+
+
+class ExperimentConfig(_Strict):
+    """One experiment: model on a GPU, engine knobs, latency model, workload, seed, output."""
+
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    seed: int = 0
+    output_dir: str = "results"
+    model: str = "llama-3-8b"
+    gpu: str = "H100-SXM"
+    engine: EngineConfig = EngineConfig()
+    latency: LatencyConfig = RooflineLatencyConfig(kind="roofline")
+    workload: WorkloadConfig
+    replay: ReplayConfig = ReplayConfig()
+    base_dir: str = Field(default=".", exclude=True)  # input paths resolve against this
+    source: str = Field(default="<config>", exclude=True)  # the file, for error messages
+
+    def resolve_path(self, p: str) -> Path:
+        """An input path: absolute, or relative to the config file's directory."""
+        path = Path(p).expanduser()
+        return path if path.is_absolute() else (Path(self.base_dir) / path)
+
+    def results_dir(self) -> Path:
+        """``<output_dir>/<name>``; a relative ``output_dir`` is relative to the working directory."""
+        return Path(self.output_dir).expanduser() / self.name
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and p in _UNION_TAGS)]
+    return ".".join(parts) or "<top level>"
+
+
+_UNION_TAGS = {"mooncake", "trace", "synthetic_shared_prefix", "fixed", "roofline", "fitted"}
+
+
+def _describe(err: dict[str, Any]) -> str:
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    if err["type"] == "missing":
+        return "required key is missing"
+    msg = str(err["msg"])
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return f"{msg} (got {err['input']!r})" if err["type"] != "value_error" else msg
+
+
+def config_from_dict(data: Any, source: str = "<config>", base_dir: str | Path = ".") -> ExperimentConfig:
+    """Validate a mapping; errors name ``source`` and each bad key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of keys, got {type(data).__name__}")
+    try:
+        return ExperimentConfig.model_validate({**data, "base_dir": str(base_dir), "source": source})
+    except ValidationError as exc:
+        lines = [f"{source}: {_format_loc(e['loc'])}: {_describe(e)}" for e in exc.errors()]
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_yaml(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a config mapping."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{source}: override {item!r} must look like key.path=value")
+        node = data
+        parts = key.split(".")
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"{source}: override {item!r}: {p} is not a mapping")
+            node = nxt
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Read, override and validate an experiment YAML file."""
+    path = Path(path)
+    data = load_yaml(path)
+    if overrides:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys")
+        data = apply_overrides(data, overrides, str(path))
+    return config_from_dict(data, str(path), path.parent)
+
+
+def config_to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The resolved config as plain data (what is written beside results)."""
+    return cfg.model_dump(mode="json", exclude={"base_dir", "source"})
+
+
+assert set(HASH_ALGOS) == {"fast", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor"}

@@ -1,0 +1,366 @@
+"""The SimPy replay loop -- the only module that imports simpy.
+
+Two processes share one ``simpy.Environment``:
+
+* **arrivals** walks the request stream (sorted by ``arrival``), turns each record into a
+  :class:`~sim.request.Request` at its arrival time and wakes an idle engine;
+* **engine** runs steps back to back: at a step's start it first yields a zero-delay timeout so
+  that every arrival at exactly that instant has been delivered, adds all delivered requests to the
+  scheduler, calls ``schedule()``, asks the executor for the step, waits its duration, then applies
+  the sampled tokens (``update_from_output``).
+
+Timing semantics (documented contract, tested):
+
+* a request becomes visible at the first engine step that **starts at or after** its arrival;
+* an idle engine (nothing unfinished) starts its next step at the next arrival;
+* ``first_scheduled`` is the start of the step that admitted the request, ``first_token`` the end of
+  the step that sampled its first token, ``finish`` the end of the step that sampled its last.
+
+With ``fast_forward`` and an executor that can price decode steps (``decode_step_time``), runs of
+identical decode steps are played by :mod:`sim.decode_window` with per-block rather than
+per-token work; results are identical to the plain loop (a test compares every table).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import simpy
+
+from sim.decode_window import apply_decode_window, plan_decode_window
+from sim.executor import Executor
+from sim.kv_cache_manager import PrefixCacheStats, cdiv
+from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RecordTable, finalize_requests, summarize
+from sim.request import Request
+from sim.scheduler import Scheduler
+from workloads.trace_format import TraceRequest
+
+
+class ReplayError(RuntimeError):
+    """The replay cannot continue (bad request, stalled engine)."""
+
+
+@dataclass
+class ReplayResult:
+    """Tables and totals of one replay."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    prefix_cache: PrefixCacheStats
+    summary: dict[str, Any]
+    wall_time_s: float = 0.0
+    events: list[tuple[int, Any]] = field(default_factory=list)
+
+
+class _Progress:
+    """A tqdm bar over finished requests, or nothing."""
+
+    def __init__(self, enabled: bool, total: int | None) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="req", desc="replay", mininterval=0.5, smoothing=0.05)
+
+    def update(self, n: int) -> None:
+        if self.bar is not None and n:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Replay:
+    """Replays a request stream through a scheduler and an executor on a SimPy clock."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: Executor,
+        requests: Iterable[TraceRequest],
+        *,
+        fast_forward: bool = True,
+        integrity_check: bool = False,
+        progress: bool = False,
+        total: int | None = None,
+        record_events: bool = False,
+        max_window_steps: int = 1 << 16,
+        on_step: Callable[[Scheduler], None] | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self._source: Iterator[TraceRequest] = iter(requests)
+        self.fast_forward = fast_forward and hasattr(executor, "decode_step_time")
+        self.integrity_check = integrity_check
+        self.max_window_steps = max_window_steps
+        self.on_step = on_step
+        self._progress = _Progress(progress, total)
+        self.env = simpy.Environment()
+        self._pending: list[Request] = []
+        self._idle: simpy.Event | None = None
+        self._source_done = False
+        self._next_arrival = math.inf
+        self._uid = 0
+        self._req_rows: dict[str, int] = {}
+        self._req = RecordTable(REQUEST_COLUMNS)
+        self._steps = RecordTable(STEP_COLUMNS)
+        self._stats = PrefixCacheStats()
+        self.events: list[tuple[int, Any]] = []
+        if record_events:
+            scheduler.kv_cache_manager.block_pool.event_sink = self._record_event
+
+    # -- public -------------------------------------------------------------------------------
+    def run(self) -> ReplayResult:
+        t0 = time.perf_counter()
+        self.env.process(self._arrivals())
+        engine = self.env.process(self._engine())
+        try:
+            self.env.run(until=engine)
+        finally:
+            self._progress.close()
+        wall = time.perf_counter() - t0
+        requests = finalize_requests(self._req.to_frame())
+        steps = self._steps.to_frame()
+        pool = self.scheduler.kv_cache_manager.block_pool
+        summary = summarize(
+            requests, steps, self._stats, sim_time_s=self.env.now, num_evictions=pool.num_evictions
+        )
+        return ReplayResult(requests, steps, self._stats, summary, wall, self.events)
+
+    # -- processes ----------------------------------------------------------------------------
+    def _arrivals(self) -> Iterator[simpy.Event]:
+        env = self.env
+        last = -math.inf
+        for tr in self._source:
+            if not tr.arrival >= last:
+                raise ReplayError(f"request {tr.id}: arrival {tr.arrival} is before the previous one ({last})")
+            last = tr.arrival
+            if tr.arrival > env.now:
+                self._next_arrival = tr.arrival
+                yield env.timeout(tr.arrival - env.now)
+            self._pending.append(self._make_request(tr))
+            if self._idle is not None and not self._idle.triggered:
+                self._idle.succeed()
+        self._next_arrival = math.inf
+        self._source_done = True
+        if self._idle is not None and not self._idle.triggered:
+            self._idle.succeed()
+
+    def _engine(self) -> Iterator[simpy.Event]:
+        env = self.env
+        sched = self.scheduler
+        while True:
+            yield env.timeout(0)  # deliver every arrival at exactly this instant first
+            self._admit_pending()
+            if not sched.has_unfinished_requests():
+                if self._source_done and not self._pending:
+                    return
+                self._idle = env.event()
+                yield self._idle
+                self._idle = None
+                continue
+            if self.fast_forward:
+                durations = self._plan_window()
+                if durations is not None:
+                    yield from self._run_window(durations)
+                    continue
+            yield from self._step()
+
+    # -- one plain step -----------------------------------------------------------------------
+    def _step(self) -> Iterator[simpy.Event]:
+        env = self.env
+        sched = self.scheduler
+        start = env.now
+        out = sched.schedule()
+        if out.is_empty():
+            raise ReplayError(self._stall_message())
+        result = self.executor.execute(out)
+        if not result.duration_s > 0:
+            raise ReplayError(f"executor returned a non-positive step time {result.duration_s}")
+        admitted = 0
+        prefill_tokens = 0
+        decode = 0
+        for s in out.scheduled:
+            if s.admitted:
+                admitted += 1
+                self._on_admit(s.request, s.hit_tokens, start)
+            r = s.request
+            if s.num_new_tokens == 1 and r.output_token_ids and s.num_computed_before == r.num_tokens - 1:
+                decode += 1
+            else:
+                prefill_tokens += s.num_new_tokens
+        n_running, n_waiting = len(sched.running), len(sched.waiting)
+        yield env.timeout(result.duration_s)
+        finished = sched.update_from_output(out, result.sampled_token_ids)
+        now = env.now
+        first_token = self._req.data["first_token"]
+        for rid in result.sampled_token_ids:
+            row = self._req_rows[rid]
+            if first_token[row] is None:
+                first_token[row] = now
+        for r in finished:
+            self._on_finish(r, now)
+        stats = sched.make_stats()
+        if stats is not None:
+            self._stats.add(stats)
+        pool = sched.kv_cache_manager.block_pool
+        self._steps.append(
+            out.step,
+            start,
+            result.duration_s,
+            len(out.scheduled),
+            out.total_num_scheduled_tokens,
+            prefill_tokens,
+            decode,
+            admitted,
+            len(out.preempted),
+            len(finished),
+            n_running,
+            n_waiting,
+            pool.get_num_free_blocks(),
+            pool.num_cached_blocks,
+            pool.get_usage(),
+        )
+        self._after_step()
+
+    # -- fast-forwarded decode steps ----------------------------------------------------------
+    def _plan_window(self) -> list[float] | None:
+        sched = self.scheduler
+        window = plan_decode_window(sched, self.max_window_steps)
+        if window is None:
+            return None
+        # with a waiting queue (seq-limited or blocked FCFS head) arrivals just join its back
+        arrivals_harmless = bool(sched.waiting)
+        price = self.executor.decode_step_time  # type: ignore[attr-defined]
+        n = len(window.running)
+        durations: list[float] = []
+        start = self.env.now
+        for j in range(window.k):
+            if j and not arrivals_harmless and start >= self._next_arrival:
+                break  # an arrival becomes visible at this step: play it normally
+            d = price(n, window.context0 + j * n)
+            durations.append(d)
+            start = start + 0.0 + d  # the plain loop's float arithmetic: timeout(0), timeout(d)
+        if len(durations) < 2:
+            return None
+        window.k = len(durations)
+        self._window = window
+        return durations
+
+    def _run_window(self, durations: list[float]) -> Iterator[simpy.Event]:
+        env = self.env
+        sched = self.scheduler
+        window = self._window
+        first_step = sched.step_index
+        per_step = apply_decode_window(sched, window)
+        n = len(window.running)
+        pool = sched.kv_cache_manager.block_pool
+        total_blocks = pool.num_gpu_blocks - 1
+        for j, d in enumerate(durations):
+            if j:
+                yield env.timeout(0)
+                self._admit_pending()
+            start = env.now
+            n_waiting = len(sched.waiting)
+            yield env.timeout(d)
+            free, cached, n_finished = per_step[j]
+            self._steps.append(
+                first_step + j, start, d, n, n, 0, n, 0, 0, n_finished, n, n_waiting, free, cached,
+                1.0 - free / total_blocks,
+            )
+        now = env.now
+        for r in window.running:
+            if r.is_finished():
+                self._on_finish(r, now)
+        if self.integrity_check:
+            sched.check_integrity()
+        if self.on_step is not None:
+            self.on_step(sched)
+
+    # -- bookkeeping --------------------------------------------------------------------------
+    def _make_request(self, tr: TraceRequest) -> Request:
+        sched = self.scheduler
+        max_len = sched.config.max_model_len
+        if len(tr.tokens) > max_len:
+            raise ReplayError(
+                f"request {tr.id}: prompt of {len(tr.tokens)} tokens exceeds max_model_len {max_len}"
+            )
+        uid = self._uid
+        self._uid += 1
+        req = Request(
+            tr.id,
+            tr.tokens,
+            tr.output_tokens,
+            uid=uid,
+            arrival_time=tr.arrival,
+            cache_salt=tr.salt,
+            lora_name=tr.lora,
+            lora_int_id=0,
+            priority=tr.priority,
+            prompt_logprobs=tr.prompt_logprobs,
+            output_token_ids=tr.output_token_ids,
+            hasher=sched.hasher if sched.cache_config.enable_prefix_caching else None,
+        )
+        if tr.id in self._req_rows:
+            raise ReplayError(f"duplicate request id {tr.id!r}")
+        self._req_rows[tr.id] = len(self._req)
+        self._req.append(
+            tr.id, tr.arrival, None, None, None, req.num_prompt_tokens, tr.output_tokens, None, 0, "",
+            tr.salt, tr.lora, tr.tenant, tr.session, tr.prompt_logprobs,
+        )
+        return req
+
+    def _admit_pending(self) -> None:
+        if self._pending:
+            for r in self._pending:
+                self.scheduler.add_request(r)
+            self._pending.clear()
+
+    def _on_admit(self, request: Request, hit_tokens: int, start: float) -> None:
+        data = self._req.data
+        row = self._req_rows[request.request_id]
+        if data["first_scheduled"][row] is None:
+            data["first_scheduled"][row] = start
+            data["hit_tokens"][row] = hit_tokens
+        else:
+            prev = data["readmit_hit_tokens"][row]
+            data["readmit_hit_tokens"][row] = f"{prev};{hit_tokens}" if prev else str(hit_tokens)
+            data["num_preemptions"][row] = request.num_preemptions
+
+    def _on_finish(self, request: Request, now: float) -> None:
+        data = self._req.data
+        row = self._req_rows[request.request_id]
+        data["finish"][row] = now
+        data["num_preemptions"][row] = request.num_preemptions
+        data["output_tokens"][row] = len(request.output_token_ids)
+        request.release_tokens()
+        self._progress.update(1)
+
+    def _after_step(self) -> None:
+        if self.integrity_check:
+            self.scheduler.check_integrity()
+        if self.on_step is not None:
+            self.on_step(self.scheduler)
+
+    def _record_event(self, event: Any) -> None:
+        self.events.append((self.scheduler.step_index, event))
+
+    def _stall_message(self) -> str:
+        sched = self.scheduler
+        head = sched.waiting.peek() if sched.waiting else None
+        cc = sched.cache_config
+        usable = cc.num_gpu_blocks - 1
+        if head is None:
+            return f"engine stalled at t={self.env.now:.6f}s with nothing schedulable"
+        need = cdiv(head.num_tokens, cc.block_size)
+        return (
+            f"engine stalled at t={self.env.now:.6f}s: request {head.request_id} ({head.num_tokens} tokens, "
+            f"{need} blocks of {cc.block_size}) cannot be admitted into a pool of {usable} usable blocks "
+            f"with {len(sched.running)} running (watermark {sched.config.watermark}); the pool is too small"
+        )

@@ -1,0 +1,212 @@
+"""From a validated :class:`~sim.config.ExperimentConfig` to a results folder.
+
+``build_*`` functions turn config sections into objects (scheduler, latency model, workload);
+``run_experiment`` replays and writes ``results/<name>/``. Configuration problems that only show
+once the pieces meet (a pool too small for ``max_model_len``, an unknown model) raise
+:class:`~sim.config.ConfigError` naming the file and key.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.config import ConfigError, ExperimentConfig, config_to_dict
+from sim.engine import Replay, ReplayResult
+from sim.executor import SimulatedExecutor
+from sim.fitted_latency import FittedLatency
+from sim.hashing import make_block_hasher
+from sim.kv_cache_manager import cdiv
+from sim.latency import FixedLatency, LatencyModel
+from sim.results import run_metadata, write_results
+from sim.roofline import ModelSpec, RooflineLatency, kv_cache_blocks, load_gpu_spec, load_model_spec
+from sim.scheduler import CacheConfig, Scheduler, SchedulerConfig
+from workloads.mooncake import load_mooncake
+from workloads.paths import shared_traces_dir
+from workloads.synthetic import shared_prefix
+from workloads.trace_format import TraceReader, TraceRequest, read_trace
+
+
+@dataclass
+class Workload:
+    """A request stream plus what is known about it up front."""
+
+    requests: Iterable[TraceRequest]
+    total: int | None
+    description: str
+    reader: TraceReader | None = None  # to report skipped lines afterwards
+
+
+def _source(cfg: ExperimentConfig) -> str:
+    return cfg.source
+
+
+def model_spec(cfg: ExperimentConfig) -> ModelSpec:
+    try:
+        return load_model_spec(cfg.model if not cfg.model.endswith((".yaml", ".yml")) else str(cfg.resolve_path(cfg.model)))
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"{_source(cfg)}: model: {exc}") from None
+
+
+def resolve_num_gpu_blocks(cfg: ExperimentConfig) -> int:
+    """The pool size in blocks (null block included): given, from ``kv_cache_gib``, or from the GPU."""
+    e = cfg.engine
+    if e.num_gpu_blocks is not None:
+        return e.num_gpu_blocks
+    key = "engine.kv_cache_gib" if e.kv_cache_gib is not None else "gpu"
+    try:
+        gpu = load_gpu_spec(cfg.gpu if not cfg.gpu.endswith((".yaml", ".yml")) else str(cfg.resolve_path(cfg.gpu)))
+        return kv_cache_blocks(
+            model_spec(cfg),
+            gpu,
+            e.block_size,
+            e.gpu_memory_utilization,
+            e.kv_cache_gib,
+            max_num_batched_tokens=e.max_num_batched_tokens,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{_source(cfg)}: {key}: {exc}") from None
+
+
+def build_scheduler(cfg: ExperimentConfig) -> Scheduler:
+    e = cfg.engine
+    max_model_len = e.max_model_len if e.max_model_len is not None else model_spec(cfg).max_model_len
+    num_blocks = resolve_num_gpu_blocks(cfg)
+    needed = cdiv(max_model_len, e.block_size)
+    if num_blocks - 1 < needed:
+        key = "engine.num_gpu_blocks" if e.num_gpu_blocks is not None else (
+            "engine.kv_cache_gib" if e.kv_cache_gib is not None else "gpu"
+        )
+        raise ConfigError(
+            f"{_source(cfg)}: {key}: a pool of {num_blocks} blocks ({num_blocks - 1} usable x {e.block_size} "
+            f"tokens) cannot hold one max_model_len={max_model_len} sequence ({needed} blocks); vLLM refuses to "
+            f"start -- enlarge the pool or lower engine.max_model_len"
+        )
+    if not e.enable_chunked_prefill and e.max_num_batched_tokens < max_model_len:
+        raise ConfigError(
+            f"{_source(cfg)}: engine.max_num_batched_tokens: {e.max_num_batched_tokens} is smaller than "
+            f"max_model_len {max_model_len} with chunked prefill off; vLLM rejects this"
+        )
+    sched_cfg = SchedulerConfig(
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        max_num_seqs=e.max_num_seqs,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=e.enable_chunked_prefill,
+        long_prefill_token_threshold=e.long_prefill_token_threshold,
+        policy=e.policy,
+        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
+        watermark=e.watermark,
+    )
+    cache_cfg = CacheConfig(e.block_size, num_blocks, e.enable_prefix_caching, e.use_eagle)
+    hasher = make_block_hasher(e.hash_algo, e.block_size, e.hash_seed)
+    return Scheduler(sched_cfg, cache_cfg, hasher)
+
+
+def build_latency(cfg: ExperimentConfig) -> LatencyModel:
+    lat = cfg.latency
+    if lat.kind == "fixed":
+        return FixedLatency(lat.step_time_s)
+    if lat.kind == "fitted":
+        try:
+            return FittedLatency.from_file(cfg.resolve_path(lat.path))
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"{_source(cfg)}: latency.path: {exc}") from None
+    try:
+        gpu = load_gpu_spec(cfg.gpu if not cfg.gpu.endswith((".yaml", ".yml")) else str(cfg.resolve_path(cfg.gpu)))
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"{_source(cfg)}: gpu: {exc}") from None
+    return RooflineLatency(model_spec(cfg), gpu, lat.overhead_s)
+
+
+def build_workload(cfg: ExperimentConfig) -> Workload:
+    w = cfg.workload
+    if w.kind == "mooncake":
+        path = cfg.resolve_path(w.path) if w.path else shared_traces_dir() / "mooncake" / "conversation_trace.jsonl"
+        if not path.exists():
+            raise ConfigError(f"{_source(cfg)}: workload.path: no such file {path}")
+        total = _count_lines(path, w.start, w.limit)
+        reqs = load_mooncake(
+            path,
+            tokens_per_id=w.tokens_per_id,
+            time_scale=w.time_scale,
+            start=w.start,
+            limit=w.limit,
+            max_output_tokens=w.max_output_tokens,
+        )
+        return Workload(reqs, total, f"mooncake {path.name} [{w.start}:{'' if w.limit is None else w.start + w.limit}]")
+    if w.kind == "trace":
+        path = cfg.resolve_path(w.path)
+        if not path.exists():
+            raise ConfigError(f"{_source(cfg)}: workload.path: no such file {path}")
+        reader = read_trace(path, skip_bad_lines=w.skip_bad_lines)
+        return Workload(reader, _count_lines(path, 0, None), f"trace {path.name}", reader)
+    seed = w.seed if w.seed is not None else cfg.seed
+    reqs = shared_prefix(
+        w.num_requests,
+        num_prefixes=w.num_prefixes,
+        prefix_tokens=w.prefix_tokens,
+        suffix_tokens=w.suffix_tokens,
+        output_tokens=w.output_tokens,
+        rate=w.rate,
+        zipf=w.zipf,
+        seed=seed,
+    )
+    return Workload(reqs, len(reqs), f"synthetic shared-prefix x{w.num_requests}")
+
+
+def _count_lines(path: Path, start: int, limit: int | None) -> int:
+    with open(path, "rb") as f:
+        n = sum(1 for line in f if line.strip())
+    n = max(0, n - start)
+    return n if limit is None else min(n, limit)
+
+
+def _progress_enabled(cfg: ExperimentConfig, progress: bool | None) -> bool:
+    if progress is not None:
+        return progress
+    if cfg.replay.progress == "auto":
+        return sys.stderr.isatty()
+    return bool(cfg.replay.progress)
+
+
+def replay_experiment(cfg: ExperimentConfig, *, progress: bool | None = None, **replay_kwargs: Any) -> tuple[ReplayResult, Workload]:
+    """Build everything and replay (no files written)."""
+    scheduler = build_scheduler(cfg)
+    executor = SimulatedExecutor(build_latency(cfg))
+    workload = build_workload(cfg)
+    replay = Replay(
+        scheduler,
+        executor,
+        workload.requests,
+        fast_forward=cfg.replay.fast_forward,
+        progress=_progress_enabled(cfg, progress),
+        total=workload.total,
+        record_events=cfg.replay.record_events,
+        **replay_kwargs,
+    )
+    result = replay.run()
+    return result, workload
+
+
+def run_experiment(
+    cfg: ExperimentConfig, *, out: str | Path | None = None, progress: bool | None = None
+) -> tuple[ReplayResult, Path]:
+    """Replay ``cfg`` and write its results folder; returns the result and the folder."""
+    result, workload = replay_experiment(cfg, progress=progress)
+    extra: dict[str, Any] = {"workload": workload.description}
+    if workload.reader is not None:
+        extra["skipped_bad_lines"] = workload.reader.skipped
+        extra["skipped_line_numbers"] = workload.reader.skipped_lines
+    folder = write_results(
+        Path(out) if out is not None else cfg.results_dir(),
+        config=config_to_dict(cfg),
+        requests=result.requests,
+        steps=result.steps,
+        summary=result.summary,
+        meta=run_metadata(result.wall_time_s, extra),
+        events=result.events or None,
+    )
+    return result, folder

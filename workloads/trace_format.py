@@ -1,0 +1,277 @@
+"""The canonical token-level trace record (one request per JSONL line), its reader and writer.
+
+Fields: ``id`` (str; an int in the file is converted), ``arrival`` (seconds, finite, >= 0),
+``tokens`` (prompt token ids, a non-empty list of ints in [0, 2**62)), ``output_tokens`` (count
+>= 1); optional ``output_token_ids`` (the ids the model will produce, so a later turn may contain
+an earlier answer; length >= ``output_tokens``), ``salt`` (vLLM ``cache_salt``, str or null),
+``lora`` (LoRA adapter name, str or null), ``priority`` (int, smaller first), ``prompt_logprobs``
+(bool), ``tenant`` and ``session`` (str or null, bookkeeping only).
+
+Token ids >= 2**62 are reserved for simulator-generated outputs. A file must be sorted by arrival
+(ties allowed) and ids must be unique. Every violation raises :class:`TraceFormatError` naming the
+file, the 1-based line and the field, e.g.
+``trace.jsonl:17: field 'output_tokens': expected int >= 1, got -3``.
+
+Known leniency: a JSON ``true``/``false`` mixed into an int token list is read as 1/0 (numpy's
+type inference; a per-token check would cost more than the parse). A list of only booleans is
+rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TOKEN_ID_LIMIT = 1 << 62
+"""Prompt/output token ids must lie in ``[0, TOKEN_ID_LIMIT)``; larger ids are simulator-generated."""
+
+MAX_SKIPPED_LINES_KEPT = 20
+"""How many skipped line numbers :attr:`TraceReader.skipped_lines` keeps."""
+
+
+@dataclass(slots=True)
+class TraceRequest:
+    """One request of a replayable workload. ``tokens`` is an int64 numpy array."""
+
+    id: str
+    arrival: float
+    tokens: np.ndarray
+    output_tokens: int
+    output_token_ids: np.ndarray | None = None
+    salt: str | None = None
+    lora: str | None = None
+    priority: int = 0
+    prompt_logprobs: bool = False
+    tenant: str | None = None
+    session: str | None = None
+
+
+class TraceFormatError(ValueError):
+    """A trace line that breaks the format; ``str()`` is ``file:line: field 'name': problem``."""
+
+    def __init__(self, path: str, line: int, field: str | None, problem: str) -> None:
+        self.path = path
+        self.line = line
+        self.field = field
+        self.problem = problem
+        where = f"{path}:{line}:"
+        super().__init__(f"{where} field {field!r}: {problem}" if field else f"{where} {problem}")
+
+
+class _FieldError(Exception):
+    """Internal: a field problem, completed with file and line by the caller."""
+
+    def __init__(self, field: str | None, problem: str) -> None:
+        super().__init__(problem)
+        self.field = field
+        self.problem = problem
+
+
+_REQUIRED = ("id", "arrival", "tokens", "output_tokens")
+_OPTIONAL = ("output_token_ids", "salt", "lora", "priority", "prompt_logprobs", "tenant", "session")
+_KNOWN = frozenset(_REQUIRED + _OPTIONAL)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def token_array(values: Any, field: str, *, min_len: int = 1) -> np.ndarray:
+    """A JSON list of token ids as an int64 array, checked vectorised; raises ``_FieldError``."""
+    if not isinstance(values, list):
+        raise _FieldError(field, f"expected a list of ints, got {_short(values)}")
+    if len(values) < min_len:
+        raise _FieldError(field, f"expected at least {min_len} token id(s), got {len(values)}")
+    if not values:
+        return np.empty(0, dtype=np.int64)
+    try:
+        arr = np.asarray(values)
+    except (ValueError, TypeError):  # ragged nesting
+        arr = np.asarray([0.5])  # force the slow diagnosis below
+    if arr.ndim == 1 and arr.dtype.kind == "i":
+        if arr.dtype != np.int64:
+            arr = arr.astype(np.int64)
+        bad = (arr < 0) | (arr >= TOKEN_ID_LIMIT)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise _FieldError(field, f"token id at index {i} out of range [0, 2**62): {int(arr[i])}")
+        return arr
+    # Slow path, errors only: find the first offending element for a precise message.
+    for i, v in enumerate(values):
+        if not _is_int(v):
+            raise _FieldError(field, f"token id at index {i}: expected int, got {_short(v)}")
+        if not 0 <= v < TOKEN_ID_LIMIT:
+            raise _FieldError(field, f"token id at index {i} out of range [0, 2**62): {v}")
+    raise _FieldError(field, "not a flat list of ints")  # pragma: no cover - defensive
+
+
+def _opt_str(obj: dict[str, Any], key: str) -> str | None:
+    v = obj.get(key)
+    if v is not None and not isinstance(v, str):
+        raise _FieldError(key, f"expected str or null, got {_short(v)}")
+    return v
+
+
+def parse_request(obj: Any) -> TraceRequest:
+    """Validate one decoded JSON line and build the request; raises ``_FieldError``."""
+    if not isinstance(obj, dict):
+        raise _FieldError(None, f"expected a JSON object, got {type(obj).__name__}")
+    for key in obj:
+        if key not in _KNOWN:
+            raise _FieldError(key, "unknown field")
+    for key in _REQUIRED:
+        if key not in obj:
+            raise _FieldError(key, "missing required field")
+
+    rid = obj["id"]
+    if _is_int(rid):
+        rid = str(rid)
+    elif not isinstance(rid, str) or not rid:
+        raise _FieldError("id", f"expected non-empty str or int, got {_short(rid)}")
+
+    arrival = obj["arrival"]
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival):
+        raise _FieldError("arrival", f"expected finite number >= 0, got {_short(arrival)}")
+    if arrival < 0:
+        raise _FieldError("arrival", f"expected finite number >= 0, got {arrival!r}")
+
+    out = obj["output_tokens"]
+    if not _is_int(out) or out < 1:
+        raise _FieldError("output_tokens", f"expected int >= 1, got {_short(out)}")
+
+    tokens = token_array(obj["tokens"], "tokens")
+
+    out_ids = obj.get("output_token_ids")
+    if out_ids is not None:
+        out_ids = token_array(out_ids, "output_token_ids", min_len=0)
+        if len(out_ids) < out:
+            raise _FieldError(
+                "output_token_ids", f"expected length >= output_tokens ({out}), got {len(out_ids)}"
+            )
+
+    priority = obj.get("priority", 0)
+    if not _is_int(priority):
+        raise _FieldError("priority", f"expected int, got {_short(priority)}")
+    plp = obj.get("prompt_logprobs", False)
+    if not isinstance(plp, bool):
+        raise _FieldError("prompt_logprobs", f"expected bool, got {_short(plp)}")
+
+    return TraceRequest(
+        id=rid,
+        arrival=float(arrival),
+        tokens=tokens,
+        output_tokens=out,
+        output_token_ids=out_ids,
+        salt=_opt_str(obj, "salt"),
+        lora=_opt_str(obj, "lora"),
+        priority=priority,
+        prompt_logprobs=plp,
+        tenant=_opt_str(obj, "tenant"),
+        session=_opt_str(obj, "session"),
+    )
+
+
+class TraceReader:
+    """Streams the requests of a canonical JSONL trace; one line is parsed at a time.
+
+    After (or during) iteration, ``skipped`` is the number of bad lines skipped (only with
+    ``skip_bad_lines=True``; callers must report it) and ``skipped_lines`` holds the first
+    ``MAX_SKIPPED_LINES_KEPT`` of their 1-based line numbers. Iterating again re-reads the file
+    and resets both.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> None:
+        self.path = Path(path)
+        self.skip_bad_lines = skip_bad_lines
+        self.skipped = 0
+        self.skipped_lines: list[int] = []
+        if not self.path.is_file():
+            raise FileNotFoundError(f"trace file not found: {self.path}")
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        self.skipped = 0
+        self.skipped_lines = []
+        name = os.fspath(self.path)
+        seen: dict[str, int] = {}
+        last_arrival = 0.0
+        with open(self.path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise _FieldError(None, f"malformed JSON: {exc.msg} (column {exc.colno})") from None
+                    req = parse_request(obj)
+                    if req.arrival < last_arrival:
+                        raise _FieldError(
+                            "arrival",
+                            f"{req.arrival!r} is before the previous arrival {last_arrival!r} "
+                            "(the file must be sorted by arrival)",
+                        )
+                    if req.id in seen:
+                        raise _FieldError("id", f"duplicate id {req.id!r} (first on line {seen[req.id]})")
+                except _FieldError as exc:
+                    if not self.skip_bad_lines:
+                        raise TraceFormatError(name, lineno, exc.field, exc.problem) from None
+                    self.skipped += 1
+                    if len(self.skipped_lines) < MAX_SKIPPED_LINES_KEPT:
+                        self.skipped_lines.append(lineno)
+                    continue
+                seen[req.id] = lineno
+                last_arrival = req.arrival
+                yield req
+
+
+def read_trace(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> TraceReader:
+    """A lazy reader of the canonical JSONL trace at ``path`` (see :class:`TraceReader`)."""
+    return TraceReader(path, skip_bad_lines=skip_bad_lines)
+
+
+def request_to_json(req: TraceRequest) -> str:
+    """One compact JSON line (no newline); optional fields at their defaults are omitted."""
+    obj: dict[str, Any] = {
+        "id": str(req.id),
+        "arrival": float(req.arrival),
+        "tokens": np.asarray(req.tokens, dtype=np.int64).tolist(),
+        "output_tokens": int(req.output_tokens),
+    }
+    if req.output_token_ids is not None:
+        obj["output_token_ids"] = np.asarray(req.output_token_ids, dtype=np.int64).tolist()
+    for key in ("salt", "lora", "tenant", "session"):
+        value = getattr(req, key)
+        if value is not None:
+            obj[key] = value
+    if req.priority != 0:
+        obj["priority"] = int(req.priority)
+    if req.prompt_logprobs:
+        obj["prompt_logprobs"] = True
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+def write_trace(path: str | os.PathLike[str], requests: Iterable[TraceRequest]) -> int:
+    """Write ``requests`` as canonical JSONL (one compact object per line); returns the count.
+
+    Nothing is validated here beyond JSON-serialisability; read the file back with
+    :func:`read_trace` to check it.
+    """
+    n = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        for req in requests:
+            fh.write(request_to_json(req))
+            fh.write("\n")
+            n += 1
+    return n
