@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -35,6 +35,29 @@ _MAX_OUTPUTS = 1 << 24
 def generated_token_id(uid: int, j: int) -> int:
     """The j-th output token the simulator generates for the request with integer id ``uid``."""
     return GENERATED_TOKEN_BASE | (uid << 24) | j
+
+
+@runtime_checkable
+class LazyTokens(Protocol):
+    """A compact prompt (e.g. runs of trace block ids) expanded to token ids only when needed."""
+
+    def __len__(self) -> int: ...
+
+    def materialize(self) -> np.ndarray: ...
+
+
+def token_array(tokens: "Sequence[int] | np.ndarray | LazyTokens") -> np.ndarray:
+    """Token ids as an int64 array, expanding a :class:`LazyTokens`."""
+    if isinstance(tokens, LazyTokens) and not isinstance(tokens, np.ndarray):
+        return tokens.materialize()
+    return np.asarray(tokens, dtype=np.int64)
+
+
+def _checked_prompt(request_id: str, prompt: np.ndarray) -> np.ndarray:
+    """Prompt ids must lie in [0, GENERATED_TOKEN_BASE): ids above are simulator outputs."""
+    if prompt.size and (int(prompt.min()) < 0 or int(prompt.max()) >= GENERATED_TOKEN_BASE):
+        raise ValueError(f"request {request_id}: prompt token ids must be in [0, 2**62)")
+    return prompt
 
 
 class RequestStatus(enum.IntEnum):
@@ -58,7 +81,8 @@ class Request:
     __slots__ = (
         "request_id",
         "uid",
-        "prompt_token_ids",
+        "_prompt",
+        "_prompt_source",
         "num_prompt_tokens",
         "num_tokens",
         "max_tokens",
@@ -76,7 +100,7 @@ class Request:
         "num_computed_tokens",
         "num_preemptions",
         "output_token_ids",
-        "block_hashes",
+        "_block_hashes",
         "hash_state",
         "num_output_placeholders",
         "is_prefill_chunk",
@@ -86,7 +110,7 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int] | np.ndarray,
+        prompt_token_ids: "Sequence[int] | np.ndarray | LazyTokens",
         max_tokens: int,
         *,
         uid: int = 0,
@@ -106,8 +130,13 @@ class Request:
             raise ValueError(f"request {request_id}: output_tokens must be < {_MAX_OUTPUTS}")
         self.request_id = request_id
         self.uid = uid
-        self.prompt_token_ids = np.asarray(prompt_token_ids, dtype=np.int64)
-        self.num_prompt_tokens = int(self.prompt_token_ids.shape[0])
+        if isinstance(prompt_token_ids, LazyTokens) and not isinstance(prompt_token_ids, np.ndarray):
+            self._prompt: np.ndarray | None = None
+            self._prompt_source: LazyTokens | None = prompt_token_ids
+        else:
+            self._prompt = _checked_prompt(request_id, np.asarray(prompt_token_ids, dtype=np.int64))
+            self._prompt_source = None
+        self.num_prompt_tokens = len(prompt_token_ids)
         self.num_tokens = self.num_prompt_tokens  # prompt + outputs, kept in step with appends
         if self.num_prompt_tokens == 0:
             raise ValueError(f"request {request_id}: empty prompt")
@@ -133,15 +162,35 @@ class Request:
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.output_token_ids: list[int] = []
-        self.block_hashes: list[BlockHash] = []
+        self._block_hashes: list[BlockHash] | None = None  # computed on first use (see block_hashes)
         self.hash_state: tuple[int, int] = (0, 0)
         self.num_output_placeholders = 0
         self.is_prefill_chunk = False
         self._hasher = hasher
-        if hasher is not None:
-            self.block_hashes.extend(hasher.hash_new_blocks(self))
 
     # -- token views --------------------------------------------------------------------------
+    @property
+    def prompt_token_ids(self) -> np.ndarray:
+        if self._prompt is None:
+            assert self._prompt_source is not None
+            self._prompt = _checked_prompt(self.request_id, self._prompt_source.materialize())
+            self._prompt_source = None
+        return self._prompt
+
+    @property
+    def block_hashes(self) -> list[BlockHash]:
+        """Hashes of every full block of prompt + outputs.
+
+        vLLM hashes the prompt when the request is created; here the prompt is hashed on first
+        use (a lookup or a cache), which yields the same list -- hashes depend only on tokens and
+        extra keys -- while requests queued but never looked up cost no memory for them.
+        """
+        if self._block_hashes is None:
+            self._block_hashes = []
+            if self._hasher is not None:
+                self._block_hashes.extend(self._hasher.hash_new_blocks(self))
+        return self._block_hashes
+
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
@@ -181,20 +230,21 @@ class Request:
         else:
             self.output_token_ids.extend(token_ids)
         self.num_tokens = self.num_prompt_tokens + len(self.output_token_ids)
-        if self._hasher is not None:
+        if self._hasher is not None and self._block_hashes is not None:
             new = self._hasher.hash_new_blocks(self)
             if new:
-                self.block_hashes.extend(new)
+                self._block_hashes.extend(new)
 
     def is_finished(self) -> bool:
         return self.status > RequestStatus.PREEMPTED
 
     def release_tokens(self) -> None:
         """Drop token storage of a finished request (keeps replay memory bounded)."""
-        self.prompt_token_ids = self.prompt_token_ids[:0]
+        self._prompt = np.empty(0, dtype=np.int64)
+        self._prompt_source = None
         self.output_token_plan = None
         self.output_token_ids = []
-        self.block_hashes = []
+        self._block_hashes = []
         self.num_prompt_tokens = self.num_tokens = 0
 
     def __lt__(self, other: "Request") -> bool:

@@ -76,14 +76,14 @@ def build_scheduler(cfg: ExperimentConfig) -> Scheduler:
     max_model_len = e.max_model_len if e.max_model_len is not None else model_spec(cfg).max_model_len
     num_blocks = resolve_num_gpu_blocks(cfg)
     needed = cdiv(max_model_len, e.block_size)
-    if num_blocks - 1 < needed:
+    if num_blocks < needed:  # vLLM's _check_enough_kv_cache_memory (it counts the null block)
         key = "engine.num_gpu_blocks" if e.num_gpu_blocks is not None else (
             "engine.kv_cache_gib" if e.kv_cache_gib is not None else "gpu"
         )
         raise ConfigError(
-            f"{_source(cfg)}: {key}: a pool of {num_blocks} blocks ({num_blocks - 1} usable x {e.block_size} "
-            f"tokens) cannot hold one max_model_len={max_model_len} sequence ({needed} blocks); vLLM refuses to "
-            f"start -- enlarge the pool or lower engine.max_model_len"
+            f"{_source(cfg)}: {key}: a pool of {num_blocks} blocks of {e.block_size} tokens cannot hold one "
+            f"max_model_len={max_model_len} sequence ({needed} blocks); vLLM refuses to start -- enlarge the "
+            f"pool or lower engine.max_model_len"
         )
     if not e.enable_chunked_prefill and e.max_num_batched_tokens < max_model_len:
         raise ConfigError(

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sim.request import token_array
 from workloads.bounds import infinite_cache_hit_bound
 from workloads.mooncake import expand_hash_ids, load_mooncake, mooncake_stats
 from workloads.paths import shared_traces_dir
@@ -57,8 +58,9 @@ def test_first_request_expansion():
     assert req.id == "mc-0" and req.arrival == 0.0 and req.output_tokens == 500
     assert len(req.tokens) == first_line["input_length"] == 6758
     expected = np.concatenate([np.arange(h * 512, h * 512 + 512) for h in first_line["hash_ids"]])[:6758]
-    assert req.tokens.dtype == np.int64 and np.array_equal(req.tokens, expected)
-    assert req.tokens[-1] == 13 * 512 + (6758 - 13 * 512) - 1  # last block partial
+    tokens = token_array(req.tokens)  # the loader keeps prompts as block ids until needed
+    assert tokens.dtype == np.int64 and np.array_equal(tokens, expected)
+    assert tokens[-1] == 13 * 512 + (6758 - 13 * 512) - 1  # last block partial
 
 
 @needs_traces
@@ -104,8 +106,8 @@ def test_expand_and_tokens_per_id(tmp_path):
     assert expand_hash_ids(np.array([2, 5]), 5, 3).tolist() == [6, 7, 8, 15, 16]
     path = _write(tmp_path / "m.jsonl", [_row(n_in=5, ids=(2, 5)), _row(ts=1500, n_in=3, ids=(9,))])
     reqs = list(load_mooncake(path, tokens_per_id=3))
-    assert reqs[0].tokens.tolist() == [6, 7, 8, 15, 16]
-    assert reqs[1].tokens.tolist() == [27, 28, 29] and reqs[1].arrival == 1.5
+    assert token_array(reqs[0].tokens).tolist() == [6, 7, 8, 15, 16]
+    assert token_array(reqs[1].tokens).tolist() == [27, 28, 29] and reqs[1].arrival == 1.5
 
 
 @pytest.mark.parametrize(

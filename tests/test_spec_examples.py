@@ -254,6 +254,25 @@ def test_row16_head_of_line_request_is_looked_up_every_step():
     assert res.stats.requests == 6  # B counted 4 times
 
 
+# -- §5.1 step 4: the full-sequence admission gate (scheduler_reserve_full_isl) -----------------
+
+
+@pytest.mark.parametrize("reserve_full", [True, False])
+def test_full_sequence_gate_checks_the_whole_prompt_not_the_first_chunk(reserve_full):
+    s = make_scheduler(7, max_num_batched_tokens=16, scheduler_reserve_full_isl=reserve_full)  # 6 usable
+    x = make_request(s, "X", toks(48), max_tokens=20)  # 3 blocks, a 4th on its first decode
+    y = make_request(s, "Y", toks(64, 500))  # 4 blocks; its first 15-token chunk needs 1
+    res = drive(s, [x, y])
+    assert [log.scheduled.get("X") for log in res.steps[:4]] == [16, 16, 16, 1]
+    # step 3: X's decode leaves a budget of 15 and 2 free blocks
+    assert stats_tuple(res.steps[3].stats) == (1, 64, 0, 0, 0, 0)
+    if reserve_full:  # 4 > 2: Y waits until X has finished (step 21), looked up every step
+        assert res.admitted_step("Y") == 22
+        assert res.stats.requests == 2 + (22 - 3)
+    else:  # vLLM with the gate off admits the first chunk
+        assert res.admitted_step("Y") == 3 and res.steps[3].scheduled["Y"] == 15
+
+
 # -- rows 17, 25, 27, 28: preemption -------------------------------------------------------------
 
 
@@ -432,14 +451,25 @@ def test_row29_max_num_seqs_blocks_before_lookup():
 # -- row 30: pool smaller than one max_model_len sequence ---------------------------------------
 
 
-@pytest.mark.skip(
-    reason="row 30: no startup check -- Scheduler/KVCacheManager/CacheConfig accept "
-    "num_gpu_blocks * block_size < max_model_len (vLLM's _check_enough_kv_cache_memory raises); "
-    "row 12 shows the resulting head-of-line livelock"
-)
-def test_row30_pool_smaller_than_max_model_len_is_rejected():  # pragma: no cover
-    with pytest.raises(ValueError):
-        make_scheduler(5, max_model_len=4096)
+def _build_from_engine(**engine):
+    run = pytest.importorskip("sim.run", reason="row 30 is checked by the experiment layer (sim.run)")
+    from sim.config import ConfigError, config_from_dict
+
+    cfg = config_from_dict({"name": "row30", "engine": engine, "workload": {"kind": "synthetic_shared_prefix"}})
+    return run.build_scheduler, cfg, ConfigError
+
+
+def test_row30_pool_smaller_than_one_max_model_len_sequence_is_rejected():
+    """The core Scheduler takes any pool (row 12 shows the head-of-line livelock that follows);
+    the experiment layer (``sim.run.build_scheduler``) rejects such a configuration, as vLLM's
+    ``_check_enough_kv_cache_memory`` refuses to start."""
+    engine = dict(max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=64, hash_algo="sha256")
+    build, cfg, config_error = _build_from_engine(num_gpu_blocks=5, **engine)
+    with pytest.raises(config_error, match="max_model_len"):
+        build(cfg)
+    # 256 blocks of 16 hold one 4096-token sequence; 257 with the null block is accepted
+    build, cfg, _ = _build_from_engine(num_gpu_blocks=257, **engine)
+    assert build(cfg).cache_config.num_gpu_blocks == 257
 
 
 # -- row 31: group ids --------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sim.hashing import FastBlockHasher
+from sim.request import token_array
 from workloads.trace_format import TraceRequest
 
 
@@ -40,7 +41,7 @@ def infinite_cache_hit_bound(requests: Iterable[TraceRequest], block_size: int) 
         n_full = n // block_size
         if n_full == 0:
             continue
-        keys = hasher.hash_token_blocks(req.tokens, _extra_keys(req, n_full))
+        keys = hasher.hash_token_blocks(token_array(req.tokens), _extra_keys(req, n_full))
         hits = 0
         for key in keys[: max(0, (n - 1) // block_size)]:
             if key not in seen:

@@ -103,6 +103,27 @@ def expand_hash_ids(hash_ids: np.ndarray, length: int, tokens_per_id: int) -> np
     return (base[:, None] + np.arange(tokens_per_id, dtype=np.int64)[None, :]).ravel()[:length]
 
 
+class BlockIdTokens:
+    """A prompt kept as its trace block ids; expands to token ids on demand (``LazyTokens``).
+
+    A Mooncake prompt of 12k tokens is ~24 ids here instead of a 96 KB array, so requests queued
+    in an overloaded replay stay cheap until the scheduler first looks them up.
+    """
+
+    __slots__ = ("ids", "tokens_per_id", "length")
+
+    def __init__(self, ids: np.ndarray, tokens_per_id: int, length: int) -> None:
+        self.ids = ids
+        self.tokens_per_id = tokens_per_id
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def materialize(self) -> np.ndarray:
+        return expand_hash_ids(self.ids, self.length, self.tokens_per_id)
+
+
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
@@ -165,7 +186,7 @@ def _generate(
         yield TraceRequest(
             id=f"mc-{lineno - 1}",
             arrival=ts / 1000.0 * time_scale,
-            tokens=expand_hash_ids(ids, n_in, tokens_per_id),
+            tokens=BlockIdTokens(ids, tokens_per_id, n_in),
             output_tokens=n_out,
         )
         emitted += 1

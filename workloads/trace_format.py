@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from sim.request import LazyTokens, token_array
+
 TOKEN_ID_LIMIT = 1 << 62
 """Prompt/output token ids must lie in ``[0, TOKEN_ID_LIMIT)``; larger ids are simulator-generated."""
 
@@ -38,11 +40,15 @@ MAX_SKIPPED_LINES_KEPT = 20
 
 @dataclass(slots=True)
 class TraceRequest:
-    """One request of a replayable workload. ``tokens`` is an int64 numpy array."""
+    """One request of a replayable workload.
+
+    ``tokens`` is an int64 numpy array, or a :class:`~sim.request.LazyTokens` that expands to one
+    (loaders of block-id traces use it to keep queued requests compact); ``token_array`` expands.
+    """
 
     id: str
     arrival: float
-    tokens: np.ndarray
+    tokens: np.ndarray | LazyTokens
     output_tokens: int
     output_token_ids: np.ndarray | None = None
     salt: str | None = None
@@ -88,7 +94,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def token_array(values: Any, field: str, *, min_len: int = 1) -> np.ndarray:
+def parse_token_list(values: Any, field: str, *, min_len: int = 1) -> np.ndarray:
     """A JSON list of token ids as an int64 array, checked vectorised; raises ``_FieldError``."""
     if not isinstance(values, list):
         raise _FieldError(field, f"expected a list of ints, got {_short(values)}")
@@ -151,11 +157,11 @@ def parse_request(obj: Any) -> TraceRequest:
     if not _is_int(out) or out < 1:
         raise _FieldError("output_tokens", f"expected int >= 1, got {_short(out)}")
 
-    tokens = token_array(obj["tokens"], "tokens")
+    tokens = parse_token_list(obj["tokens"], "tokens")
 
     out_ids = obj.get("output_token_ids")
     if out_ids is not None:
-        out_ids = token_array(out_ids, "output_token_ids", min_len=0)
+        out_ids = parse_token_list(out_ids, "output_token_ids", min_len=0)
         if len(out_ids) < out:
             raise _FieldError(
                 "output_token_ids", f"expected length >= output_tokens ({out}), got {len(out_ids)}"
@@ -246,7 +252,7 @@ def request_to_json(req: TraceRequest) -> str:
     obj: dict[str, Any] = {
         "id": str(req.id),
         "arrival": float(req.arrival),
-        "tokens": np.asarray(req.tokens, dtype=np.int64).tolist(),
+        "tokens": token_array(req.tokens).tolist(),
         "output_tokens": int(req.output_tokens),
     }
     if req.output_token_ids is not None:
