@@ -1,7 +1,8 @@
 """``apcsim`` command line.
 
-``apcsim run CONFIG.yaml [--set key.path=value ...] [--out DIR] [--no-progress]`` replays one
-experiment and writes its results folder. Errors in the config or the inputs are reported as one
+``apcsim run CONFIG.yaml [--set key.path=value ...] [--out DIR] [--no-progress]
+[--backend sim|torch] [--device cpu|cuda]`` replays one experiment and writes its results folder;
+``--backend torch`` runs every step as a real forward pass (``gpu_backend``, imported only then). Errors in the config or the inputs are reported as one
 clear message naming the file and key (or line), with exit code 2, never a traceback.
 """
 
@@ -20,8 +21,22 @@ from workloads.trace_format import TraceFormatError
 def _cmd_run(args: argparse.Namespace) -> int:
     from sim.run import run_experiment
 
-    cfg = load_config(args.config, args.set)
-    result, folder = run_experiment(cfg, out=args.out, progress=False if args.no_progress else None)
+    overrides = list(args.set)
+    factory = None
+    if args.device is not None:
+        if args.backend != "torch":
+            raise ConfigError("--device applies to --backend torch only")
+        overrides.append(f"backend.device={args.device}")
+    cfg = load_config(args.config, overrides)
+    if args.backend == "torch":
+        try:  # torch is imported only here, and only for the torch backend
+            from gpu_backend.factory import make_torch_executor
+        except ImportError as exc:
+            raise ConfigError(f"--backend torch needs PyTorch ({exc}); install it with pip install -e '.[torch]'") from None
+        factory = make_torch_executor
+    result, folder = run_experiment(
+        cfg, out=args.out, progress=False if args.no_progress else None, executor_factory=factory
+    )
     s = result.summary
     print(f"wrote {folder}/")
     keys = (
@@ -29,6 +44,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "throughput_output_tokens_per_s", "sim_time_s",
     )
     print(json.dumps({k: s[k] for k in keys}, indent=2))
+    if factory is not None:
+        info = json.loads((folder / "meta.json").read_text()).get("executor", {})
+        keys = ("device", "device_name", "model_shape", "dtype", "attention", "timing", "step_times")
+        print("torch backend: " + json.dumps({k: info.get(k) for k in keys}, indent=2))
     print(f"wall time {result.wall_time_s:.2f} s")
     return 0
 
@@ -42,7 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config key, e.g. --set engine.block_size=64 (repeatable)")
     run.add_argument("--out", default=None, help="results folder (default: <output_dir>/<name>)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--backend", choices=("sim", "torch"), default="sim",
+                     help="sim: step times from the latency model (default); torch: real forward passes "
+                          "(gpu_backend, config section 'backend:'), measured step times")
+    run.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                     help="device of the torch backend (overrides backend.device)")
     run.set_defaults(func=_cmd_run)
+    from workloads.stats import add_workloads_parser
+
+    add_workloads_parser(sub)  # apcsim workloads stats CONFIG
     return parser
 
 

@@ -16,6 +16,19 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.hashing import HASH_ALGOS
+from workloads.schema import UNION_TAGS as _WORKLOAD_TAGS
+from workloads.schema import (  # noqa: F401  (re-exported: the workload models)
+    AgentTraceWorkload,
+    AgentWorkload,
+    AzureWorkload,
+    ChatWorkload,
+    MooncakeWorkload,
+    RagPulseWorkload,
+    RagWorkload,
+    SharedPrefixWorkload,
+    TraceWorkload,
+)
+from workloads.schema import WorkloadConfig as _WorkloadConfig
 
 
 class ConfigError(ValueError):
@@ -79,49 +92,31 @@ LatencyConfig = Annotated[
 ]
 
 
-class MooncakeWorkload(_Strict):
-    """A Mooncake FAST'25 trace (512-token chained block ids), re-blocked to token ids."""
-
-    kind: Literal["mooncake"]
-    path: str | None = None  # default: <shared traces>/mooncake/conversation_trace.jsonl
-    start: Annotated[int, Field(ge=0)] = 0
-    limit: Annotated[int, Field(gt=0)] | None = None
-    time_scale: Annotated[float, Field(gt=0)] = 1.0
-    tokens_per_id: Annotated[int, Field(gt=0)] = 512
-    max_output_tokens: Annotated[int, Field(gt=0)] | None = None
-
-
-class TraceWorkload(_Strict):
-    """A canonical token-level JSONL trace (see ``workloads.trace_format``)."""
-
-    kind: Literal["trace"]
-    path: str
-    skip_bad_lines: bool = False
-
-
-class SharedPrefixWorkload(_Strict):
-    """Synthetic requests sharing a few popular prefixes (Zipf), Poisson arrivals."""
-
-    kind: Literal["synthetic_shared_prefix"]
-    num_requests: Annotated[int, Field(gt=0)] = 200
-    num_prefixes: Annotated[int, Field(gt=0)] = 4
-    prefix_tokens: Annotated[int, Field(gt=0)] = 1024
-    suffix_tokens: Annotated[int, Field(gt=0)] = 256
-    output_tokens: Annotated[int, Field(gt=0)] = 64
-    rate: Annotated[float, Field(gt=0)] = 10.0
-    zipf: Annotated[float, Field(ge=0)] = 1.0
-    seed: int | None = None  # default: the experiment seed
-
-
-WorkloadConfig = Annotated[
-    MooncakeWorkload | TraceWorkload | SharedPrefixWorkload, Field(discriminator="kind")
-]
+# The workload models (every ``kind`` and its keys) live in ``workloads.schema``.
+WorkloadConfig = _WorkloadConfig
 
 
 class ReplayConfig(_Strict):
     fast_forward: bool = True
     progress: bool | Literal["auto"] = "auto"
     record_events: bool = False
+
+
+class BackendConfig(_Strict):
+    """The real PyTorch backend, used only by ``apcsim run --backend torch`` (see ``gpu_backend``):
+    model shape (``tiny``, a built-in model name or a YAML spec path), precision, device,
+    attention path (``auto`` probes the fast CUDA paths and falls back to ``reference``), weight
+    seed (default: the experiment seed), CPU threads, step timing, and the per-step check that the
+    executor's block tables equal the KV manager's."""
+
+    model_shape: str = "tiny"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: Literal["cpu", "cuda"] = "cpu"
+    attention: Literal["auto", "reference", "triton", "flash_paged", "flash_gather"] = "auto"
+    seed: int | None = None
+    num_threads: Annotated[int, Field(gt=0)] | None = None
+    timing: Literal["wall", "cuda_events"] = "wall"
+    verify_block_tables: bool = True
 
 
 class ExperimentConfig(_Strict):
@@ -136,6 +131,7 @@ class ExperimentConfig(_Strict):
     latency: LatencyConfig = RooflineLatencyConfig(kind="roofline")
     workload: WorkloadConfig
     replay: ReplayConfig = ReplayConfig()
+    backend: BackendConfig = BackendConfig()
     base_dir: str = Field(default=".", exclude=True)  # input paths resolve against this
     source: str = Field(default="<config>", exclude=True)  # the file, for error messages
 
@@ -154,7 +150,7 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "<top level>"
 
 
-_UNION_TAGS = {"mooncake", "trace", "synthetic_shared_prefix", "fixed", "roofline", "fitted"}
+_UNION_TAGS = {"fixed", "roofline", "fitted"} | _WORKLOAD_TAGS
 
 
 def _describe(err: dict[str, Any]) -> str:

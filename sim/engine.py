@@ -16,9 +16,10 @@ Timing semantics (documented contract, tested):
 * ``first_scheduled`` is the start of the step that admitted the request, ``first_token`` the end of
   the step that sampled its first token, ``finish`` the end of the step that sampled its last.
 
-With ``fast_forward`` and an executor that can price decode steps (``decode_step_time``), runs of
-identical decode steps are played by :mod:`sim.decode_window` with per-block rather than
-per-token work; results are identical to the plain loop (a test compares every table).
+With ``fast_forward`` and an executor that can price a step shape without running it (``price``),
+runs of predictable steps (decodes, plus chunked prefills at the tail of ``running``) are played
+by :mod:`sim.decode_window` with per-block rather than per-token work; results are identical to
+the plain loop (a test compares every table, stat and KV event).
 """
 
 from __future__ import annotations
@@ -32,13 +33,19 @@ from typing import Any
 import pandas as pd
 import simpy
 
-from sim.decode_window import apply_decode_window, plan_decode_window
-from sim.executor import Executor
+from sim.decode_window import Window, apply_window, plan_window
+from sim.executor import Executor, step_shape
 from sim.kv_cache_manager import PrefixCacheStats, cdiv
 from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RecordTable, finalize_requests, summarize
 from sim.request import Request
 from sim.scheduler import Scheduler
 from workloads.trace_format import TraceRequest
+
+
+_COL = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
+_FIRST_SCHEDULED, _FIRST_TOKEN, _FINISH = _COL["first_scheduled"], _COL["first_token"], _COL["finish"]
+_HIT_TOKENS, _READMIT, _PREEMPTIONS = _COL["hit_tokens"], _COL["readmit_hit_tokens"], _COL["num_preemptions"]
+_OUTPUT_TOKENS = _COL["output_tokens"]
 
 
 class ReplayError(RuntimeError):
@@ -96,7 +103,7 @@ class Replay:
         self.scheduler = scheduler
         self.executor = executor
         self._source: Iterator[TraceRequest] = iter(requests)
-        self.fast_forward = fast_forward and hasattr(executor, "decode_step_time")
+        self.fast_forward = fast_forward and hasattr(executor, "price")
         self.integrity_check = integrity_check
         self.max_window_steps = max_window_steps
         self.on_step = on_step
@@ -107,10 +114,13 @@ class Replay:
         self._source_done = False
         self._next_arrival = math.inf
         self._uid = 0
-        self._req_rows: dict[str, int] = {}
+        self._req_rows: dict[str, list[Any]] = {}  # request id -> its (mutable) row
         self._req = RecordTable(REQUEST_COLUMNS)
         self._steps = RecordTable(STEP_COLUMNS)
         self._stats = PrefixCacheStats()
+        self._error: Exception | None = None
+        self.num_plain_steps = 0  # steps run through schedule()
+        self.num_window_steps = 0  # steps played by the decode fast-forward
         self.events: list[tuple[int, Any]] = []
         if record_events:
             scheduler.kv_cache_manager.block_pool.event_sink = self._record_event
@@ -118,10 +128,15 @@ class Replay:
     # -- public -------------------------------------------------------------------------------
     def run(self) -> ReplayResult:
         t0 = time.perf_counter()
-        self.env.process(self._arrivals())
-        engine = self.env.process(self._engine())
+        self.env.process(self._guard(self._arrivals()))
+        engine = self.env.process(self._guard(self._engine()))
         try:
             self.env.run(until=engine)
+        except Exception:
+            # SimPy re-creates a failed process's exception from its args; raise the original
+            if self._error is not None:
+                raise self._error from None
+            raise
         finally:
             self._progress.close()
         wall = time.perf_counter() - t0
@@ -134,6 +149,15 @@ class Replay:
         return ReplayResult(requests, steps, self._stats, summary, wall, self.events)
 
     # -- processes ----------------------------------------------------------------------------
+    def _guard(self, gen: Iterator[simpy.Event]) -> Iterator[simpy.Event]:
+        """Run a process body, remembering the first exception it raises."""
+        try:
+            return (yield from gen)
+        except Exception as exc:
+            if self._error is None:
+                self._error = exc
+            raise
+
     def _arrivals(self) -> Iterator[simpy.Event]:
         env = self.env
         last = -math.inf
@@ -166,9 +190,9 @@ class Replay:
                 self._idle = None
                 continue
             if self.fast_forward:
-                durations = self._plan_window()
-                if durations is not None:
-                    yield from self._run_window(durations)
+                window = self._plan_window()
+                if window is not None:
+                    yield from self._run_window(window)
                     continue
             yield from self._step()
 
@@ -177,6 +201,7 @@ class Replay:
         env = self.env
         sched = self.scheduler
         start = env.now
+        self.num_plain_steps += 1
         out = sched.schedule()
         if out.is_empty():
             raise ReplayError(self._stall_message())
@@ -184,26 +209,19 @@ class Replay:
         if not result.duration_s > 0:
             raise ReplayError(f"executor returned a non-positive step time {result.duration_s}")
         admitted = 0
-        prefill_tokens = 0
-        decode = 0
         for s in out.scheduled:
             if s.admitted:
                 admitted += 1
                 self._on_admit(s.request, s.hit_tokens, start)
-            r = s.request
-            if s.num_new_tokens == 1 and r.output_token_ids and s.num_computed_before == r.num_tokens - 1:
-                decode += 1
-            else:
-                prefill_tokens += s.num_new_tokens
+        shape = step_shape(out)
         n_running, n_waiting = len(sched.running), len(sched.waiting)
+        firsts = [s.request for s in out.scheduled if s.samples and not s.request.output_token_ids]
         yield env.timeout(result.duration_s)
         finished = sched.update_from_output(out, result.sampled_token_ids)
         now = env.now
-        first_token = self._req.data["first_token"]
-        for rid in result.sampled_token_ids:
-            row = self._req_rows[rid]
-            if first_token[row] is None:
-                first_token[row] = now
+        for r in firsts:
+            if r.output_token_ids:
+                self._req_rows[r.request_id][_FIRST_TOKEN] = now
         for r in finished:
             self._on_finish(r, now)
         stats = sched.make_stats()
@@ -216,8 +234,8 @@ class Replay:
             result.duration_s,
             len(out.scheduled),
             out.total_num_scheduled_tokens,
-            prefill_tokens,
-            decode,
+            shape.num_prefill_tokens,
+            shape.num_decode_seqs,
             admitted,
             len(out.preempted),
             len(finished),
@@ -229,53 +247,44 @@ class Replay:
         )
         self._after_step()
 
-    # -- fast-forwarded decode steps ----------------------------------------------------------
-    def _plan_window(self) -> list[float] | None:
-        sched = self.scheduler
-        window = plan_decode_window(sched, self.max_window_steps)
-        if window is None:
-            return None
-        # with a waiting queue (seq-limited or blocked FCFS head) arrivals just join its back
-        arrivals_harmless = bool(sched.waiting)
-        price = self.executor.decode_step_time  # type: ignore[attr-defined]
-        n = len(window.running)
-        durations: list[float] = []
-        start = self.env.now
-        for j in range(window.k):
-            if j and not arrivals_harmless and start >= self._next_arrival:
-                break  # an arrival becomes visible at this step: play it normally
-            d = price(n, window.context0 + j * n)
-            durations.append(d)
-            start = start + 0.0 + d  # the plain loop's float arithmetic: timeout(0), timeout(d)
-        if len(durations) < 2:
-            return None
-        window.k = len(durations)
-        self._window = window
-        return durations
+    # -- fast-forwarded steps -----------------------------------------------------------------
+    def _plan_window(self) -> Window | None:
+        return plan_window(
+            self.scheduler,
+            self.max_window_steps,
+            self.executor.price,  # type: ignore[attr-defined]
+            self.env.now,
+            self._next_arrival,
+        )
 
-    def _run_window(self, durations: list[float]) -> Iterator[simpy.Event]:
+    def _run_window(self, window: Window) -> Iterator[simpy.Event]:
         env = self.env
         sched = self.scheduler
-        window = self._window
         first_step = sched.step_index
-        per_step = apply_decode_window(sched, window)
-        n = len(window.running)
+        n_running = len(sched.running)
+        apply_window(sched, window)
+        self.num_window_steps += window.k
         pool = sched.kv_cache_manager.block_pool
         total_blocks = pool.num_gpu_blocks - 1
-        for j, d in enumerate(durations):
+        rows = self._req_rows
+        for j, (d, shape) in enumerate(zip(window.durations, window.shapes)):
             if j:
-                yield env.timeout(0)
+                if self._next_arrival <= env.now:  # else nothing arrives at exactly this instant
+                    yield env.timeout(0)
                 self._admit_pending()
             start = env.now
             n_waiting = len(sched.waiting)
             yield env.timeout(d)
-            free, cached, n_finished = per_step[j]
+            for r in window.first_tokens[j]:
+                rows[r.request_id][_FIRST_TOKEN] = env.now
+            free, cached, n_finished = window.per_step[j]
             self._steps.append(
-                first_step + j, start, d, n, n, 0, n, 0, 0, n_finished, n, n_waiting, free, cached,
+                first_step + j, start, d, shape.num_seqs, shape.num_new_tokens, shape.num_prefill_tokens,
+                shape.num_decode_seqs, 0, 0, n_finished, n_running, n_waiting, free, cached,
                 1.0 - free / total_blocks,
             )
         now = env.now
-        for r in window.running:
+        for r in window.bulk + window.tail:
             if r.is_finished():
                 self._on_finish(r, now)
         if self.integrity_check:
@@ -309,8 +318,7 @@ class Replay:
         )
         if tr.id in self._req_rows:
             raise ReplayError(f"duplicate request id {tr.id!r}")
-        self._req_rows[tr.id] = len(self._req)
-        self._req.append(
+        self._req_rows[tr.id] = self._req.append_mutable(
             tr.id, tr.arrival, None, None, None, req.num_prompt_tokens, tr.output_tokens, None, 0, "",
             tr.salt, tr.lora, tr.tenant, tr.session, tr.prompt_logprobs,
         )
@@ -323,22 +331,20 @@ class Replay:
             self._pending.clear()
 
     def _on_admit(self, request: Request, hit_tokens: int, start: float) -> None:
-        data = self._req.data
         row = self._req_rows[request.request_id]
-        if data["first_scheduled"][row] is None:
-            data["first_scheduled"][row] = start
-            data["hit_tokens"][row] = hit_tokens
+        if row[_FIRST_SCHEDULED] is None:
+            row[_FIRST_SCHEDULED] = start
+            row[_HIT_TOKENS] = hit_tokens
         else:
-            prev = data["readmit_hit_tokens"][row]
-            data["readmit_hit_tokens"][row] = f"{prev};{hit_tokens}" if prev else str(hit_tokens)
-            data["num_preemptions"][row] = request.num_preemptions
+            prev = row[_READMIT]
+            row[_READMIT] = f"{prev};{hit_tokens}" if prev else str(hit_tokens)
+            row[_PREEMPTIONS] = request.num_preemptions
 
     def _on_finish(self, request: Request, now: float) -> None:
-        data = self._req.data
         row = self._req_rows[request.request_id]
-        data["finish"][row] = now
-        data["num_preemptions"][row] = request.num_preemptions
-        data["output_tokens"][row] = len(request.output_token_ids)
+        row[_FINISH] = now
+        row[_PREEMPTIONS] = request.num_preemptions
+        row[_OUTPUT_TOKENS] = len(request.output_token_ids)
         request.release_tokens()
         self._progress.update(1)
 

@@ -30,7 +30,9 @@ class Executor(Protocol):
 
 
 def step_shape(output: SchedulerOutput) -> StepShape:
-    """Aggregate the work of a step for latency models (see :class:`StepShape`)."""
+    """Aggregate the work of a step for latency models (see :class:`StepShape`); memoised."""
+    if output.shape is not None:
+        return output.shape  # type: ignore[no-any-return]
     num_decode = 0
     num_prefill_tokens = 0
     new_total = 0
@@ -46,7 +48,8 @@ def step_shape(output: SchedulerOutput) -> StepShape:
             num_decode += 1
         else:
             num_prefill_tokens += n
-    return StepShape(len(output.scheduled), num_decode, new_total, num_prefill_tokens, context, pairs)
+    output.shape = StepShape(len(output.scheduled), num_decode, new_total, num_prefill_tokens, context, pairs)
+    return output.shape
 
 
 def planned_samples(output: SchedulerOutput) -> dict[str, list[int]]:
@@ -68,6 +71,6 @@ class SimulatedExecutor:
     def execute(self, output: SchedulerOutput) -> StepResult:
         return StepResult(self.latency_model.step_time(step_shape(output)), planned_samples(output))
 
-    def decode_step_time(self, num_seqs: int, context_tokens: int) -> float:
-        """Price of a pure decode step (used by the engine's exact decode fast-forward)."""
-        return self.latency_model.step_time(StepShape.decode_only(num_seqs, context_tokens))
+    def price(self, shape: StepShape) -> float:
+        """Duration of a step of this shape without running it (the engine's exact fast-forward)."""
+        return self.latency_model.step_time(shape)

@@ -23,8 +23,9 @@ Hash functions:
   It has the same *equality structure* (same prefix + same extra keys <=> same hash, up to a
   2^-128-scale collision chance) but different bytes, so hit behaviour is identical and runs are
   about two orders of magnitude cheaper. Its chain is polynomial so it vectorises:
-  ``h_i = P * h_{i-1} + c_i (mod 2^64)`` per lane, with ``c_i`` a non-linear (splitmix64) digest of
-  the block's tokens and extra keys, and each stored hash a bijective finalisation of ``h_i``.
+  ``h_i = P * h_{i-1} + c_i (mod 2^64)`` per lane, with ``c_i`` a digest of the block's tokens
+  (splitmix64 of each token keyed by its position, combined by two independent random linear forms)
+  and extra keys, and each stored hash a bijective finalisation of ``h_i``.
 
 This module imports neither simpy nor torch.
 """
@@ -248,9 +249,9 @@ class FastBlockHasher(BlockHasher):
         self.block_size = block_size
         seed = int.from_bytes(hashlib.blake2b(str(hash_seed).encode(), digest_size=8).digest(), "big")
         rng = np.random.Generator(np.random.PCG64(seed))
-        self._pos_keys = rng.integers(0, 2**63, size=(self._LANES, block_size), dtype=np.int64).astype(
-            np.uint64
-        )
+        self._pos_key = rng.integers(0, 2**63, size=block_size, dtype=np.int64).astype(np.uint64)
+        self._pos_mult = rng.integers(0, 2**63, size=block_size, dtype=np.int64).astype(np.uint64) | np.uint64(1)
+        self._lane_keys = rng.integers(0, 2**63, size=(self._LANES, 1), dtype=np.int64).astype(np.uint64)
         mult = rng.integers(0, 2**63, size=self._LANES, dtype=np.int64).astype(np.uint64) | np.uint64(1)
         self._p = mult  # odd multipliers: invertible mod 2^64
         self._p_inv = np.array([pow(int(p), -1, 1 << 64) for p in mult], dtype=np.uint64)
@@ -291,9 +292,12 @@ class FastBlockHasher(BlockHasher):
         bs = self.block_size
         n = len(tokens) // bs
         blocks = np.ascontiguousarray(tokens[: n * bs], dtype=np.int64).view(np.uint64).reshape(n, bs)
-        # c[lane, i]: non-linear digest of block i's tokens, position-keyed.
-        mixed = _splitmix64(blocks[None, :, :] ^ self._pos_keys[:, None, :])
-        c = _splitmix64(mixed.sum(axis=2, dtype=np.uint64))
+        # c[lane, i]: digest of block i's tokens. Each token is mixed non-linearly with a key of
+        # its position; the two lanes are two independent random linear forms of those mixes
+        # (plain sum, and a sum weighted by random odd multipliers), each finalised.
+        mixed = _splitmix64(blocks ^ self._pos_key)
+        sums = np.stack([mixed.sum(axis=1, dtype=np.uint64), (mixed * self._pos_mult).sum(axis=1, dtype=np.uint64)])
+        c = _splitmix64(sums ^ self._lane_keys)
         if extras is not None:
             for i, extra in enumerate(extras):
                 if extra is not None:

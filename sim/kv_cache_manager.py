@@ -144,8 +144,22 @@ class KVCacheManager:
         """Reserve slots for ``num_new_tokens`` more tokens; None (and no side effect) if short."""
         if num_new_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0")
-        hits = new_computed_blocks or []
         rid = request.request_id
+        if num_new_tokens == 1 and not new_computed_blocks and not num_lookahead_tokens:
+            # Hot path, same outcome as the general path below: a running request's next token
+            # whose slot is already allocated and whose block does not become full needs no new
+            # block (so no capacity check can fail: a running request has no watermark) and
+            # caches nothing.
+            req_blocks = self.req_to_blocks.get(rid)
+            if req_blocks is not None and request.status == RequestStatus.RUNNING:
+                n = request.num_computed_tokens + num_new_computed_tokens + 1
+                if (
+                    n <= len(req_blocks) * self.block_size
+                    and n // self.block_size <= self.num_cached_block.get(rid, 0)
+                    and n <= self.max_model_len
+                ):
+                    return []
+        hits = new_computed_blocks or []
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(num_local_computed, self.max_model_len)
         watermark = 0

@@ -62,25 +62,26 @@ STEP_COLUMNS = (
 
 
 class RecordTable:
-    """Append-only columns."""
+    """Append-only rows (tuples), turned into columns at the end; ``data`` gives mutable columns
+    of the rows appended so far (used to fill per-request fields as events happen)."""
 
     def __init__(self, columns: tuple[str, ...]) -> None:
         self.columns = columns
-        self.data: dict[str, list[Any]] = {c: [] for c in columns}
+        self.rows: list[list[Any] | tuple[Any, ...]] = []
 
     def append(self, *values: Any) -> None:
-        for col, v in zip(self.columns, values, strict=True):
-            self.data[col].append(v)
+        self.rows.append(values)
 
-    def extend(self, **cols: list[Any]) -> None:
-        for col in self.columns:
-            self.data[col].extend(cols[col])
+    def append_mutable(self, *values: Any) -> list[Any]:
+        row = list(values)
+        self.rows.append(row)
+        return row
 
     def __len__(self) -> int:
-        return len(self.data[self.columns[0]])
+        return len(self.rows)
 
     def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.data, columns=list(self.columns))
+        return pd.DataFrame.from_records(self.rows, columns=list(self.columns))
 
 
 def finalize_requests(df: pd.DataFrame) -> pd.DataFrame:

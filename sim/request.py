@@ -229,11 +229,10 @@ class Request:
             self.output_token_ids.append(token_ids)
         else:
             self.output_token_ids.extend(token_ids)
-        self.num_tokens = self.num_prompt_tokens + len(self.output_token_ids)
-        if self._hasher is not None and self._block_hashes is not None:
-            new = self._hasher.hash_new_blocks(self)
-            if new:
-                self._block_hashes.extend(new)
+        self.num_tokens = n = self.num_prompt_tokens + len(self.output_token_ids)
+        hashes = self._block_hashes
+        if hashes is not None and self._hasher is not None and n >= (len(hashes) + 1) * self._hasher.block_size:
+            hashes.extend(self._hasher.hash_new_blocks(self))
 
     def is_finished(self) -> bool:
         return self.status > RequestStatus.PREEMPTED

@@ -9,14 +9,13 @@ once the pieces meet (a pool too small for ``max_model_len``, an unknown model) 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sim.config import ConfigError, ExperimentConfig, config_to_dict
 from sim.engine import Replay, ReplayResult
-from sim.executor import SimulatedExecutor
+from sim.executor import Executor, SimulatedExecutor
 from sim.fitted_latency import FittedLatency
 from sim.hashing import make_block_hasher
 from sim.kv_cache_manager import cdiv
@@ -24,20 +23,7 @@ from sim.latency import FixedLatency, LatencyModel
 from sim.results import run_metadata, write_results
 from sim.roofline import ModelSpec, RooflineLatency, kv_cache_blocks, load_gpu_spec, load_model_spec
 from sim.scheduler import CacheConfig, Scheduler, SchedulerConfig
-from workloads.mooncake import load_mooncake
-from workloads.paths import shared_traces_dir
-from workloads.synthetic import shared_prefix
-from workloads.trace_format import TraceReader, TraceRequest, read_trace
-
-
-@dataclass
-class Workload:
-    """A request stream plus what is known about it up front."""
-
-    requests: Iterable[TraceRequest]
-    total: int | None
-    description: str
-    reader: TraceReader | None = None  # to report skipped lines afterwards
+from workloads.registry import Workload, build_workload  # noqa: F401  (the workload branch lives there)
 
 
 def _source(cfg: ExperimentConfig) -> str:
@@ -121,49 +107,6 @@ def build_latency(cfg: ExperimentConfig) -> LatencyModel:
     return RooflineLatency(model_spec(cfg), gpu, lat.overhead_s)
 
 
-def build_workload(cfg: ExperimentConfig) -> Workload:
-    w = cfg.workload
-    if w.kind == "mooncake":
-        path = cfg.resolve_path(w.path) if w.path else shared_traces_dir() / "mooncake" / "conversation_trace.jsonl"
-        if not path.exists():
-            raise ConfigError(f"{_source(cfg)}: workload.path: no such file {path}")
-        total = _count_lines(path, w.start, w.limit)
-        reqs = load_mooncake(
-            path,
-            tokens_per_id=w.tokens_per_id,
-            time_scale=w.time_scale,
-            start=w.start,
-            limit=w.limit,
-            max_output_tokens=w.max_output_tokens,
-        )
-        return Workload(reqs, total, f"mooncake {path.name} [{w.start}:{'' if w.limit is None else w.start + w.limit}]")
-    if w.kind == "trace":
-        path = cfg.resolve_path(w.path)
-        if not path.exists():
-            raise ConfigError(f"{_source(cfg)}: workload.path: no such file {path}")
-        reader = read_trace(path, skip_bad_lines=w.skip_bad_lines)
-        return Workload(reader, _count_lines(path, 0, None), f"trace {path.name}", reader)
-    seed = w.seed if w.seed is not None else cfg.seed
-    reqs = shared_prefix(
-        w.num_requests,
-        num_prefixes=w.num_prefixes,
-        prefix_tokens=w.prefix_tokens,
-        suffix_tokens=w.suffix_tokens,
-        output_tokens=w.output_tokens,
-        rate=w.rate,
-        zipf=w.zipf,
-        seed=seed,
-    )
-    return Workload(reqs, len(reqs), f"synthetic shared-prefix x{w.num_requests}")
-
-
-def _count_lines(path: Path, start: int, limit: int | None) -> int:
-    with open(path, "rb") as f:
-        n = sum(1 for line in f if line.strip())
-    n = max(0, n - start)
-    return n if limit is None else min(n, limit)
-
-
 def _progress_enabled(cfg: ExperimentConfig, progress: bool | None) -> bool:
     if progress is not None:
         return progress
@@ -172,10 +115,21 @@ def _progress_enabled(cfg: ExperimentConfig, progress: bool | None) -> bool:
     return bool(cfg.replay.progress)
 
 
-def replay_experiment(cfg: ExperimentConfig, *, progress: bool | None = None, **replay_kwargs: Any) -> tuple[ReplayResult, Workload]:
-    """Build everything and replay (no files written)."""
+ExecutorFactory = Callable[[ExperimentConfig, Scheduler], Executor]
+"""Builds the executor for a scheduler, e.g. ``gpu_backend.factory.make_torch_executor``."""
+
+
+def replay_experiment(
+    cfg: ExperimentConfig,
+    *,
+    progress: bool | None = None,
+    executor_factory: ExecutorFactory | None = None,
+    **replay_kwargs: Any,
+) -> tuple[ReplayResult, Workload]:
+    """Build everything and replay (no files written). ``executor_factory`` replaces the
+    simulated executor (latency model) by another one, e.g. real forward passes."""
     scheduler = build_scheduler(cfg)
-    executor = SimulatedExecutor(build_latency(cfg))
+    executor = SimulatedExecutor(build_latency(cfg)) if executor_factory is None else executor_factory(cfg, scheduler)
     workload = build_workload(cfg)
     replay = Replay(
         scheduler,
@@ -188,15 +142,24 @@ def replay_experiment(cfg: ExperimentConfig, *, progress: bool | None = None, **
         **replay_kwargs,
     )
     result = replay.run()
+    describe = getattr(executor, "describe", None)
+    if callable(describe):
+        workload.executor_info = describe()
     return result, workload
 
 
 def run_experiment(
-    cfg: ExperimentConfig, *, out: str | Path | None = None, progress: bool | None = None
+    cfg: ExperimentConfig,
+    *,
+    out: str | Path | None = None,
+    progress: bool | None = None,
+    executor_factory: ExecutorFactory | None = None,
 ) -> tuple[ReplayResult, Path]:
     """Replay ``cfg`` and write its results folder; returns the result and the folder."""
-    result, workload = replay_experiment(cfg, progress=progress)
+    result, workload = replay_experiment(cfg, progress=progress, executor_factory=executor_factory)
     extra: dict[str, Any] = {"workload": workload.description}
+    if workload.executor_info is not None:
+        extra["executor"] = workload.executor_info
     if workload.reader is not None:
         extra["skipped_bad_lines"] = workload.reader.skipped
         extra["skipped_line_numbers"] = workload.reader.skipped_lines

@@ -29,7 +29,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from sim.hashing import BlockHasher
 from sim.kv_cache_manager import KVCacheManager, PrefixCacheStats
@@ -71,11 +71,7 @@ class ScheduledRequest:
     new_block_ids: list[int]
     admitted: bool = False  # moved from waiting to running in this step
     hit_tokens: int = 0  # prefix-cache hit granted at this admission
-
-    @property
-    def samples(self) -> bool:
-        """True when this step completes the prefill, so the model samples a token."""
-        return self.num_computed_before + self.num_new_tokens >= self.request.num_tokens
+    samples: bool = False  # this step completes the prefill, so the model samples a token
 
 
 @dataclass(slots=True)
@@ -87,6 +83,7 @@ class SchedulerOutput:
     preempted: list[Request]
     finished_req_ids: set[str]
     total_num_scheduled_tokens: int
+    shape: Any = None  # the step's StepShape, memoised by sim.executor.step_shape
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:
@@ -172,10 +169,6 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.step_index = 0
         self.num_preemptions = 0
-        # The waiting head that the last schedule() looked up and could not admit (None if the
-        # waiting loop stopped for another reason, or blocks were freed since): lets the engine's
-        # decode fast-forward know the head stays blocked while the pool only shrinks.
-        self.head_blocked: Request | None = None
 
     # -- requests -----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -183,8 +176,6 @@ class Scheduler:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.waiting.add(request)
         self.requests[request.request_id] = request
-        if self.config.policy == "priority":
-            self.head_blocked = None  # the newcomer may become the head
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting) or bool(self.running)
@@ -241,7 +232,6 @@ class Scheduler:
             req_index += 1
 
         # B. waiting requests
-        self.head_blocked = None
         if not preempted:
             while self.waiting and token_budget > 0:
                 if len(self.running) >= cfg.max_num_seqs:
@@ -252,7 +242,6 @@ class Scheduler:
                 if 0 < threshold < num_new:
                     num_new = threshold
                 if not cfg.enable_chunked_prefill and num_new > token_budget:
-                    self.head_blocked = request
                     break
                 num_new = min(num_new, token_budget)
                 new_blocks = kvm.allocate_slots(
@@ -264,7 +253,6 @@ class Scheduler:
                     has_scheduled_reqs=bool(self.running),
                 )
                 if new_blocks is None:
-                    self.head_blocked = request
                     break
                 self.waiting.pop_head()
                 self.running.append(request)
@@ -289,6 +277,7 @@ class Scheduler:
             r = s.request
             r.num_computed_tokens += s.num_new_tokens
             r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens
+            s.samples = not r.is_prefill_chunk
             total += s.num_new_tokens
         out = SchedulerOutput(self.step_index, scheduled, preempted, self.finished_req_ids, total)
         self.finished_req_ids = set()
@@ -304,7 +293,6 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(request)
-        self.head_blocked = None
 
     # -- outputs ------------------------------------------------------------------------------
     def update_from_output(
@@ -315,7 +303,7 @@ class Scheduler:
         max_len = self.config.max_model_len
         for s in output.scheduled:
             request = s.request
-            if request.is_finished():
+            if request.status > RequestStatus.PREEMPTED:  # already finished
                 continue
             new_ids = sampled_token_ids.get(request.request_id)
             if not new_ids:
@@ -325,13 +313,12 @@ class Scheduler:
                 if request.num_tokens >= max_len or len(request.output_token_ids) >= request.max_tokens:
                     request.status = RequestStatus.FINISHED_LENGTH_CAPPED
                     break
-            if request.is_finished():
+            if request.status > RequestStatus.PREEMPTED:
                 self._free_request(request)
                 finished.append(request)
         if finished:
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
-            self.head_blocked = None
         return finished
 
     def _free_request(self, request: Request) -> None:

@@ -13,7 +13,8 @@ Decisions:
 * ``len(hash_ids)`` must equal ``ceil(input_length / tokens_per_id)`` (true for both traces at
   512); a mismatch raises, which also catches a wrong ``tokens_per_id``.
 * Unknown fields, non-int lengths, negative ids, ids whose expansion reaches 2**62 and
-  decreasing timestamps raise ``TraceFormatError`` (``file:line: field 'x': problem``).
+  decreasing timestamps raise ``TraceFormatError`` (``file:line: field 'x': problem``); with
+  ``skip_bad_lines`` such lines are skipped and counted in the ``SkipLog`` passed in instead.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from workloads.errors import SkipLog
 from workloads.trace_format import TOKEN_ID_LIMIT, TraceFormatError, TraceRequest
 
 TRACE_BLOCK_SIZE = 512
@@ -138,12 +140,15 @@ def load_mooncake(
     start: int = 0,
     limit: int | None = None,
     max_output_tokens: int | None = None,
+    skip_bad_lines: bool = False,
+    skip_log: SkipLog | None = None,
 ) -> Iterator[TraceRequest]:
     """Stream a Mooncake trace as :class:`TraceRequest` (a generator; one line in memory at a time).
 
     ``arrival = timestamp_ms / 1000 * time_scale``; ``output_tokens = output_length`` capped at
     ``max_output_tokens``; ids are ``mc-{line_index}`` (0-based line of the file). ``start`` skips
-    the first ``start`` lines unparsed; ``limit`` caps the number of requests yielded.
+    the first ``start`` lines unparsed; ``limit`` caps the number of requests yielded. With
+    ``skip_bad_lines`` a bad line is counted in ``skip_log`` (created if not given) and skipped.
     """
     if not _is_int(tokens_per_id) or tokens_per_id < 1:
         raise ValueError(f"tokens_per_id must be an int >= 1, got {tokens_per_id!r}")
@@ -158,7 +163,8 @@ def load_mooncake(
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"Mooncake trace not found: {p}")
-    return _generate(p, tokens_per_id, time_scale, start, limit, max_output_tokens)
+    log = skip_log if skip_log is not None else SkipLog()
+    return _generate(p, tokens_per_id, time_scale, start, limit, max_output_tokens, skip_bad_lines, log)
 
 
 def _generate(
@@ -168,6 +174,8 @@ def _generate(
     start: int,
     limit: int | None,
     max_output_tokens: int | None,
+    skip_bad_lines: bool,
+    log: SkipLog,
 ) -> Iterator[TraceRequest]:
     name = os.fspath(path)
     emitted = 0
@@ -177,9 +185,13 @@ def _generate(
     for lineno, line in _lines(path):
         if lineno - 1 < start or not line.strip():
             continue
-        ts, n_in, n_out, ids = _parse_line(line, name, lineno, tokens_per_id)
-        if ts < last_ts:
-            raise _bad(name, lineno, "timestamp", f"{ts!r} is before the previous timestamp {last_ts!r}")
+        try:
+            ts, n_in, n_out, ids = _parse_line(line, name, lineno, tokens_per_id)
+            if ts < last_ts:
+                raise _bad(name, lineno, "timestamp", f"{ts!r} is before the previous timestamp {last_ts!r}")
+        except TraceFormatError as err:
+            log.handle(err, skip_bad_lines)
+            continue
         last_ts = ts
         if max_output_tokens is not None:
             n_out = min(n_out, max_output_tokens)

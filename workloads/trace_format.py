@@ -5,7 +5,9 @@ Fields: ``id`` (str; an int in the file is converted), ``arrival`` (seconds, fin
 >= 1); optional ``output_token_ids`` (the ids the model will produce, so a later turn may contain
 an earlier answer; length >= ``output_tokens``), ``salt`` (vLLM ``cache_salt``, str or null),
 ``lora`` (LoRA adapter name, str or null), ``priority`` (int, smaller first), ``prompt_logprobs``
-(bool), ``tenant`` and ``session`` (str or null, bookkeeping only).
+(bool), ``tenant`` and ``session`` (str or null, bookkeeping only), ``system_tokens`` (int >= 0:
+how many leading prompt tokens are a shared system prompt; used by the ``shared_system_prompt``
+salt policy of ``workloads.tenants``, default 0).
 
 Token ids >= 2**62 are reserved for simulator-generated outputs. A file must be sorted by arrival
 (ties allowed) and ids must be unique. Every violation raises :class:`TraceFormatError` naming the
@@ -57,6 +59,7 @@ class TraceRequest:
     prompt_logprobs: bool = False
     tenant: str | None = None
     session: str | None = None
+    system_tokens: int = 0
 
 
 class TraceFormatError(ValueError):
@@ -81,7 +84,9 @@ class _FieldError(Exception):
 
 
 _REQUIRED = ("id", "arrival", "tokens", "output_tokens")
-_OPTIONAL = ("output_token_ids", "salt", "lora", "priority", "prompt_logprobs", "tenant", "session")
+_OPTIONAL = (
+    "output_token_ids", "salt", "lora", "priority", "prompt_logprobs", "tenant", "session", "system_tokens",
+)
 _KNOWN = frozenset(_REQUIRED + _OPTIONAL)
 
 
@@ -173,6 +178,9 @@ def parse_request(obj: Any) -> TraceRequest:
     plp = obj.get("prompt_logprobs", False)
     if not isinstance(plp, bool):
         raise _FieldError("prompt_logprobs", f"expected bool, got {_short(plp)}")
+    sys_tokens = obj.get("system_tokens", 0)
+    if not _is_int(sys_tokens) or not 0 <= sys_tokens <= len(tokens):
+        raise _FieldError("system_tokens", f"expected int in [0, len(tokens)], got {_short(sys_tokens)}")
 
     return TraceRequest(
         id=rid,
@@ -186,6 +194,7 @@ def parse_request(obj: Any) -> TraceRequest:
         prompt_logprobs=plp,
         tenant=_opt_str(obj, "tenant"),
         session=_opt_str(obj, "session"),
+        system_tokens=sys_tokens,
     )
 
 
@@ -265,6 +274,8 @@ def request_to_json(req: TraceRequest) -> str:
         obj["priority"] = int(req.priority)
     if req.prompt_logprobs:
         obj["prompt_logprobs"] = True
+    if req.system_tokens:
+        obj["system_tokens"] = int(req.system_tokens)
     return json.dumps(obj, separators=(",", ":"), allow_nan=False)
 
 

@@ -1,0 +1,94 @@
+"""Benchmark: replay the full Mooncake conversation trace (12,031 requests, 144.8 M prompt tokens).
+
+Prints, per block size: wall time, simulated requests per wall second, simulated seconds per wall
+second, peak RSS, hit rates, steps (and the share played by the decode fast-forward). Each block
+size runs in a fresh process so its peak RSS is its own. The pool is what vLLM would allocate for
+Llama-3-8B on the chosen GPU (gpu_memory_utilization 0.92), the trace is replayed at its own
+timestamps, the latency model is the roofline.
+
+    python benchmarks/bench_mooncake.py [--block-sizes 16 512] [--gpu H100-SXM] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def _one(block_size: int, gpu: str, limit: int | None, fast_forward: bool) -> dict:
+    from sim.config import config_from_dict
+    from sim.engine import Replay
+    from sim.executor import SimulatedExecutor
+    from sim.run import build_latency, build_scheduler, build_workload
+
+    cfg = config_from_dict(
+        {
+            "name": "bench",
+            "gpu": gpu,
+            "engine": {"block_size": block_size},
+            "workload": {"kind": "mooncake", "limit": limit},
+            "replay": {"fast_forward": fast_forward},
+        }
+    )
+    sched = build_scheduler(cfg)
+    wl = build_workload(cfg)
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    replay = Replay(sched, SimulatedExecutor(build_latency(cfg)), wl.requests, fast_forward=fast_forward)
+    res = replay.run()
+    wall = time.perf_counter() - t0
+    s = res.summary
+    return {
+        "block_size": block_size,
+        "num_gpu_blocks": sched.cache_config.num_gpu_blocks,
+        "requests": s["num_requests"],
+        "prompt_tokens": s["prompt_tokens"],
+        "wall_s": round(wall, 2),
+        "cpu_s": round(time.process_time() - cpu0, 2),
+        "sim_requests_per_wall_s": round(s["num_requests"] / wall, 1),
+        "sim_s_per_wall_s": round(s["sim_time_s"] / wall, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "token_hit_rate": round(s["token_hit_rate"], 4),
+        "request_hit_rate": round(s["request_hit_rate"], 4),
+        "steps": s["num_steps"],
+        "fast_forwarded_steps": replay.num_window_steps,
+        "preemptions": s["num_preemptions"],
+        "sim_time_s": round(s["sim_time_s"], 1),
+        "ttft_p50_s": round(s["ttft_p50_s"], 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--block-sizes", type=int, nargs="+", default=[16, 512])
+    ap.add_argument("--gpu", default="H100-SXM")
+    ap.add_argument("--limit", type=int, default=None, help="first N requests only")
+    ap.add_argument("--no-fast-forward", action="store_true")
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        print(json.dumps(_one(args.child, args.gpu, args.limit, not args.no_fast_forward)))
+        return
+    rows = []
+    for bs in args.block_sizes:
+        cmd = [sys.executable, __file__, "--child", str(bs), "--gpu", args.gpu]
+        if args.limit:
+            cmd += ["--limit", str(args.limit)]
+        if args.no_fast_forward:
+            cmd.append("--no-fast-forward")
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    keys = ["block_size", "num_gpu_blocks", "wall_s", "cpu_s", "sim_requests_per_wall_s", "sim_s_per_wall_s",
+            "peak_rss_mib", "token_hit_rate", "request_hit_rate", "steps", "fast_forwarded_steps"]
+    print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
+    for r in rows:
+        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""``TorchExecutor``: the sim Scheduler's batches as real forward passes over a paged KV cache.
+
+It implements the :class:`sim.executor.Executor` protocol: ``execute(SchedulerOutput) ->
+StepResult(duration_s, sampled_token_ids)``. Per step it
+
+1. updates its own per-request block tables from the output (:class:`~gpu_backend.kv_cache.BlockTables`,
+   vLLM's model-runner rules) and, when given the scheduler's ``KVCacheManager`` (``verify_with``),
+   asserts they equal the manager's allocation;
+2. flattens the scheduled prefill chunks and decodes into one batch (:func:`~gpu_backend.batch.build_batch`)
+   and runs the model over it, writing new K/V into the blocks the pool assigned;
+3. computes logits for the last token of every request whose prefill completes (vLLM's
+   ``logits_indices``) and returns, as the sampled token, the request's *planned* next token
+   (teacher forcing), so the scheduler and the block hashes see exactly the tokens the simulator
+   would; the real logits are kept per request when ``keep_logits`` is set (tests compare them with
+   a dense recompute);
+4. measures the step: wall clock around batch preparation + forward + logits, with
+   ``torch.cuda.synchronize()`` on CUDA (``timing="wall"``, the default), or CUDA events around
+   the device work only (``timing="cuda_events"``).
+
+The executor has no ``decode_step_time``, so the replay's decode fast-forward is off: every step is
+run for real.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from gpu_backend.batch import SeqInput, build_batch
+from gpu_backend.kv_cache import BlockTables, PagedKVCache
+from gpu_backend.model import LlamaModel
+from sim.executor import StepResult, step_shape
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.kv_cache_manager import KVCacheManager
+    from sim.scheduler import SchedulerOutput
+
+
+def step_kind(output: "SchedulerOutput") -> str:
+    """``decode`` (only decodes), ``prefill`` (no decodes) or ``mixed``."""
+    shape = step_shape(output)
+    if shape.num_decode_seqs == shape.num_seqs:
+        return "decode"
+    return "prefill" if shape.num_decode_seqs == 0 else "mixed"
+
+
+class TorchExecutor:
+    """Runs each scheduled batch through ``model`` over ``cache`` with ``attention``."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        cache: PagedKVCache,
+        attention,
+        *,
+        verify_with: "KVCacheManager | None" = None,
+        keep_logits: bool = False,
+        timing: Literal["wall", "cuda_events"] = "wall",
+        attention_report: dict | None = None,
+    ) -> None:
+        if cache.num_kv_heads != model.num_kv_heads or cache.head_dim != model.head_dim:
+            raise ValueError("cache and model disagree on KV heads / head_dim")
+        if cache.num_layers != len(model.layers):
+            raise ValueError("cache and model disagree on the number of layers")
+        self.model = model
+        self.cache = cache
+        self.attention = attention
+        self.verify_with = verify_with
+        self.keep_logits = keep_logits
+        self.timing = timing if cache.device.type == "cuda" else "wall"
+        self.attention_report = attention_report or {"name": getattr(attention, "name", type(attention).__name__)}
+        self.block_tables = BlockTables()
+        self.kept_logits: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+        self.step_log: list[tuple[int, str, int, int, float]] = []  # (step, kind, seqs, tokens, seconds)
+
+    # -- the Executor protocol ----------------------------------------------------------------
+    def execute(self, output: "SchedulerOutput") -> StepResult:
+        self.block_tables.apply(output)
+        if self.verify_with is not None:
+            self.block_tables.verify(self.verify_with)
+        seqs = []
+        for s in output.scheduled:
+            r = s.request
+            c, n = s.num_computed_before, s.num_new_tokens
+            seqs.append(SeqInput(r.request_id, r.token_slice(c, c + n), c, self.block_tables.tables[r.request_id],
+                                 sample=bool(s.samples)))
+        cuda = self.cache.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.cache.device)
+        t0 = time.perf_counter()
+        if self.timing == "cuda_events":
+            ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.inference_mode():
+            batch = build_batch(seqs, block_size=self.cache.block_size, vocab_size=self.model.vocab_size,
+                                device=self.cache.device)
+            if self.timing == "cuda_events":
+                ev0.record()
+            hidden = self.model.forward(batch, self.cache, self.attention)
+            logits = self.model.logits(hidden.index_select(0, batch.sample_rows)) if batch.sample_request_ids else None
+            if self.timing == "cuda_events":
+                ev1.record()
+            if cuda:
+                torch.cuda.synchronize(self.cache.device)
+        duration = time.perf_counter() - t0
+        if self.timing == "cuda_events":
+            duration = ev0.elapsed_time(ev1) / 1e3
+        duration = max(duration, 1e-9)
+        sampled: dict[str, list[int]] = {}
+        for s in output.scheduled:
+            if s.samples:
+                r = s.request
+                sampled[r.request_id] = [r.planned_output_token(len(r.output_token_ids))]
+        if self.keep_logits and logits is not None:
+            host = logits.float().cpu()
+            for j, (rid, pos) in enumerate(zip(batch.sample_request_ids, batch.sample_positions)):
+                self.kept_logits[rid].append((pos, host[j]))
+        self.step_log.append((output.step, step_kind(output), len(seqs), batch.num_tokens, duration))
+        return StepResult(duration, sampled)
+
+    # -- reporting ----------------------------------------------------------------------------
+    def step_time_summary(self) -> dict[str, dict[str, float]]:
+        """Per step kind: count, total tokens, mean and p50 step seconds."""
+        out: dict[str, dict[str, float]] = {}
+        for kind in ("prefill", "mixed", "decode"):
+            rows = [r for r in self.step_log if r[1] == kind]
+            if not rows:
+                continue
+            times = sorted(r[4] for r in rows)
+            out[kind] = {
+                "steps": len(rows),
+                "tokens": sum(r[3] for r in rows),
+                "mean_s": sum(times) / len(times),
+                "p50_s": times[len(times) // 2],
+                "tokens_per_s": sum(r[3] for r in rows) / sum(times),
+            }
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """What ran: written to ``meta.json`` of a torch-backend run."""
+        m, c = self.model, self.cache
+        dev = c.device
+        info: dict[str, Any] = {
+            "backend": "torch",
+            "torch": torch.__version__,
+            "device": str(dev),
+            "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+            "num_threads": torch.get_num_threads() if dev.type == "cpu" else None,
+            "model_shape": m.spec.name,
+            "dtype": str(m.dtype).replace("torch.", ""),
+            "num_parameters": m.num_parameters(),
+            "kv_cache_bytes": c.nbytes,
+            "num_blocks": c.num_blocks,
+            "block_size": c.block_size,
+            "attention": self.attention_report.get("name"),
+            "attention_probes": self.attention_report.get("probes", {}),
+            "timing": self.timing,
+            "token_id_mapping": "token_id % vocab_size",
+            "sampling": "teacher forcing (each request's planned next token)",
+            "step_times": self.step_time_summary(),
+        }
+        return info

@@ -1,0 +1,80 @@
+"""Build a :class:`~gpu_backend.executor.TorchExecutor` from an experiment config.
+
+``make_torch_executor(cfg, scheduler)`` is the ``executor_factory`` that ``sim.run`` takes for
+``apcsim run ... --backend torch``: it reads the config's ``backend:`` section (model shape, dtype,
+device, attention, seed, threads, timing), sizes the paged KV cache to the scheduler's pool
+(``engine.num_gpu_blocks`` blocks of ``engine.block_size``, block 0 the null block), builds the
+model directly on the device, and selects the attention path (the choice and every probe go to
+``meta.json`` under ``executor``). Problems are reported as :class:`sim.config.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from gpu_backend.attention import select_attention
+from gpu_backend.executor import TorchExecutor
+from gpu_backend.kv_cache import PagedKVCache
+from gpu_backend.model import DTYPES, LlamaModel
+from gpu_backend.shapes import resolve_model_shape
+from sim.config import ConfigError, ExperimentConfig
+from sim.scheduler import Scheduler
+
+GIB = 1 << 30
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return None
+
+
+def make_torch_executor(cfg: ExperimentConfig, scheduler: Scheduler) -> TorchExecutor:
+    b = cfg.backend
+    src = cfg.source
+    if b.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{src}: backend.device: cuda requested but torch {torch.__version__} sees no CUDA device")
+    if b.num_threads is not None:
+        torch.set_num_threads(b.num_threads)
+    try:
+        spec = resolve_model_shape(b.model_shape, cfg.base_dir)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"{src}: backend.model_shape: {exc}") from None
+    dtype = DTYPES[b.dtype]
+    cc = scheduler.cache_config
+    elt = torch.tensor([], dtype=dtype).element_size()
+    pool_bytes = 2 * spec.num_layers * cc.num_gpu_blocks * cc.block_size * spec.num_kv_heads * spec.head_dim * elt
+    weight_bytes = spec.num_params * elt
+    need = pool_bytes + weight_bytes
+    if b.device == "cpu":
+        have = _host_memory_bytes()
+        if have is not None and need > have // 2:
+            raise ConfigError(
+                f"{src}: backend: model {spec.name} ({weight_bytes / GIB:.1f} GiB) plus a KV pool of "
+                f"{cc.num_gpu_blocks} blocks ({pool_bytes / GIB:.1f} GiB) exceeds half of this machine's memory; "
+                f"set engine.num_gpu_blocks (or backend.model_shape: tiny)"
+            )
+    else:
+        free, _ = torch.cuda.mem_get_info()
+        if need > free:
+            raise ConfigError(
+                f"{src}: backend: model {spec.name} ({weight_bytes / GIB:.1f} GiB) plus a KV pool of "
+                f"{cc.num_gpu_blocks} blocks ({pool_bytes / GIB:.1f} GiB) exceeds the GPU's free {free / GIB:.1f} GiB; "
+                f"set engine.num_gpu_blocks"
+            )
+    device = torch.device(b.device)
+    model = LlamaModel(spec, dtype=dtype, device=device, seed=b.seed if b.seed is not None else cfg.seed)
+    cache = PagedKVCache(spec.num_layers, cc.num_gpu_blocks, cc.block_size, spec.num_kv_heads, spec.head_dim,
+                         dtype=dtype, device=device)
+    try:
+        attention, report = select_attention(b.attention, device=device, dtype=dtype, block_size=cc.block_size,
+                                             num_heads=spec.num_attention_heads, num_kv_heads=spec.num_kv_heads,
+                                             head_dim=spec.head_dim)
+    except RuntimeError as exc:
+        raise ConfigError(f"{src}: backend.attention: {exc}") from None
+    return TorchExecutor(model, cache, attention,
+                         verify_with=scheduler.kv_cache_manager if b.verify_block_tables else None,
+                         timing=b.timing, attention_report=report)

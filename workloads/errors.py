@@ -1,0 +1,44 @@
+"""Bad-input policy shared by every loader: stop with file, line and field, or skip and count.
+
+Every loader takes ``skip_bad_lines``. Without it, the first bad record raises
+:class:`~workloads.trace_format.TraceFormatError` (``file:line: field 'x': problem``). With it, the
+loader calls :meth:`SkipLog.skip` instead and continues; the log keeps the total count, the first
+:data:`MAX_KEPT` locations and the first message, and ``sim.run`` writes them to ``meta.json``
+(``skipped_bad_lines`` / ``skipped_line_numbers``). Nothing is dropped without being counted.
+"""
+
+from __future__ import annotations
+
+from workloads.trace_format import MAX_SKIPPED_LINES_KEPT, TraceFormatError
+
+MAX_KEPT = MAX_SKIPPED_LINES_KEPT
+
+
+class SkipLog:
+    """What a loader skipped. ``skipped_lines`` holds ints (line numbers of a one-file trace) or
+    ``"file:line"`` strings (multi-file traces)."""
+
+    def __init__(self, *, with_file: bool = False) -> None:
+        self.with_file = with_file
+        self.skipped = 0
+        self.skipped_lines: list[int | str] = []
+        self.first_error: str | None = None
+
+    def skip(self, err: TraceFormatError) -> None:
+        """Count ``err`` as one skipped record."""
+        self.skipped += 1
+        if self.first_error is None:
+            self.first_error = str(err)
+        if len(self.skipped_lines) < MAX_KEPT:
+            from pathlib import Path
+
+            self.skipped_lines.append(f"{Path(err.path).name}:{err.line}" if self.with_file else err.line)
+
+    def handle(self, err: TraceFormatError, skip_bad_lines: bool) -> None:
+        """Raise ``err`` unless skipping; then count it."""
+        if not skip_bad_lines:
+            raise err
+        self.skip(err)
+
+    def __repr__(self) -> str:
+        return f"SkipLog(skipped={self.skipped})"

@@ -1,0 +1,128 @@
+"""Tenants, users, cache-salt policies, LoRA adapters and prompt-logprobs flags.
+
+Assignment is a pure function of ``(seed, session)``: tenant ``k`` of ``num_tenants`` is drawn
+with probability proportional to ``(k + 1) ** -tenant_skew`` and the user ``j`` within it with
+``(j + 1) ** -user_skew``, from a keyed hash of the session id (the request id when a request has
+no session). Every request of a session therefore gets the same tenant and user, whatever the
+arrival process or the order requests are produced in. ``prompt_logprobs`` is drawn per request
+(keyed by request id) with probability ``prompt_logprobs_fraction``.
+
+Salt policies (vLLM ``cache_salt``; vLLM puts the salt into the extra keys of **block 0 only**, and
+because block hashes are chained, a salt changes the hash of *every* block of the request):
+
+* ``none``: no salt; all tenants share one namespace (a tenant can hit another tenant's blocks);
+* ``per_tenant``: ``salt = tenant``; tenants are isolated, a tenant's sessions share;
+* ``per_user``: ``salt = tenant/user``;
+* ``per_session``: ``salt = session``; only turns of the same session share;
+* ``per_request``: ``salt = request id``; nothing is ever shared (zero hits);
+* ``shared_system_prompt``: the intent is "all tenants share the system-prompt blocks, each
+  tenant's own content is isolated". **vLLM cannot express this with ``cache_salt``**: any salt is
+  in block 0's hash, so a salted request shares nothing -- not even the system prompt -- with a
+  differently salted one, and an unsalted request isolates nothing. What *can* be done in vLLM,
+  and what this policy does: no salt, and one tenant-specific token (``TENANT_TAG_BASE + k``)
+  inserted right after the system prompt (at ``TraceRequest.system_tokens``). Full blocks that lie
+  entirely inside the system prompt are then shared by all tenants; the block holding the tag and
+  every later block are tenant-specific, because the chain hash includes the tag. The prompt grows
+  by one token. A source with no known system prompt (``system_tokens == 0``: Mooncake, Azure)
+  gets the tag at position 0, which isolates tenants exactly like ``per_tenant``.
+
+LoRA: with ``lora_adapters = n > 0`` tenant ``k`` uses adapter ``lora-{k % n}``; vLLM puts the
+LoRA name into the extra keys of every block, so different adapters never share blocks.
+
+Without a ``tenants`` section nothing is changed: requests keep the salt / LoRA / tenant their
+source gave them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from workloads.tokens import TENANT_TAG_BASE, TaggedTokens
+from workloads.trace_format import TraceRequest
+
+SaltPolicy = Literal["none", "per_tenant", "per_user", "per_session", "per_request", "shared_system_prompt"]
+SALT_POLICIES: tuple[str, ...] = (
+    "none", "per_tenant", "per_user", "per_session", "per_request", "shared_system_prompt",
+)
+
+
+def keyed_uniform(seed: int, purpose: str, key: str) -> float:
+    """A deterministic uniform number in [0, 1) for ``(seed, purpose, key)``."""
+    h = hashlib.blake2b(f"{seed}\x1f{purpose}\x1f{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") / 2.0**64
+
+
+@lru_cache(maxsize=64)
+def _zipf_cdf(n: int, skew: float) -> np.ndarray:
+    w = np.arange(1, n + 1, dtype=np.float64) ** -skew
+    c = np.cumsum(w / w.sum())
+    c[-1] = 1.0
+    return c
+
+
+@dataclass(frozen=True, slots=True)
+class TenantModel:
+    """Tenant/user counts and skews, the salt policy, LoRA adapters, prompt-logprobs share."""
+
+    num_tenants: int = 1
+    tenant_skew: float = 0.0
+    users_per_tenant: int = 1
+    user_skew: float = 0.0
+    salt: SaltPolicy = "none"
+    lora_adapters: int = 0
+    prompt_logprobs_fraction: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_tenants < 1 or self.users_per_tenant < 1:
+            raise ValueError("num_tenants and users_per_tenant must be >= 1")
+        if self.tenant_skew < 0 or self.user_skew < 0 or self.lora_adapters < 0:
+            raise ValueError("skews and lora_adapters must be >= 0")
+        if not 0.0 <= self.prompt_logprobs_fraction <= 1.0:
+            raise ValueError("prompt_logprobs_fraction must be in [0, 1]")
+        if self.salt not in SALT_POLICIES:
+            raise ValueError(f"unknown salt policy {self.salt!r}; choose one of {SALT_POLICIES}")
+
+    def assign(self, session: str) -> tuple[int, int]:
+        """``(tenant, user)`` indices of a session."""
+        t = int(np.searchsorted(_zipf_cdf(self.num_tenants, self.tenant_skew),
+                                keyed_uniform(self.seed, "tenant", session), side="right"))
+        u = int(np.searchsorted(_zipf_cdf(self.users_per_tenant, self.user_skew),
+                                keyed_uniform(self.seed, "user", session), side="right"))
+        return min(t, self.num_tenants - 1), min(u, self.users_per_tenant - 1)
+
+    def apply(self, req: TraceRequest) -> TraceRequest:
+        """Set tenant, salt, LoRA, prompt-logprobs (and the tag for ``shared_system_prompt``)."""
+        session = req.session if req.session is not None else req.id
+        t, u = self.assign(session)
+        tenant = f"t{t}"
+        req.tenant = tenant
+        policy = self.salt
+        if policy == "none":
+            req.salt = None
+        elif policy == "per_tenant":
+            req.salt = tenant
+        elif policy == "per_user":
+            req.salt = f"{tenant}/u{u}"
+        elif policy == "per_session":
+            req.salt = f"session:{session}"
+        elif policy == "per_request":
+            req.salt = f"request:{req.id}"
+        else:  # shared_system_prompt
+            req.salt = None
+            pos = min(max(req.system_tokens, 0), len(req.tokens))
+            req.tokens = TaggedTokens(req.tokens, pos, TENANT_TAG_BASE + t)
+        req.lora = f"lora-{t % self.lora_adapters}" if self.lora_adapters else req.lora
+        if self.prompt_logprobs_fraction > 0:
+            req.prompt_logprobs = keyed_uniform(self.seed, "plp", req.id) < self.prompt_logprobs_fraction
+        return req
+
+    def decorate(self, requests: Iterable[TraceRequest]) -> Iterator[TraceRequest]:
+        for req in requests:
+            yield self.apply(req)
