@@ -4,7 +4,7 @@ benchmark, with every figure written to a results file.
 Run from the repository root (``gpu_backend/gpu_check.sh`` sets ``PYTHONPATH`` and calls this)::
 
     bash gpu_backend/gpu_check.sh                        # CUDA: full check, < 8 minutes on an H200
-    bash gpu_backend/gpu_check.sh --device cpu --quick   # CPU smoke test of this script (~20 s)
+    bash gpu_backend/gpu_check.sh --device cpu --quick   # CPU smoke test of this script (~10 s)
 
 It needs torch, numpy and pyyaml only -- not simpy or pydantic: the scheduler is driven directly
 (``gpu_backend.cases.Harness``), not through the SimPy replay. Output: ``$OUT/gpu_check.json`` (all
@@ -22,7 +22,9 @@ Sections:
    corrupted-block control through the fast path; then the benchmark: measured copy bandwidth and
    matmul rate, decode attention at batch 64 x 4k context (Triton configurations, flash paged at
    block 16 and 256, reference), and whole steps (cold prefill 4 x 2048, prefill after a 3k hit
-   4 x 1024, decode 64 x 4k, mixed).
+   4 x 1024, decode 64 x 4k, mixed);
+4. the quickstart replay (``configs/quickstart_torch.yaml``) through SimPy on the device, only when
+   simpy and pydantic can be imported (carry their wheels to the GPU image, see the README here).
 """
 
 from __future__ import annotations
@@ -105,6 +107,35 @@ def _correctness(out: _Out, model: LlamaModel, attention_req: str, label: str, f
     return rows
 
 
+def _replay(out: _Out, device: torch.device) -> dict[str, Any]:
+    """``apcsim run configs/quickstart_torch.yaml --backend torch --device <device>``, in-process, when
+    simpy and pydantic are importable (on the GPU image they must be carried as wheels)."""
+    try:
+        import pydantic  # noqa: F401
+        import simpy  # noqa: F401
+    except ImportError as exc:
+        out(f"   skipped: {exc} (carry simpy/pydantic wheels to run it; see gpu_backend/README.md)")
+        return {"skipped": str(exc)}
+    import tempfile
+
+    from gpu_backend.factory import make_torch_executor
+    from sim.config import load_config
+    from sim.run import run_experiment
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(root / "configs" / "quickstart_torch.yaml", [f"backend.device={device.type}"])
+    with tempfile.TemporaryDirectory() as tmp:
+        result, folder = run_experiment(cfg, out=tmp, progress=False, executor_factory=make_torch_executor)
+        meta = json.loads((Path(folder) / "meta.json").read_text())
+    s = result.summary
+    keys = ("num_requests", "num_steps", "token_hit_rate", "num_preemptions", "ttft_p50_s", "tpot_p50_s",
+            "throughput_output_tokens_per_s", "sim_time_s")
+    summary = {k: s.get(k) for k in keys}
+    out(f"   {json.dumps(summary)}")
+    out(f"   attention={meta['executor']['attention']} step_times={json.dumps(meta['executor']['step_times'])}")
+    return {"summary": summary, "executor": meta["executor"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
@@ -176,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         dims = dict(batch=8, context=256, num_heads=spec.num_attention_heads, num_kv_heads=spec.num_kv_heads,
                     head_dim=spec.head_dim, dtype=bdtype, device=device, warmup=1, iters=3)
-        interp = os.environ.get("TRITON_INTERPRET") == "1" and _version("triton")
-        dec = bench.bench_decode_attention(["reference"] + (["triton"] if interp else []), block_size=16, **dims)
+        use_triton = _version("triton") and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+        dec = bench.bench_decode_attention(["reference"] + (["triton"] if use_triton else []), block_size=16, **dims)
     report["decode_attention"] = dec
     for r in dec:
         if "error" in r:
@@ -214,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['tflops']:8.3g} TFLOP/s ({r['pct_of_peak_flops']:4.1f}% of {bench.H200_BF16_TFLOPS:.0f})  "
                 f"{r['tbps']:7.3g} TB/s ({r['pct_of_peak_bw']:4.1f}% of {bench.H200_HBM_TBPS})")
     del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    out("== replay of configs/quickstart_torch.yaml through SimPy + scheduler + TorchExecutor")
+    report["replay"] = _replay(out, device)
 
     ok = all(r["verdict"] for r in report["correctness"])
     report["all_correctness_verdicts_hold"] = ok

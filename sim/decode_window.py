@@ -166,7 +166,7 @@ def plan_window(
     used = 0  # blocks popped so far in the window
     start = now
     for j in range(k_max):
-        if j and not arrivals_harmless and start >= next_arrival:
+        if j and not arrivals_harmless and start >= next_arrival:  # next_arrival has the tolerance
             break
         need = bulk_need[j]
         budget = cfg.max_num_batched_tokens - n_bulk
@@ -221,7 +221,7 @@ def plan_window(
         durations.append(d)
         lookups.append(head is not None and budget > 0)
         first_tokens.append(firsts)
-        start = start + 0.0 + d  # the plain loop's float arithmetic: timeout(0), timeout(d)
+        start = start + d  # the same float arithmetic as the plain loop
         if step_finishes:
             break
     if len(durations) < 2:

@@ -4,10 +4,10 @@ Two processes share one ``simpy.Environment``:
 
 * **arrivals** walks the request stream (sorted by ``arrival``), turns each record into a
   :class:`~sim.request.Request` at its arrival time and wakes an idle engine;
-* **engine** runs steps back to back: at a step's start it first yields a zero-delay timeout so
-  that every arrival at exactly that instant has been delivered, adds all delivered requests to the
-  scheduler, calls ``schedule()``, asks the executor for the step, waits its duration, then applies
-  the sampled tokens (``update_from_output``).
+* **engine** runs steps back to back: at a step's start it takes every request that has arrived by
+  then (pulling due ones itself, so same-instant event order and float rounding cannot hide one;
+  "by then" is to 1 ns), calls ``schedule()``, asks the executor for the step, waits its duration,
+  then applies the sampled tokens (``update_from_output``).
 
 Timing semantics (documented contract, tested):
 
@@ -46,6 +46,9 @@ _COL = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
 _FIRST_SCHEDULED, _FIRST_TOKEN, _FINISH = _COL["first_scheduled"], _COL["first_token"], _COL["finish"]
 _HIT_TOKENS, _READMIT, _PREEMPTIONS = _COL["hit_tokens"], _COL["readmit_hit_tokens"], _COL["num_preemptions"]
 _OUTPUT_TOKENS = _COL["output_tokens"]
+
+ARRIVAL_EPS_S = 1e-9
+"""An arrival counts as "at or before" a step start within this tolerance (float rounding)."""
 
 
 class ReplayError(RuntimeError):
@@ -112,6 +115,8 @@ class Replay:
         self._pending: list[Request] = []
         self._idle: simpy.Event | None = None
         self._source_done = False
+        self._lookahead: TraceRequest | None = None
+        self._last_arrival = -math.inf
         self._next_arrival = math.inf
         self._uid = 0
         self._req_rows: dict[str, list[Any]] = {}  # request id -> its (mutable) row
@@ -158,21 +163,37 @@ class Replay:
                 self._error = exc
             raise
 
-    def _arrivals(self) -> Iterator[simpy.Event]:
-        env = self.env
-        last = -math.inf
-        for tr in self._source:
-            if not tr.arrival >= last:
-                raise ReplayError(f"request {tr.id}: arrival {tr.arrival} is before the previous one ({last})")
-            last = tr.arrival
-            if tr.arrival > env.now:
-                self._next_arrival = tr.arrival
-                yield env.timeout(tr.arrival - env.now)
+    def _peek(self) -> TraceRequest | None:
+        """The next not-yet-delivered request of the stream (arrival order is checked)."""
+        if self._lookahead is None and not self._source_done:
+            tr = next(self._source, None)
+            if tr is None:
+                self._source_done = True
+            else:
+                if not tr.arrival >= self._last_arrival:
+                    raise ReplayError(
+                        f"request {tr.id}: arrival {tr.arrival} is before the previous one ({self._last_arrival})"
+                    )
+                self._last_arrival = tr.arrival
+                self._lookahead = tr
+        self._next_arrival = self._lookahead.arrival if self._lookahead is not None else math.inf
+        return self._lookahead
+
+    def _deliver_due(self, t: float) -> None:
+        """Turn every request arriving at or before ``t`` (to ARRIVAL_EPS_S) into a pending Request."""
+        while (tr := self._peek()) is not None and tr.arrival <= t + ARRIVAL_EPS_S:
             self._pending.append(self._make_request(tr))
+            self._lookahead = None
+
+    def _arrivals(self) -> Iterator[simpy.Event]:
+        """The arrival process: sleeps until the next arrival, delivers it, wakes an idle engine."""
+        env = self.env
+        while (tr := self._peek()) is not None:
+            if tr.arrival > env.now + ARRIVAL_EPS_S:
+                yield env.timeout(tr.arrival - env.now)
+            self._deliver_due(env.now)
             if self._idle is not None and not self._idle.triggered:
                 self._idle.succeed()
-        self._next_arrival = math.inf
-        self._source_done = True
         if self._idle is not None and not self._idle.triggered:
             self._idle.succeed()
 
@@ -180,10 +201,12 @@ class Replay:
         env = self.env
         sched = self.scheduler
         while True:
-            yield env.timeout(0)  # deliver every arrival at exactly this instant first
+            # a step sees every request that arrived at or before its start (pulled, so that the
+            # order of same-instant SimPy events and float rounding cannot hide one)
+            self._deliver_due(env.now)
             self._admit_pending()
             if not sched.has_unfinished_requests():
-                if self._source_done and not self._pending:
+                if self._peek() is None and not self._pending:
                     return
                 self._idle = env.event()
                 yield self._idle
@@ -254,7 +277,7 @@ class Replay:
             self.max_window_steps,
             self.executor.price,  # type: ignore[attr-defined]
             self.env.now,
-            self._next_arrival,
+            self._next_arrival - ARRIVAL_EPS_S,
         )
 
     def _run_window(self, window: Window) -> Iterator[simpy.Event]:
@@ -269,8 +292,7 @@ class Replay:
         rows = self._req_rows
         for j, (d, shape) in enumerate(zip(window.durations, window.shapes)):
             if j:
-                if self._next_arrival <= env.now:  # else nothing arrives at exactly this instant
-                    yield env.timeout(0)
+                self._deliver_due(env.now)
                 self._admit_pending()
             start = env.now
             n_waiting = len(sched.waiting)

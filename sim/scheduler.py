@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sim.hashing import BlockHasher
+from sim.block_pool import KVCacheBlock
 from sim.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from sim.kv_events import EventSink
 from sim.request import Request, RequestStatus
@@ -68,10 +69,15 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int
     num_computed_before: int
-    new_block_ids: list[int]
+    new_blocks: list[KVCacheBlock]  # admitted: all its blocks (hits included); running: new ones
     admitted: bool = False  # moved from waiting to running in this step
     hit_tokens: int = 0  # prefix-cache hit granted at this admission
     samples: bool = False  # this step completes the prefill, so the model samples a token
+
+    @property
+    def new_block_ids(self) -> list[int]:
+        """vLLM's ``req_to_new_blocks`` ids: what a model runner appends to its block table."""
+        return [b.block_id for b in self.new_blocks]
 
 
 @dataclass(slots=True)
@@ -225,9 +231,7 @@ class Scheduler:
                     break
             if new_blocks is None:
                 break
-            scheduled_running.append(
-                ScheduledRequest(request, num_new, request.num_computed_tokens, [b.block_id for b in new_blocks])
-            )
+            scheduled_running.append(ScheduledRequest(request, num_new, request.num_computed_tokens, new_blocks))
             token_budget -= num_new
             req_index += 1
 
@@ -263,7 +267,7 @@ class Scheduler:
                         request,
                         num_new,
                         num_hits,
-                        kvm.get_block_ids(request.request_id),
+                        list(kvm.get_blocks(request.request_id)),
                         admitted=True,
                         hit_tokens=num_hits,
                     )

@@ -13,8 +13,8 @@ When the next prompt plus output would exceed ``max_context_tokens`` the traject
 it is replaced by a fresh summary of ``summary_tokens`` (the shared prompt survives). With
 probability ``subagent_probability`` a step spawns a sub-agent: its own shared prompt
 (``subagent_prompt_tokens``, the same for all sub-agents), a fresh task, ``subagent_steps`` steps
-of the same loop; the parent's next step arrives after the sub-agent's last one, and its tool
-result has the length of the sub-agent's last answer.
+of the same loop (sub-agents do not spawn sub-agents); the parent's next step arrives after the
+sub-agent's last one, and its tool result has the length of the sub-agent's last answer.
 
 Defaults come from the coding-agent trace (``workloads.agent_stats`` on
 ``shared/traces/weka_agent_sample``: 24 sessions, 1,343 requests): tools median 12,350 tokens,
@@ -90,8 +90,9 @@ class _Loop:
 
 
 def _steps(p: AgentParams, rng: np.random.Generator, loop: _Loop, n_steps: int, t: float, rid: str,
-           session: str, state: dict[str, float]) -> Iterator[TraceRequest]:
-    """``n_steps`` steps of ``loop`` from time ``t``; leaves the last arrival and answer in ``state``."""
+           session: str, state: dict[str, float], *, parent: bool = True) -> Iterator[TraceRequest]:
+    """``n_steps`` steps of ``loop`` from time ``t``; leaves the last arrival and answer in ``state``.
+    Only a parent (``parent=True``) spawns sub-agents; sub-agents do not nest."""
     system_tokens = len(loop.shared)
     for k in range(n_steps):
         n_out = p.output_tokens.one_int(rng, at_least=1)
@@ -107,14 +108,14 @@ def _steps(p: AgentParams, rng: np.random.Generator, loop: _Loop, n_steps: int, 
         state["t"], state["answer"] = t, float(n_out)
         if k + 1 < n_steps:
             result = p.tool_result_tokens.one_int(rng, at_least=1)
-            if p.subagent_probability and rng.random() < p.subagent_probability:
+            if parent and p.subagent_probability and rng.random() < p.subagent_probability:
                 sub = _Loop((region(K_AGENT_SHARED, 1), p.subagent_prompt_tokens),
                             loop.space.fresh(p.subagent_task_tokens.one_int(rng, at_least=1)), loop.space)
                 n_sub = p.subagent_steps.one_int(rng, at_least=1)
                 state["subs"] = state.get("subs", 0.0) + 1
                 sub_state: dict[str, float] = {}
                 yield from _steps(p, rng, sub, n_sub, t + p.step_gap.one(rng),
-                                  f"{rid}-sa{int(state['subs'])}", session, sub_state)
+                                  f"{rid}-sa{int(state['subs'])}", session, sub_state, parent=False)
                 t, result = sub_state["t"], int(sub_state["answer"])
             loop.append(call, result)
             t += p.step_gap.one(rng)

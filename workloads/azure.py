@@ -35,8 +35,11 @@ HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _TS = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2}(?:\.\d+)?)$")
 
 
+_EPOCH = _dt.date(1970, 1, 1).toordinal()
+
+
 def parse_timestamp(text: str) -> float:
-    """Seconds since 0001-01-01 (float; microsecond-level precision is kept for 2023 dates)."""
+    """Seconds since 1970-01-01 (float64: sub-microsecond resolution for present-day dates)."""
     m = _TS.match(text.strip())
     if m is None:
         raise ValueError(f"expected 'YYYY-MM-DD HH:MM:SS.f', got {text!r}")
@@ -44,7 +47,11 @@ def parse_timestamp(text: str) -> float:
     sec = float(m.group(6))
     if not (0 <= h < 24 and 0 <= mi < 60 and 0 <= sec < 61):
         raise ValueError(f"time out of range: {text!r}")
-    return _dt.date(y, mo, d).toordinal() * 86400.0 + h * 3600 + mi * 60 + sec
+    try:
+        _dt.date(y, mo, d)
+    except ValueError as exc:
+        raise ValueError(f"bad date in {text!r}: {exc}") from None
+    return (_dt.date(y, mo, d).toordinal() - _EPOCH) * 86400.0 + h * 3600 + mi * 60 + sec
 
 
 def _rows(path: Path, skip_bad_lines: bool, log: SkipLog) -> Iterator[tuple[int, float, int, int]]:

@@ -225,6 +225,10 @@ def build_workload(cfg: "ExperimentConfig") -> Workload:
                             t.lora_adapters, t.prompt_logprobs_fraction, t.seed if t.seed is not None else seed)
         stream = model.decorate(stream)
         desc += f", {t.num_tenants} tenant(s), salt {t.salt}"
+    native = src.native_block_size
+    if native is not None and cfg.engine.block_size < native:
+        desc += (f"; block size {cfg.engine.block_size} < trace block size {native}: "
+                 "hit rates are a lower bound")
     total = src.total
     if w.limit is not None:
         stream = itertools.islice(stream, w.limit)
