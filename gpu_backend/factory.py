@@ -45,6 +45,11 @@ def make_torch_executor(cfg: ExperimentConfig, scheduler: Scheduler) -> TorchExe
         raise ConfigError(f"{src}: backend.model_shape: {exc}") from None
     dtype = DTYPES[b.dtype]
     cc = scheduler.cache_config
+    if getattr(cc, "kv_groups", ()):
+        raise ConfigError(
+            f"{src}: backend: the torch backend runs one full-attention KV-cache group; hybrid / "
+            f"sliding-window KV groups are simulated only (use --backend sim)"
+        )
     elt = torch.tensor([], dtype=dtype).element_size()
     pool_bytes = 2 * spec.num_layers * cc.num_gpu_blocks * cc.block_size * spec.num_kv_heads * spec.head_dim * elt
     weight_bytes = spec.num_params * elt

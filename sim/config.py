@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.hashing import HASH_ALGOS
+from sim.kv_groups import KVGroupSpec, check_groups
 from workloads.schema import UNION_TAGS as _WORKLOAD_TAGS
 from workloads.schema import (  # noqa: F401  (re-exported: the workload models)
     AgentTraceWorkload,
@@ -39,6 +40,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class KVCacheGroupConfig(_Strict):
+    """One KV-cache group of a sliding-window or hybrid model (see ``sim.kv_groups``)."""
+
+    kind: Literal["full", "sliding_window"]
+    block_size: Annotated[int, Field(gt=0, le=4096)]
+    sliding_window: Annotated[int, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _window_matches_kind(self) -> "KVCacheGroupConfig":
+        if self.kind == "sliding_window" and self.sliding_window is None:
+            raise ValueError("a sliding_window group needs sliding_window (tokens, > 0)")
+        if self.kind == "full" and self.sliding_window is not None:
+            raise ValueError("a full-attention group takes no sliding_window")
+        return self
+
+
 class EngineConfig(_Strict):
     """vLLM engine knobs (defaults: vLLM 0.25.1's LLM-class defaults on a >=70 GiB GPU, but
     ``max_num_batched_tokens`` 8192 / ``max_num_seqs`` 256, the API-server-like H100 setting)."""
@@ -59,6 +76,29 @@ class EngineConfig(_Strict):
     hash_algo: Literal["fast", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor"] = "fast"
     hash_seed: int = 0
     use_eagle: bool = False
+    # Sliding-window / hybrid models: the KV-cache groups, in vLLM's group order. Unset = one
+    # full-attention group of ``block_size``. When set, ``block_size`` is not used (the scheduler
+    # block size is the LCM of the group sizes) and ``num_gpu_blocks`` is required (vLLM's hybrid
+    # pool sizing is not modelled).
+    kv_cache_groups: tuple[KVCacheGroupConfig, ...] | None = None
+    hash_block_size: Annotated[int, Field(gt=0)] | None = None  # hybrid only; default: GCD of group sizes
+
+    @model_validator(mode="after")
+    def _kv_cache_groups_valid(self) -> "EngineConfig":
+        if self.kv_cache_groups is None:
+            if self.hash_block_size is not None:
+                raise ValueError("hash_block_size applies only with kv_cache_groups")
+            return self
+        if not self.kv_cache_groups:
+            raise ValueError("kv_cache_groups must list at least one group (or be left unset)")
+        check_groups(self.kv_cache_group_specs(), self.enable_prefix_caching, self.hash_block_size)
+        if self.num_gpu_blocks is None:
+            raise ValueError("kv_cache_groups needs num_gpu_blocks (hybrid pool sizing is not modelled)")
+        return self
+
+    def kv_cache_group_specs(self) -> tuple[KVGroupSpec, ...]:
+        """``kv_cache_groups`` as ``sim.kv_groups.KVGroupSpec`` objects (empty when unset)."""
+        return tuple(KVGroupSpec(g.kind, g.block_size, g.sliding_window) for g in self.kv_cache_groups or ())
 
     @model_validator(mode="after")
     def _one_capacity(self) -> "EngineConfig":

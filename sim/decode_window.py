@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sim.kv_cache_manager import KVCacheManager
 from sim.latency import StepShape
 from sim.request import Request, RequestStatus
 from sim.scheduler import Scheduler
@@ -117,6 +118,8 @@ def plan_window(
     next_arrival: float,
 ) -> Window | None:
     """The longest allowed window of at least 2 steps, or None (then run a plain step)."""
+    if type(scheduler.kv_cache_manager) is not KVCacheManager:
+        return None  # sliding-window / hybrid managers (sim.hybrid_kv_cache_manager): plain steps only
     cfg = scheduler.config
     running = scheduler.running
     if max_steps < 2 or not running:

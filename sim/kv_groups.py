@@ -103,6 +103,17 @@ class KVGroupSpec:
         return cdiv(min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len), self.block_size) + 1
 
 
+def blocks_for_one_sequence(groups: Sequence[KVGroupSpec], max_num_batched_tokens: int, max_model_len: int) -> int:
+    """Pool blocks the full-sequence gate asks of one ``max_model_len`` request, over all groups
+    (SWA groups at their admission cap): what a pool must hold for such a request to be admitted."""
+    n = 0
+    for g in groups:
+        blocks = cdiv(max_model_len, g.block_size)
+        cap = g.max_admission_blocks_per_request(max_num_batched_tokens, max_model_len)
+        n += blocks if cap is None else min(blocks, cap)
+    return n
+
+
 def resolve_block_sizes(
     groups: Sequence[KVGroupSpec], enable_caching: bool = True, hash_block_size: int | None = None
 ) -> tuple[int, int]:
@@ -121,6 +132,20 @@ def resolve_block_sizes(
             f"invalid hash_block_size={hbs}: every KV-cache group block size {sizes} must be divisible by it"
         )
     return sched_bs, hbs
+
+
+def check_groups(
+    groups: Sequence[KVGroupSpec], enable_caching: bool = True, hash_block_size: int | None = None
+) -> tuple[int, int]:
+    """Validate a group list as vLLM would accept it; returns ``resolve_block_sizes``. With prefix
+    caching on, several groups need at least two distinct specs (a uniform model is one group)."""
+    sizes = resolve_block_sizes(groups, enable_caching, hash_block_size)
+    if enable_caching and len(groups) > 1 and len({g.spec_key for g in groups}) < 2:
+        raise ValueError(
+            "several KV-cache groups with one identical spec: vLLM builds a single group for a "
+            "uniform model (and its hybrid coordinator needs two different specs)"
+        )
+    return sizes
 
 
 class BlockHashView:

@@ -19,6 +19,7 @@ from sim.executor import Executor, SimulatedExecutor
 from sim.fitted_latency import FittedLatency
 from sim.hashing import make_block_hasher
 from sim.kv_cache_manager import cdiv
+from sim.kv_groups import blocks_for_one_sequence, resolve_block_sizes
 from sim.latency import FixedLatency, LatencyModel
 from sim.results import run_metadata, write_results
 from sim.roofline import ModelSpec, RooflineLatency, kv_cache_blocks, load_gpu_spec, load_model_spec
@@ -62,12 +63,17 @@ def build_scheduler(cfg: ExperimentConfig) -> Scheduler:
     max_model_len = e.max_model_len if e.max_model_len is not None else model_spec(cfg).max_model_len
     num_blocks = resolve_num_gpu_blocks(cfg)
     needed = cdiv(max_model_len, e.block_size)
+    groups = e.kv_cache_group_specs()
+    block_size = hash_block_size = e.block_size
+    if groups:  # sliding-window / hybrid: every group holds its own blocks of one max_model_len sequence
+        block_size, hash_block_size = resolve_block_sizes(groups, e.enable_prefix_caching, e.hash_block_size)
+        needed = blocks_for_one_sequence(groups, e.max_num_batched_tokens, max_model_len)
     if num_blocks < needed:  # vLLM's _check_enough_kv_cache_memory (it counts the null block)
         key = "engine.num_gpu_blocks" if e.num_gpu_blocks is not None else (
             "engine.kv_cache_gib" if e.kv_cache_gib is not None else "gpu"
         )
         raise ConfigError(
-            f"{_source(cfg)}: {key}: a pool of {num_blocks} blocks of {e.block_size} tokens cannot hold one "
+            f"{_source(cfg)}: {key}: a pool of {num_blocks} blocks of {block_size} tokens cannot hold one "
             f"max_model_len={max_model_len} sequence ({needed} blocks); vLLM refuses to start -- enlarge the "
             f"pool or lower engine.max_model_len"
         )
@@ -86,8 +92,10 @@ def build_scheduler(cfg: ExperimentConfig) -> Scheduler:
         scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
         watermark=e.watermark,
     )
-    cache_cfg = CacheConfig(e.block_size, num_blocks, e.enable_prefix_caching, e.use_eagle)
-    hasher = make_block_hasher(e.hash_algo, e.block_size, e.hash_seed)
+    cache_cfg = CacheConfig(
+        block_size, num_blocks, e.enable_prefix_caching, e.use_eagle, kv_groups=groups, hash_block_size=e.hash_block_size
+    )
+    hasher = make_block_hasher(e.hash_algo, hash_block_size, e.hash_seed)
     return Scheduler(sched_cfg, cache_cfg, hasher)
 
 

@@ -34,6 +34,8 @@ from typing import Any, Literal
 from sim.hashing import BlockHasher
 from sim.block_pool import KVCacheBlock
 from sim.kv_cache_manager import KVCacheManager, PrefixCacheStats
+from sim.hybrid_kv_cache_manager import HybridKVCacheManager
+from sim.kv_groups import KVGroupSpec, resolve_block_sizes
 from sim.kv_events import EventSink
 from sim.request import Request, RequestStatus
 
@@ -60,6 +62,12 @@ class CacheConfig:
     num_gpu_blocks: int = 1024
     enable_prefix_caching: bool = True
     use_eagle: bool = False
+    # Sliding-window / hybrid models (sim.kv_groups): empty = one full-attention group of
+    # ``block_size`` (the fast KVCacheManager). Otherwise ``block_size`` must be the scheduler block
+    # size (LCM of the group sizes) and the hasher's block size the hash block size (GCD, or
+    # ``hash_block_size`` when set).
+    kv_groups: tuple[KVGroupSpec, ...] = ()
+    hash_block_size: int | None = None
 
 
 @dataclass(slots=True)
@@ -154,19 +162,30 @@ class Scheduler:
     ) -> None:
         self.config = scheduler_config
         self.cache_config = cache_config
-        if hasher is not None and hasher.block_size != cache_config.block_size:
-            raise ValueError("hasher block size differs from the cache block size")
+        hash_bs = cache_config.block_size
+        if cache_config.kv_groups:
+            hash_bs = resolve_block_sizes(
+                cache_config.kv_groups, cache_config.enable_prefix_caching, cache_config.hash_block_size
+            )[1]
+        if hasher is not None and hasher.block_size != hash_bs:
+            raise ValueError(f"hasher block size {hasher.block_size} differs from the hash block size {hash_bs}")
         self.hasher = hasher
-        self.kv_cache_manager = KVCacheManager(
-            cache_config.num_gpu_blocks,
-            cache_config.block_size,
-            scheduler_config.max_model_len,
-            enable_caching=cache_config.enable_prefix_caching,
-            use_eagle=cache_config.use_eagle,
-            log_stats=log_stats,
-            watermark=scheduler_config.watermark,
-            event_sink=event_sink,
-        )
+        self.kv_cache_manager: KVCacheManager | HybridKVCacheManager
+        if cache_config.kv_groups:
+            self.kv_cache_manager = HybridKVCacheManager.from_configs(
+                scheduler_config, cache_config, log_stats=log_stats, event_sink=event_sink
+            )
+        else:
+            self.kv_cache_manager = KVCacheManager(
+                cache_config.num_gpu_blocks,
+                cache_config.block_size,
+                scheduler_config.max_model_len,
+                enable_caching=cache_config.enable_prefix_caching,
+                use_eagle=cache_config.use_eagle,
+                log_stats=log_stats,
+                watermark=scheduler_config.watermark,
+                event_sink=event_sink,
+            )
         self.requests: dict[str, Request] = {}
         self.waiting: _FCFSQueue | _PriorityQueue = (
             _PriorityQueue() if scheduler_config.policy == "priority" else _FCFSQueue()

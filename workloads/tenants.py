@@ -109,7 +109,7 @@ class TenantModel:
         elif policy == "per_tenant":
             req.salt = tenant
         elif policy == "per_user":
-            req.salt = tenant
+            req.salt = f"{tenant}/u{u}"
         elif policy == "per_session":
             req.salt = f"session:{session}"
         elif policy == "per_request":
