@@ -33,6 +33,7 @@ from gpu_backend.batch import SeqInput, build_batch
 from gpu_backend.kv_cache import BlockTables, PagedKVCache
 from gpu_backend.model import LlamaModel
 from sim.executor import StepResult, step_shape
+from sim.latency import StepShape
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.kv_cache_manager import KVCacheManager
@@ -75,6 +76,7 @@ class TorchExecutor:
         self.block_tables = BlockTables()
         self.kept_logits: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
         self.step_log: list[tuple[int, str, int, int, float]] = []  # (step, kind, seqs, tokens, seconds)
+        self.step_shapes: list[StepShape] = []  # the StepShape of each logged step (validation, per-step error)
 
     # -- the Executor protocol ----------------------------------------------------------------
     def execute(self, output: "SchedulerOutput") -> StepResult:
@@ -87,6 +89,26 @@ class TorchExecutor:
             c, n = s.num_computed_before, s.num_new_tokens
             seqs.append(SeqInput(r.request_id, r.token_slice(c, c + n), c, self.block_tables.tables[r.request_id],
                                  sample=bool(s.samples)))
+        duration, batch, logits = self.run_timed(seqs)
+        sampled: dict[str, list[int]] = {}
+        for s in output.scheduled:
+            if s.samples:
+                r = s.request
+                sampled[r.request_id] = [r.planned_output_token(len(r.output_token_ids))]
+        if self.keep_logits and logits is not None:
+            host = logits.float().cpu()
+            for j, (rid, pos) in enumerate(zip(batch.sample_request_ids, batch.sample_positions)):
+                self.kept_logits[rid].append((pos, host[j]))
+        self.step_log.append((output.step, step_kind(output), len(seqs), batch.num_tokens, duration))
+        self.step_shapes.append(step_shape(output))
+        return StepResult(duration, sampled)
+
+    def run_timed(self, seqs: list[SeqInput]) -> tuple[float, Any, "torch.Tensor | None"]:
+        """The measured part of a step: batch preparation + forward + logits of the sampling rows.
+
+        Returns ``(seconds, batch, logits)``. The calibration (:mod:`gpu_backend.calibrate`) times
+        its profiling shapes through this very method, so fitted and replayed step times measure the
+        same code."""
         cuda = self.cache.device.type == "cuda"
         if cuda:
             torch.cuda.synchronize(self.cache.device)
@@ -107,18 +129,7 @@ class TorchExecutor:
         duration = time.perf_counter() - t0
         if self.timing == "cuda_events":
             duration = ev0.elapsed_time(ev1) / 1e3
-        duration = max(duration, 1e-9)
-        sampled: dict[str, list[int]] = {}
-        for s in output.scheduled:
-            if s.samples:
-                r = s.request
-                sampled[r.request_id] = [r.planned_output_token(len(r.output_token_ids))]
-        if self.keep_logits and logits is not None:
-            host = logits.float().cpu()
-            for j, (rid, pos) in enumerate(zip(batch.sample_request_ids, batch.sample_positions)):
-                self.kept_logits[rid].append((pos, host[j]))
-        self.step_log.append((output.step, step_kind(output), len(seqs), batch.num_tokens, duration))
-        return StepResult(duration, sampled)
+        return max(duration, 1e-9), batch, logits
 
     # -- reporting ----------------------------------------------------------------------------
     def step_time_summary(self) -> dict[str, dict[str, float]]:

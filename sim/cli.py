@@ -4,6 +4,12 @@
 [--backend sim|torch] [--device cpu|cuda]`` replays one experiment and writes its results folder;
 ``--backend torch`` runs every step as a real forward pass (``gpu_backend``, imported only then). Errors in the config or the inputs are reported as one
 clear message naming the file and key (or line), with exit code 2, never a traceback.
+``apcsim sweep SWEEP.yaml`` runs a sweep and ``apcsim plot SWEEP_DIR`` plots one (``sim.sweep_cli``).
+``apcsim workloads stats CONFIG [--block-size N,...]`` prints the shape and infinite-cache hit bound
+of a config's workload (``workloads.stats``).
+``apcsim calibrate ...`` fits the latency model on the torch backend (``gpu_backend.calibrate``) and
+``apcsim validate CONFIG`` compares simulated and real per-request latency (``gpu_backend.validate``);
+their arguments come from the torch-free ``gpu_backend.cli_args``, torch is imported only when they run.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sim.config import ConfigError, load_config
 from sim.engine import ReplayError
@@ -67,10 +73,37 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", choices=("cpu", "cuda"), default=None,
                      help="device of the torch backend (overrides backend.device)")
     run.set_defaults(func=_cmd_run)
+    from sim.sweep_cli import add_sweep_parsers
+
+    add_sweep_parsers(sub)  # apcsim sweep SWEEP.yaml / apcsim plot SWEEP_DIR
     from workloads.stats import add_workloads_parser
 
     add_workloads_parser(sub)  # apcsim workloads stats CONFIG
+    from gpu_backend.cli_args import add_calibrate_arguments, add_validate_arguments  # torch-free
+
+    _add_torch_command(sub, "calibrate", "gpu_backend.calibrate", add_calibrate_arguments,
+                       "fit the latency model on real forward passes (profiling grid, NNLS, held-out error)")
+    _add_torch_command(sub, "validate", "gpu_backend.validate", add_validate_arguments,
+                       "replay one config simulated (fitted model) and real (torch backend); report per-request error")
     return parser
+
+
+def _add_torch_command(sub: argparse._SubParsersAction, name: str, module: str,
+                       add_arguments: Callable[[argparse.ArgumentParser], None], help_: str) -> None:
+    """A subcommand implemented in ``gpu_backend`` (torch is imported only when it runs)."""
+    cmd = sub.add_parser(name, help=help_)
+    add_arguments(cmd)
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"apcsim {name} needs PyTorch ({exc}); install it with pip install -e '.[torch]'") from None
+        return int(mod.run_from_args(args))
+
+    cmd.set_defaults(func=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

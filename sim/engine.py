@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,11 +35,11 @@ import pandas as pd
 import simpy
 
 from sim.decode_window import Window, apply_window, plan_window
-from sim.executor import Executor, step_shape
+from sim.executor import Executor, StepResult, step_shape
 from sim.kv_cache_manager import PrefixCacheStats, cdiv
 from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RecordTable, finalize_requests, summarize
 from sim.request import Request
-from sim.scheduler import Scheduler
+from sim.scheduler import Scheduler, SchedulerOutput
 from workloads.trace_format import TraceRequest
 
 
@@ -106,7 +107,7 @@ class Replay:
         self.scheduler = scheduler
         self.executor = executor
         self._source: Iterator[TraceRequest] = iter(requests)
-        self.fast_forward = fast_forward and hasattr(executor, "price")
+        self.fast_forward = fast_forward and hasattr(executor, "price") and not scheduler.config.async_scheduling
         self.integrity_check = integrity_check
         self.max_window_steps = max_window_steps
         self.on_step = on_step
@@ -200,6 +201,9 @@ class Replay:
     def _engine(self) -> Iterator[simpy.Event]:
         env = self.env
         sched = self.scheduler
+        if sched.config.async_scheduling:
+            yield from self._async_engine()
+            return
         while True:
             # a step sees every request that arrived at or before its start (pulled, so that the
             # order of same-instant SimPy events and float rounding cannot hide one)
@@ -218,6 +222,76 @@ class Replay:
                     yield from self._run_window(window)
                     continue
             yield from self._step()
+
+    # -- asynchronous scheduling ------------------------------------------------------------
+    def _async_engine(self) -> Iterator[simpy.Event]:
+        """vLLM's ``EngineCore.step_with_batch_queue`` with two batches in flight.
+
+        Each iteration at time t: deliver arrivals, ``schedule()`` the next batch (which runs on the
+        device from t for its duration), and -- once two batches are queued, or nothing is left
+        to schedule -- apply the outputs of the oldest batch (it finished at t). So step j is
+        scheduled before step j-1's tokens are known (the scheduler's output placeholders), and
+        a step's tokens arrive when the next step starts. No fast-forward in this mode.
+        """
+        env = self.env
+        sched = self.scheduler
+        in_flight: deque[tuple[SchedulerOutput, StepResult, float, int, int]] = deque()
+        while True:
+            self._deliver_due(env.now)
+            self._admit_pending()
+            start = env.now
+            new: tuple[SchedulerOutput, StepResult, float, int, int] | None = None
+            if sched.has_requests():
+                self.num_plain_steps += 1
+                out = sched.schedule()
+                if out.is_empty() and sched.waiting and not sched.running and all(o.is_empty() for o, *_ in in_flight):
+                    raise ReplayError(self._stall_message())
+                result = self.executor.execute(out)
+                if not result.duration_s > 0:
+                    raise ReplayError(f"executor returned a non-positive step time {result.duration_s}")
+                for sr in out.scheduled:
+                    if sr.admitted:
+                        self._on_admit(sr.request, sr.hit_tokens, start)
+                new = (out, result, start, len(sched.running), len(sched.waiting))
+                in_flight.appendleft(new)
+                if len(in_flight) < 2 and sched.has_requests():
+                    yield env.timeout(result.duration_s)  # don't wait for the in-flight batch
+                    self._record_step(new, 0)
+                    continue
+            elif not in_flight:
+                if self._peek() is None and not self._pending:
+                    return
+                self._idle = env.event()
+                yield self._idle
+                self._idle = None
+                continue
+            old_out, old_result, *_ = in_flight.pop()
+            firsts = [sr.request for sr in old_out.scheduled if sr.samples and not sr.request.output_token_ids]
+            finished = sched.update_from_output(old_out, old_result.sampled_token_ids)
+            now = env.now
+            for r in firsts:
+                if r.output_token_ids:
+                    self._req_rows[r.request_id][_FIRST_TOKEN] = now
+            for r in finished:
+                self._on_finish(r, now)
+            stats = sched.make_stats()
+            if stats is not None:
+                self._stats.add(stats)
+            if new is not None:
+                yield env.timeout(new[1].duration_s)
+                self._record_step(new, len(finished))
+            self._after_step()
+
+    def _record_step(self, entry: tuple["SchedulerOutput", StepResult, float, int, int], finished: int) -> None:
+        out, result, start, n_running, n_waiting = entry
+        shape = step_shape(out)
+        pool = self.scheduler.kv_cache_manager.block_pool
+        self._steps.append(
+            out.step, start, result.duration_s, len(out.scheduled), out.total_num_scheduled_tokens,
+            shape.num_prefill_tokens, shape.num_decode_seqs, sum(1 for s in out.scheduled if s.admitted),
+            len(out.preempted), finished, n_running, n_waiting, pool.get_num_free_blocks(),
+            pool.num_cached_blocks, pool.get_usage(),
+        )
 
     # -- one plain step -----------------------------------------------------------------------
     def _step(self) -> Iterator[simpy.Event]:

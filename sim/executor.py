@@ -58,7 +58,10 @@ def planned_samples(output: SchedulerOutput) -> dict[str, list[int]]:
     for s in output.scheduled:
         if s.samples:
             r = s.request
-            sampled[r.request_id] = [r.planned_output_token(len(r.output_token_ids))]
+            # index of the token this step samples: outputs known so far, plus those still in
+            # flight (async scheduling's placeholders, this step's own included)
+            j = len(r.output_token_ids) + max(0, r.num_output_placeholders - 1)
+            sampled[r.request_id] = [r.planned_output_token(j)]
     return sampled
 
 

@@ -19,20 +19,26 @@ File format (JSON, or YAML when the name ends in .yaml/.yml), written by the cal
     }
 
 ``features`` is any non-empty subset of :data:`FEATURES`: ``intercept`` (the constant 1) and the
-fields and properties of :class:`StepShape`. Coefficients must be finite and >= 0 and at least one
-must be > 0. The predicted step time is ``sum(coef * feature)``, floored at :data:`MIN_STEP_TIME_S`
-(1 µs) so it is always > 0.
+fields and properties of :class:`StepShape` -- plus, optionally, *knee* features
+``num_new_tokens_over_<K>`` = ``max(0, num_new_tokens - K)`` (an integer ``K >= 1``). A knee lets
+the model bend like a roofline: a step's GEMMs cost about the same (weights streamed from memory)
+until the batch holds ``K`` tokens and grow with the token count after that, which a single linear
+term cannot follow (``a + b * max(0, n - a / b)`` *is* ``max(a, b * n)``). Files without knees read
+exactly as before. Coefficients must be finite and >= 0 and at least one must be > 0. The predicted
+step time is ``sum(coef * feature)``, floored at :data:`MIN_STEP_TIME_S` (1 µs) so it is always > 0.
 
 The hot path never touches a dict: the properties are linear in the six stored fields
 (``num_prefill_seqs = num_seqs - num_decode_seqs``, ``num_decode_tokens = num_new_tokens -
 num_prefill_tokens``, ``kv_read_tokens = context_tokens + num_new_tokens``), so the coefficients are
-folded once into seven floats and :meth:`FittedLatency.step_time` is six multiply-adds.
+folded once into seven floats and :meth:`FittedLatency.step_time` is six multiply-adds (plus one
+per knee feature, if any).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -56,6 +62,15 @@ FEATURES: tuple[str, ...] = (
     "attention_pairs",
     "kv_read_tokens",
 )
+
+#: Knee features: ``num_new_tokens_over_<K>`` = ``max(0, num_new_tokens - K)``.
+KNEE_RE = re.compile(r"^num_new_tokens_over_([1-9][0-9]*)$")
+
+
+def knee_feature(k: int) -> str:
+    """The name of the knee feature at ``k`` tokens."""
+    return f"num_new_tokens_over_{int(k)}"
+
 
 #: Floor on a predicted step time (seconds); a fit with a zero intercept could otherwise predict 0.
 MIN_STEP_TIME_S = 1e-6
@@ -95,9 +110,10 @@ class FittedLatency(LatencyModel):
             raise ValueError(f"fitted latency{where}: 'features' must be a non-empty mapping")
         clean: dict[str, float] = {}
         for feat, value in coefs.items():
-            if feat not in _FOLD:
+            if feat not in _FOLD and not (isinstance(feat, str) and KNEE_RE.match(feat)):
                 raise ValueError(
-                    f"fitted latency{where}: unknown feature {feat!r}; allowed: {', '.join(FEATURES)}"
+                    f"fitted latency{where}: unknown feature {feat!r}; allowed: {', '.join(FEATURES)} "
+                    f"and num_new_tokens_over_<K>"
                 )
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"fitted latency{where}: coefficient of {feat!r} must be a finite number >= 0, got {value!r}")
@@ -107,14 +123,16 @@ class FittedLatency(LatencyModel):
         meta = dict(metadata or {})
         for reserved in ("kind", "features"):
             meta.pop(reserved, None)
-        self.coefs = {f: clean[f] for f in FEATURES if f in clean}  # canonical order
+        knees = sorted((f for f in clean if f not in _FOLD), key=lambda f: int(KNEE_RE.match(f).group(1)))  # type: ignore[union-attr]
+        self.coefs = {f: clean[f] for f in (*FEATURES, *knees) if f in clean}  # canonical order
+        self._knees = tuple((int(KNEE_RE.match(f).group(1)), clean[f]) for f in knees if clean[f] > 0)  # type: ignore[union-attr]
         self.metadata = meta
         self.source = source
 
         base = dict.fromkeys(("intercept", "num_seqs", "num_decode_seqs", "num_new_tokens",
                               "num_prefill_tokens", "context_tokens", "attention_pairs"), 0.0)
         for feat, value in self.coefs.items():
-            for field_, mult in _FOLD[feat].items():
+            for field_, mult in _FOLD.get(feat, {}).items():
                 base[field_] += mult * value
         self._c0 = base["intercept"]
         self._c_seqs = base["num_seqs"]
@@ -178,11 +196,24 @@ class FittedLatency(LatencyModel):
             float(s.context_tokens + s.num_new_tokens),
         ]
 
+    @staticmethod
+    def feature_value(name: str, shape: StepShape) -> float:
+        """The value of one feature (a :data:`FEATURES` name or a knee feature) for ``shape``."""
+        if name in _FOLD:
+            return FittedLatency.feature_vector(shape)[FEATURES.index(name)]
+        m = KNEE_RE.match(name)
+        if m is None:
+            raise ValueError(f"unknown feature {name!r}")
+        return float(max(0, shape.num_new_tokens - int(m.group(1))))
+
     def step_time(self, shape: StepShape) -> float:
         s = shape
         t = (self._c0 + self._c_seqs * s.num_seqs + self._c_dec * s.num_decode_seqs
              + self._c_new * s.num_new_tokens + self._c_pre * s.num_prefill_tokens
              + self._c_ctx * s.context_tokens + self._c_pairs * s.attention_pairs)
+        for k, c in self._knees:
+            if s.num_new_tokens > k:
+                t += c * (s.num_new_tokens - k)
         return t if t > MIN_STEP_TIME_S else MIN_STEP_TIME_S
 
     def describe(self) -> dict[str, object]:

@@ -91,6 +91,7 @@ def build_scheduler(cfg: ExperimentConfig) -> Scheduler:
         policy=e.policy,
         scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
         watermark=e.watermark,
+        async_scheduling=e.async_scheduling,
     )
     cache_cfg = CacheConfig(
         block_size, num_blocks, e.enable_prefix_caching, e.use_eagle, kv_groups=groups, hash_block_size=e.hash_block_size

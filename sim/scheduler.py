@@ -1,5 +1,6 @@
 """The v1 scheduler (mirrors ``Scheduler.schedule`` / ``update_from_output`` of vLLM 0.25.1's
-``vllm/v1/core/sched/scheduler.py``, synchronous mode), for one full-attention KV group.
+``vllm/v1/core/sched/scheduler.py``, synchronous mode), for one full-attention KV group (or, with
+``CacheConfig.kv_groups``, sliding-window / hybrid groups through ``sim.hybrid_kv_cache_manager``).
 
 One ``schedule()`` call is one engine step:
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,6 +53,7 @@ class SchedulerConfig:
     policy: Literal["fcfs", "priority"] = "fcfs"
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0
+    async_scheduling: bool = False  # vLLM's AsyncScheduler (output placeholders; see module doc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,11 @@ class _FCFSQueue(deque[Request]):
     def pop_head(self) -> Request:
         return self.popleft()
 
+    def remove_where(self, pred: Callable[[Request], bool]) -> None:
+        keep = [r for r in self if not pred(r)]
+        self.clear()
+        self.extend(keep)
+
 
 class _PriorityQueue:
     """Heap on ``Request.__lt__``: (priority, arrival_time, request_id); prepend = push."""
@@ -137,6 +144,10 @@ class _PriorityQueue:
 
     def pop_head(self) -> Request:
         return heapq.heappop(self._heap)
+
+    def remove_where(self, pred: Callable[[Request], bool]) -> None:
+        self._heap = [r for r in self._heap if not pred(r)]
+        heapq.heapify(self._heap)
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -205,6 +216,10 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting) or bool(self.running)
 
+    def has_requests(self) -> bool:
+        """vLLM's ``has_requests``: unfinished ones, or finished ones not yet reported by a step."""
+        return bool(self.waiting) or bool(self.running) or bool(self.finished_req_ids)
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
@@ -222,7 +237,14 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
-            num_new = request.num_tokens - request.num_computed_tokens
+            placeholders = request.num_output_placeholders
+            if (
+                placeholders > 0
+                and request.num_computed_tokens + 2 - placeholders >= request.num_prompt_tokens + request.max_tokens
+            ):
+                req_index += 1  # async: the in-flight step already reaches max_tokens
+                continue
+            num_new = request.num_tokens + placeholders - request.num_computed_tokens
             if 0 < threshold < num_new:
                 num_new = threshold
             num_new = min(num_new, token_budget, cfg.max_model_len - request.num_computed_tokens - 1)
@@ -296,11 +318,14 @@ class Scheduler:
         # C. bookkeeping
         scheduled = scheduled_running + scheduled_new
         total = 0
+        is_async = cfg.async_scheduling
         for s in scheduled:
             r = s.request
             r.num_computed_tokens += s.num_new_tokens
-            r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens
+            r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens + r.num_output_placeholders
             s.samples = not r.is_prefill_chunk
+            if is_async and s.samples:
+                r.num_output_placeholders += 1  # the token this step samples is not known yet
             total += s.num_new_tokens
         out = SchedulerOutput(self.step_index, scheduled, preempted, self.finished_req_ids, total)
         self.finished_req_ids = set()
@@ -324,6 +349,8 @@ class Scheduler:
         """Append sampled tokens, stop finished requests and free them; returns the finished."""
         finished: list[Request] = []
         max_len = self.config.max_model_len
+        is_async = self.config.async_scheduling
+        stopped_preempted = False
         for s in output.scheduled:
             request = s.request
             if request.status > RequestStatus.PREEMPTED:  # already finished
@@ -331,17 +358,31 @@ class Scheduler:
             new_ids = sampled_token_ids.get(request.request_id)
             if not new_ids:
                 continue
+            status_before = request.status
+            n_appended = 0
             for tok in new_ids:
                 request.append_output_token_ids(tok)
+                n_appended += 1
                 if request.num_tokens >= max_len or len(request.output_token_ids) >= request.max_tokens:
                     request.status = RequestStatus.FINISHED_LENGTH_CAPPED
                     break
+            if is_async:
+                # AsyncScheduler: the placeholder is now a real token; blocks it completes are
+                # cached now (one step later than in sync mode), unless it was preempted since.
+                request.num_output_placeholders -= n_appended
+                if status_before == RequestStatus.RUNNING:
+                    self.kv_cache_manager.cache_blocks(
+                        request, request.num_computed_tokens - request.num_output_placeholders
+                    )
             if request.status > RequestStatus.PREEMPTED:
                 self._free_request(request)
                 finished.append(request)
+                stopped_preempted |= status_before == RequestStatus.PREEMPTED
         if finished:
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
+            if stopped_preempted:  # async only: a request preempted while its last step was in flight
+                self.waiting.remove_where(lambda r: id(r) in done)
         return finished
 
     def _free_request(self, request: Request) -> None:

@@ -154,3 +154,38 @@ def test_fast_forward_actually_skips_work():
     res = Replay(sched, SimulatedExecutor(FixedLatency(0.01)), reqs, fast_forward=True).run()
     assert len(res.steps) == 400
     assert calls["n"] < 10
+
+
+# -- asynchronous scheduling -----------------------------------------------------------------
+
+
+def _async_sched(num_blocks: int = 1000, **kw) -> Scheduler:
+    kw.setdefault("max_model_len", 4096)
+    return Scheduler(SchedulerConfig(async_scheduling=True, **kw), CacheConfig(16, num_blocks),
+                     make_block_hasher("sha256", 16))
+
+
+def test_async_same_step_sharing_and_output_block_caching():
+    # two identical prompts in one step: hits 0 and 48, as in sync mode (blocks cached at schedule time)
+    res = _replay([_req("a", 0.0, 64, out=3), _req("b", 0.0, 64, out=3)], _async_sched())
+    assert list(res.requests["hit_tokens"]) == [0, 48]
+    # a follow-up containing the prompt and all 13 outputs hits 32: output blocks are cached one
+    # step later in async mode but end up the same (P + N - 1 = 32 tokens of KV)
+    first = _req("p", 0.0, 20, out=13)
+    out_ids = [int(t) for t in np.arange(50_000, 50_013)]
+    first.output_token_ids = np.array(out_ids, dtype=np.int64)
+    follow = TraceRequest("f", 5.0, np.concatenate([np.arange(0, 20), out_ids, np.arange(900, 910)]), 1)
+    res = _replay([first, follow], _async_sched())
+    assert res.requests.set_index("request_id").loc["f", "hit_tokens"] == 32
+
+
+def test_async_timing_and_integrity():
+    reqs = _workload(3, 120, rate=60.0)
+    res = Replay(_async_sched(num_blocks=300, max_num_batched_tokens=512, max_num_seqs=32),
+                 SimulatedExecutor(FixedLatency(0.01)), reqs, integrity_check=True).run()
+    r = res.requests
+    assert r["finish"].notna().all() and r["first_token"].notna().all()
+    assert (r["output_tokens"] == [t.output_tokens for t in reqs]).all()
+    assert res.summary["num_preemptions"] > 0  # the small pool exercises preemption while steps are in flight
+    single = _replay([_req("x", 0.0, 40, out=4)], _async_sched(), step=0.1).requests.iloc[0]
+    assert single["ttft"] == pytest.approx(0.1) and single["finish"] == pytest.approx(0.4)

@@ -120,3 +120,34 @@ def test_no_tenants_section_leaves_requests_alone():
     r = TraceRequest("a", 0.0, np.arange(4, dtype=np.int64), 1, salt="keep", lora="l")
     out = TenantModel(salt="per_tenant").apply(r)
     assert out.salt == "t0" and out.lora == "l"  # lora_adapters=0 keeps the source's adapter
+
+
+def test_bound_extra_keys_have_vllm_equality_structure():
+    """The bound puts the LoRA on blocks 0 and 1 only; per request hits equal a reference that
+    keys every block as vLLM does (LoRA on every block, salt on block 0), corner cases included."""
+    from sim.hashing import FastBlockHasher
+
+    def reference(reqs, bs=4):
+        h, seen, out = FastBlockHasher(bs), set(), []
+        for r in reqs:
+            toks = token_array(r.tokens)
+            n = toks.size // bs
+            extras = [((r.lora,) if r.lora else ()) + ((r.salt,) if r.salt and i == 0 else ()) or None
+                      for i in range(n)]
+            keys = h.hash_token_blocks(toks, extras)
+            k = 0
+            for key in keys[: (toks.size - 1) // bs]:
+                if key not in seen:
+                    break
+                k += 1
+            out.append(k * bs)
+            seen.update(keys)
+        return out
+
+    toks = np.arange(17, dtype=np.int64)
+    combos = [(None, None), ("x", None), (None, "x"), ("x", "x"), ("y", None), ("x", None), (None, "x"),
+              ("x", "y"), ("y", "x"), ("x", "x"), (None, None)]
+    reqs = [TraceRequest(f"r{i}", 0.0, toks, 1, lora=lo, salt=sa) for i, (lo, sa) in enumerate(combos)]
+    bound = HitBound(4, include_outputs=False)
+    # index 2: vLLM keys a LoRA "x" and a salt "x" alike on block 0 (one shared block)
+    assert [bound.add(r) for r in reqs] == reference(reqs) == [0, 0, 4, 0, 0, 16, 16, 0, 0, 16, 16]

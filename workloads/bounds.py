@@ -3,7 +3,7 @@
 Definition (token-weighted, requests in the given order -- arrival order for a workload):
 
 * request ``r``'s hit is the number of leading *full* prompt blocks whose chained hash (LoRA name
-  and cache salt included, as vLLM hashes them) was cached by an **earlier** request, capped at
+  and cache salt included, with vLLM's equality structure) was cached by an **earlier** request, capped at
   ``(len - 1) // block_size`` blocks because vLLM always recomputes the last prompt token, times
   ``block_size``; a request with ``prompt_logprobs`` gets 0 (vLLM skips reading the cache for it)
   but still caches its blocks;
@@ -34,13 +34,21 @@ from workloads.trace_format import TraceRequest
 
 
 def _extra_keys(req: TraceRequest, n_blocks: int) -> list[tuple[Any, ...] | None] | None:
-    """vLLM's per-block extra keys for LoRA (every block) and cache salt (block 0 only)."""
+    """Extra keys with the equality structure of vLLM's (LoRA name on every block, salt on block 0).
+
+    Block 0 gets vLLM's exact keys; the LoRA name is repeated on block 1 only, not on every block:
+    hashes are chained, so two blocks ``i >= 1`` whose chains agree up to block 1 already agree on
+    the LoRA, and the equality structure is exactly vLLM's -- with two per-block extra digests per
+    request instead of one per block (the fast hasher digests extras block by block).
+    """
     if req.lora is None and not req.salt:
         return None
     base: tuple[Any, ...] = (req.lora,) if req.lora is not None else ()
-    extras: list[tuple[Any, ...] | None] = [base or None] * n_blocks
-    if req.salt and n_blocks:
-        extras[0] = base + (req.salt,)
+    extras: list[tuple[Any, ...] | None] = [None] * n_blocks
+    if n_blocks:
+        extras[0] = (base + (req.salt,) if req.salt else base) or None
+    if n_blocks > 1 and base:
+        extras[1] = base
     return extras
 
 
