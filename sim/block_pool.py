@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 from sim.hashing import block_extra_keys, external_block_hash
@@ -88,9 +89,7 @@ class FreeKVCacheBlockQueue:
         self._q[block] = None
 
     def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
-        q = self._q
-        for b in blocks:
-            q[b] = None
+        self._q.update(zip(blocks, repeat(None)))
 
     def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Put ``blocks`` at the head, keeping their order."""
@@ -277,8 +276,7 @@ class BlockPool:
         """Pop ``num_blocks`` from the head, evicting their hashes now ("free is not evict")."""
         if num_blocks > self.free_block_queue.num_free_blocks:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
-        pop = self.free_block_queue._q.popitem
-        ret = [pop(False)[0] for _ in range(num_blocks)]
+        ret = [b for b, _ in map(self.free_block_queue._q.popitem, repeat(False, num_blocks))]
         if not self.enable_caching:
             for block in ret:
                 block.ref_cnt = 1

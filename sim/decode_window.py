@@ -278,17 +278,28 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     n_ev = len(events)
     base_step = scheduler.step_index
     head = window.lookup_head
+    # The head's lookup (recorded in PrefixCacheStats, then refused -- see the module docstring)
+    # only changes when a block of its hit chain is handed out again; walk it again only then.
+    chain: set[int] = set()
+    head_hits = -1
     for j in range(k):
         scheduler.step_index = base_step + j  # KV events of step j are attributed to it
         while ev < n_ev and events[ev][0] == j:
             _, _, kind, r, arg = events[ev]
             if kind == 0:
-                kvm.req_to_blocks[r.request_id].extend(pool.get_new_blocks(arg))
+                new_blocks = pool.get_new_blocks(arg)
+                kvm.req_to_blocks[r.request_id].extend(new_blocks)
+                if chain and any(id(b) in chain for b in new_blocks):
+                    head_hits = -1
             else:
                 kvm.cache_blocks(r, arg)
             ev += 1
         if head is not None and window.lookups[j]:
-            kvm.get_computed_blocks(head)  # recorded in PrefixCacheStats; refused (see docstring)
+            if head_hits < 0:
+                blocks, head_hits = kvm.get_computed_blocks(head)
+                chain = {id(b) for b in blocks}
+            else:
+                kvm.repeat_lookup(head, head_hits)
         per_step.append((pool.get_num_free_blocks(), pool.num_cached_blocks, 0))
 
     for r in window.bulk:

@@ -299,9 +299,12 @@ class FastBlockHasher(BlockHasher):
         sums = np.stack([mixed.sum(axis=1, dtype=np.uint64), (mixed * self._pos_mult).sum(axis=1, dtype=np.uint64)])
         c = _splitmix64(sums ^ self._lane_keys)
         if extras is not None:
+            by_extra: dict[tuple[Any, ...], list[int]] = {}
             for i, extra in enumerate(extras):
                 if extra is not None:
-                    c[:, i] = _splitmix64(c[:, i] ^ self._extra_digest(extra))
+                    by_extra.setdefault(extra, []).append(i)
+            for extra, idx in by_extra.items():
+                c[:, idx] = _splitmix64(c[:, idx] ^ self._extra_digest(extra)[:, None])
         pw, ipw = self._powers(n)
         # h_k = P^(k+1) * h_prev + P^k * sum_{j<=k} c_j * P^-j   (mod 2^64, per lane)
         prefix = np.cumsum(c * ipw[:, :n], axis=1, dtype=np.uint64)
@@ -334,7 +337,14 @@ class FastBlockHasher(BlockHasher):
         else:
             gen_keys = []
         extras: list[tuple[Any, ...] | None] | None = None
-        if has_extra_keys(request):
+        if has_extra_keys(request) and not request.mm_features:
+            # block_extra_keys without multimodal items: the LoRA name on every block, the salt
+            # (if truthy) on the block starting at token 0
+            lora: tuple[Any, ...] = (request.lora_name,) if request.lora_name is not None else ()
+            extras = [lora or None] * n_blocks
+            if start == 0 and request.cache_salt:
+                extras[0] = lora + (request.cache_salt,)
+        elif has_extra_keys(request):
             mm_idx = 0 if start == 0 else -1
             extras = []
             for k in range(n_blocks):

@@ -118,6 +118,11 @@ class KVCacheManager:
             self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
         return blocks, num_hits
 
+    def repeat_lookup(self, request: Request, num_hits: int) -> None:
+        """Record a lookup known to return ``num_hits`` again (same effect as get_computed_blocks)."""
+        if self.enable_caching and not request.skip_reading_prefix_cache and self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
+
     # -- allocation ---------------------------------------------------------------------------
     def _num_blocks_to_allocate(self, request_id: str, num_tokens: int, hits: list[KVCacheBlock]) -> int:
         required = cdiv(num_tokens, self.block_size)
