@@ -124,6 +124,12 @@ def plan_window(
     running = scheduler.running
     if max_steps < 2 or not running:
         return None
+    if (
+        scheduler.waiting
+        and len(running) < cfg.max_num_seqs
+        and (cfg.policy != "fcfs" or not cfg.scheduler_reserve_full_isl)
+    ):
+        return None  # a lookup could admit the head: no window (see _head_stays_refused)
     n_bulk = 0
     for r in running:
         if r.num_computed_tokens == r.num_tokens - 1 and r.output_token_ids:

@@ -37,16 +37,11 @@ import simpy
 from sim.decode_window import Window, apply_window, plan_window
 from sim.executor import Executor, StepResult, step_shape
 from sim.kv_cache_manager import PrefixCacheStats, cdiv
-from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RecordTable, finalize_requests, summarize
+from sim.metrics import summarize
+from sim.recorder import ReplayRecorder
 from sim.request import Request
 from sim.scheduler import Scheduler, SchedulerOutput
 from workloads.trace_format import TraceRequest
-
-
-_COL = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
-_FIRST_SCHEDULED, _FIRST_TOKEN, _FINISH = _COL["first_scheduled"], _COL["first_token"], _COL["finish"]
-_HIT_TOKENS, _READMIT, _PREEMPTIONS = _COL["hit_tokens"], _COL["readmit_hit_tokens"], _COL["num_preemptions"]
-_OUTPUT_TOKENS = _COL["output_tokens"]
 
 ARRIVAL_EPS_S = 1e-9
 """An arrival counts as "at or before" a step start within this tolerance (float rounding)."""
@@ -68,23 +63,15 @@ class ReplayResult:
     events: list[tuple[int, Any]] = field(default_factory=list)
 
 
-class _Progress:
-    """A tqdm bar over finished requests, or nothing."""
+@dataclass(slots=True)
+class _Launched:
+    """A scheduled step handed to the executor, with the state to record beside it."""
 
-    def __init__(self, enabled: bool, total: int | None) -> None:
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="req", desc="replay", mininterval=0.5, smoothing=0.05)
-
-    def update(self, n: int) -> None:
-        if self.bar is not None and n:
-            self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+    out: SchedulerOutput
+    result: StepResult
+    start: float
+    n_running: int
+    n_waiting: int
 
 
 class Replay:
@@ -111,7 +98,7 @@ class Replay:
         self.integrity_check = integrity_check
         self.max_window_steps = max_window_steps
         self.on_step = on_step
-        self._progress = _Progress(progress, total)
+        self.rec = ReplayRecorder(progress, total)
         self.env = simpy.Environment()
         self._pending: list[Request] = []
         self._idle: simpy.Event | None = None
@@ -120,10 +107,6 @@ class Replay:
         self._last_arrival = -math.inf
         self._next_arrival = math.inf
         self._uid = 0
-        self._req_rows: dict[str, list[Any]] = {}  # request id -> its (mutable) row
-        self._req = RecordTable(REQUEST_COLUMNS)
-        self._steps = RecordTable(STEP_COLUMNS)
-        self._stats = PrefixCacheStats()
         self._error: Exception | None = None
         self.num_plain_steps = 0  # steps run through schedule()
         self.num_window_steps = 0  # steps played by the decode fast-forward
@@ -144,17 +127,14 @@ class Replay:
                 raise self._error from None
             raise
         finally:
-            self._progress.close()
+            self.rec.close()
         wall = time.perf_counter() - t0
-        requests = finalize_requests(self._req.to_frame())
-        steps = self._steps.to_frame()
+        requests, steps = self.rec.tables()
         pool = self.scheduler.kv_cache_manager.block_pool
-        summary = summarize(
-            requests, steps, self._stats, sim_time_s=self.env.now, num_evictions=pool.num_evictions
-        )
-        return ReplayResult(requests, steps, self._stats, summary, wall, self.events)
+        summary = summarize(requests, steps, self.rec.stats, sim_time_s=self.env.now, num_evictions=pool.num_evictions)
+        return ReplayResult(requests, steps, self.rec.stats, summary, wall, self.events)
 
-    # -- processes ----------------------------------------------------------------------------
+    # -- arrivals -----------------------------------------------------------------------------
     def _guard(self, gen: Iterator[simpy.Event]) -> Iterator[simpy.Event]:
         """Run a process body, remembering the first exception it raises."""
         try:
@@ -193,11 +173,56 @@ class Replay:
             if tr.arrival > env.now + ARRIVAL_EPS_S:
                 yield env.timeout(tr.arrival - env.now)
             self._deliver_due(env.now)
-            if self._idle is not None and not self._idle.triggered:
-                self._idle.succeed()
+            self._wake()
+        self._wake()
+
+    def _wake(self) -> None:
         if self._idle is not None and not self._idle.triggered:
             self._idle.succeed()
 
+    def _make_request(self, tr: TraceRequest) -> Request:
+        sched = self.scheduler
+        max_len = sched.config.max_model_len
+        if len(tr.tokens) > max_len:
+            raise ReplayError(f"request {tr.id}: prompt of {len(tr.tokens)} tokens exceeds max_model_len {max_len}")
+        try:
+            self.rec.new_request(
+                tr.id, tr.arrival, len(tr.tokens), tr.output_tokens, tr.salt, tr.lora, tr.tenant, tr.session,
+                tr.prompt_logprobs,
+            )
+        except ValueError as exc:
+            raise ReplayError(str(exc)) from None
+        self._uid += 1
+        return Request(
+            tr.id,
+            tr.tokens,
+            tr.output_tokens,
+            uid=self._uid - 1,
+            arrival_time=tr.arrival,
+            cache_salt=tr.salt,
+            lora_name=tr.lora,
+            lora_int_id=0,
+            priority=tr.priority,
+            prompt_logprobs=tr.prompt_logprobs,
+            output_token_ids=tr.output_token_ids,
+            hasher=sched.hasher if sched.cache_config.enable_prefix_caching else None,
+        )
+
+    def _admit_pending(self) -> None:
+        if self._pending:
+            for r in self._pending:
+                self.scheduler.add_request(r)
+            self._pending.clear()
+
+    def _idle_wait(self) -> Iterator[simpy.Event]:
+        self._idle = self.env.event()
+        yield self._idle
+        self._idle = None
+
+    def _drained(self) -> bool:
+        return self._peek() is None and not self._pending
+
+    # -- the engine ---------------------------------------------------------------------------
     def _engine(self) -> Iterator[simpy.Event]:
         env = self.env
         sched = self.scheduler
@@ -210,20 +235,72 @@ class Replay:
             self._deliver_due(env.now)
             self._admit_pending()
             if not sched.has_unfinished_requests():
-                if self._peek() is None and not self._pending:
+                if self._drained():
                     return
-                self._idle = env.event()
-                yield self._idle
-                self._idle = None
+                yield from self._idle_wait()
                 continue
             if self.fast_forward:
                 window = self._plan_window()
                 if window is not None:
                     yield from self._run_window(window)
                     continue
-            yield from self._step()
+            launched = self._launch()
+            if launched.out.is_empty() and not launched.out.preempted:
+                # (a step whose only work was preempting -- e.g. a request preempting itself -- is
+                # empty but not stuck: vLLM runs it and admits in the next step)
+                raise ReplayError(self._stall_message())
+            yield env.timeout(launched.result.duration_s)
+            finished = self._apply(launched.out, launched.result)
+            self._record_step(launched, finished)
+            self._after_step()
 
-    # -- asynchronous scheduling ------------------------------------------------------------
+    def _launch(self) -> _Launched:
+        """``schedule()`` one step and hand it to the executor; records admissions."""
+        sched = self.scheduler
+        start = self.env.now
+        self.num_plain_steps += 1
+        out = sched.schedule()
+        result = self.executor.execute(out)
+        if not result.duration_s > 0:
+            raise ReplayError(f"executor returned a non-positive step time {result.duration_s}")
+        for s in out.scheduled:
+            if s.admitted:
+                self.rec.admitted(s.request, s.hit_tokens, start)
+        return _Launched(out, result, start, len(sched.running), len(sched.waiting))
+
+    def _apply(self, out: SchedulerOutput, result: StepResult) -> int:
+        """``update_from_output`` at the current time; records first tokens and finishes."""
+        sched = self.scheduler
+        firsts = [s.request for s in out.scheduled if s.samples and not s.request.output_token_ids]
+        finished = sched.update_from_output(out, result.sampled_token_ids)
+        now = self.env.now
+        for r in firsts:
+            if r.output_token_ids:
+                self.rec.first_token(r, now)
+        for r in finished:
+            self.rec.finished(r, now)
+            r.release_tokens()
+        self.rec.add_stats(sched.make_stats())
+        return len(finished)
+
+    def _record_step(self, launched: _Launched, finished: int) -> None:
+        out = launched.out
+        shape = step_shape(out)
+        pool = self.scheduler.kv_cache_manager.block_pool
+        self.rec.step(
+            out.step, launched.start, launched.result.duration_s, len(out.scheduled), out.total_num_scheduled_tokens,
+            shape.num_prefill_tokens, shape.num_decode_seqs, sum(1 for s in out.scheduled if s.admitted),
+            len(out.preempted), finished, launched.n_running, launched.n_waiting, pool.get_num_free_blocks(),
+            pool.num_cached_blocks, pool.get_usage(),
+        )
+
+    def _after_step(self) -> None:
+        if self.integrity_check:
+            self.scheduler.check_integrity()
+        if self.on_step is not None:
+            self.on_step(self.scheduler)
+
+    # -- asynchronous scheduling --------------------------------------------------------------
     def _async_engine(self) -> Iterator[simpy.Event]:
         """vLLM's ``EngineCore.step_with_batch_queue`` with two batches in flight.
 
@@ -235,114 +312,33 @@ class Replay:
         """
         env = self.env
         sched = self.scheduler
-        in_flight: deque[tuple[SchedulerOutput, StepResult, float, int, int]] = deque()
+        in_flight: deque[_Launched] = deque()
         while True:
             self._deliver_due(env.now)
             self._admit_pending()
-            start = env.now
-            new: tuple[SchedulerOutput, StepResult, float, int, int] | None = None
+            new: _Launched | None = None
             if sched.has_requests():
-                self.num_plain_steps += 1
-                out = sched.schedule()
-                if out.is_empty() and sched.waiting and not sched.running and all(o.is_empty() for o, *_ in in_flight):
+                new = self._launch()
+                if new.out.is_empty() and sched.waiting and not sched.running and all(
+                    launched.out.is_empty() for launched in in_flight
+                ):
                     raise ReplayError(self._stall_message())
-                result = self.executor.execute(out)
-                if not result.duration_s > 0:
-                    raise ReplayError(f"executor returned a non-positive step time {result.duration_s}")
-                for sr in out.scheduled:
-                    if sr.admitted:
-                        self._on_admit(sr.request, sr.hit_tokens, start)
-                new = (out, result, start, len(sched.running), len(sched.waiting))
                 in_flight.appendleft(new)
                 if len(in_flight) < 2 and sched.has_requests():
-                    yield env.timeout(result.duration_s)  # don't wait for the in-flight batch
+                    yield env.timeout(new.result.duration_s)  # don't wait for the in-flight batch
                     self._record_step(new, 0)
                     continue
             elif not in_flight:
-                if self._peek() is None and not self._pending:
+                if self._drained():
                     return
-                self._idle = env.event()
-                yield self._idle
-                self._idle = None
+                yield from self._idle_wait()
                 continue
-            old_out, old_result, *_ = in_flight.pop()
-            firsts = [sr.request for sr in old_out.scheduled if sr.samples and not sr.request.output_token_ids]
-            finished = sched.update_from_output(old_out, old_result.sampled_token_ids)
-            now = env.now
-            for r in firsts:
-                if r.output_token_ids:
-                    self._req_rows[r.request_id][_FIRST_TOKEN] = now
-            for r in finished:
-                self._on_finish(r, now)
-            stats = sched.make_stats()
-            if stats is not None:
-                self._stats.add(stats)
+            oldest = in_flight.pop()
+            finished = self._apply(oldest.out, oldest.result)
             if new is not None:
-                yield env.timeout(new[1].duration_s)
-                self._record_step(new, len(finished))
+                yield env.timeout(new.result.duration_s)
+                self._record_step(new, finished)
             self._after_step()
-
-    def _record_step(self, entry: tuple["SchedulerOutput", StepResult, float, int, int], finished: int) -> None:
-        out, result, start, n_running, n_waiting = entry
-        shape = step_shape(out)
-        pool = self.scheduler.kv_cache_manager.block_pool
-        self._steps.append(
-            out.step, start, result.duration_s, len(out.scheduled), out.total_num_scheduled_tokens,
-            shape.num_prefill_tokens, shape.num_decode_seqs, sum(1 for s in out.scheduled if s.admitted),
-            len(out.preempted), finished, n_running, n_waiting, pool.get_num_free_blocks(),
-            pool.num_cached_blocks, pool.get_usage(),
-        )
-
-    # -- one plain step -----------------------------------------------------------------------
-    def _step(self) -> Iterator[simpy.Event]:
-        env = self.env
-        sched = self.scheduler
-        start = env.now
-        self.num_plain_steps += 1
-        out = sched.schedule()
-        if out.is_empty():
-            raise ReplayError(self._stall_message())
-        result = self.executor.execute(out)
-        if not result.duration_s > 0:
-            raise ReplayError(f"executor returned a non-positive step time {result.duration_s}")
-        admitted = 0
-        for s in out.scheduled:
-            if s.admitted:
-                admitted += 1
-                self._on_admit(s.request, s.hit_tokens, start)
-        shape = step_shape(out)
-        n_running, n_waiting = len(sched.running), len(sched.waiting)
-        firsts = [s.request for s in out.scheduled if s.samples and not s.request.output_token_ids]
-        yield env.timeout(result.duration_s)
-        finished = sched.update_from_output(out, result.sampled_token_ids)
-        now = env.now
-        for r in firsts:
-            if r.output_token_ids:
-                self._req_rows[r.request_id][_FIRST_TOKEN] = now
-        for r in finished:
-            self._on_finish(r, now)
-        stats = sched.make_stats()
-        if stats is not None:
-            self._stats.add(stats)
-        pool = sched.kv_cache_manager.block_pool
-        self._steps.append(
-            out.step,
-            start,
-            result.duration_s,
-            len(out.scheduled),
-            out.total_num_scheduled_tokens,
-            shape.num_prefill_tokens,
-            shape.num_decode_seqs,
-            admitted,
-            len(out.preempted),
-            len(finished),
-            n_running,
-            n_waiting,
-            pool.get_num_free_blocks(),
-            pool.num_cached_blocks,
-            pool.get_usage(),
-        )
-        self._after_step()
 
     # -- fast-forwarded steps -----------------------------------------------------------------
     def _plan_window(self) -> Window | None:
@@ -363,7 +359,6 @@ class Replay:
         self.num_window_steps += window.k
         pool = sched.kv_cache_manager.block_pool
         total_blocks = pool.num_gpu_blocks - 1
-        rows = self._req_rows
         for j, (d, shape) in enumerate(zip(window.durations, window.shapes)):
             if j:
                 self._deliver_due(env.now)
@@ -372,9 +367,9 @@ class Replay:
             n_waiting = len(sched.waiting)
             yield env.timeout(d)
             for r in window.first_tokens[j]:
-                rows[r.request_id][_FIRST_TOKEN] = env.now
+                self.rec.first_token(r, env.now)
             free, cached, n_finished = window.per_step[j]
-            self._steps.append(
+            self.rec.step(
                 first_step + j, start, d, shape.num_seqs, shape.num_new_tokens, shape.num_prefill_tokens,
                 shape.num_decode_seqs, 0, 0, n_finished, n_running, n_waiting, free, cached,
                 1.0 - free / total_blocks,
@@ -382,74 +377,11 @@ class Replay:
         now = env.now
         for r in window.bulk + window.tail:
             if r.is_finished():
-                self._on_finish(r, now)
-        if self.integrity_check:
-            sched.check_integrity()
-        if self.on_step is not None:
-            self.on_step(sched)
+                self.rec.finished(r, now)
+                r.release_tokens()
+        self._after_step()
 
-    # -- bookkeeping --------------------------------------------------------------------------
-    def _make_request(self, tr: TraceRequest) -> Request:
-        sched = self.scheduler
-        max_len = sched.config.max_model_len
-        if len(tr.tokens) > max_len:
-            raise ReplayError(
-                f"request {tr.id}: prompt of {len(tr.tokens)} tokens exceeds max_model_len {max_len}"
-            )
-        uid = self._uid
-        self._uid += 1
-        req = Request(
-            tr.id,
-            tr.tokens,
-            tr.output_tokens,
-            uid=uid,
-            arrival_time=tr.arrival,
-            cache_salt=tr.salt,
-            lora_name=tr.lora,
-            lora_int_id=0,
-            priority=tr.priority,
-            prompt_logprobs=tr.prompt_logprobs,
-            output_token_ids=tr.output_token_ids,
-            hasher=sched.hasher if sched.cache_config.enable_prefix_caching else None,
-        )
-        if tr.id in self._req_rows:
-            raise ReplayError(f"duplicate request id {tr.id!r}")
-        self._req_rows[tr.id] = self._req.append_mutable(
-            tr.id, tr.arrival, None, None, None, req.num_prompt_tokens, tr.output_tokens, None, 0, "",
-            tr.salt, tr.lora, tr.tenant, tr.session, tr.prompt_logprobs,
-        )
-        return req
-
-    def _admit_pending(self) -> None:
-        if self._pending:
-            for r in self._pending:
-                self.scheduler.add_request(r)
-            self._pending.clear()
-
-    def _on_admit(self, request: Request, hit_tokens: int, start: float) -> None:
-        row = self._req_rows[request.request_id]
-        if row[_FIRST_SCHEDULED] is None:
-            row[_FIRST_SCHEDULED] = start
-            row[_HIT_TOKENS] = hit_tokens
-        else:
-            prev = row[_READMIT]
-            row[_READMIT] = f"{prev};{hit_tokens}" if prev else str(hit_tokens)
-            row[_PREEMPTIONS] = request.num_preemptions
-
-    def _on_finish(self, request: Request, now: float) -> None:
-        row = self._req_rows[request.request_id]
-        row[_FINISH] = now
-        row[_PREEMPTIONS] = request.num_preemptions
-        row[_OUTPUT_TOKENS] = len(request.output_token_ids)
-        request.release_tokens()
-        self._progress.update(1)
-
-    def _after_step(self) -> None:
-        if self.integrity_check:
-            self.scheduler.check_integrity()
-        if self.on_step is not None:
-            self.on_step(self.scheduler)
-
+    # -- diagnostics --------------------------------------------------------------------------
     def _record_event(self, event: Any) -> None:
         self.events.append((self.scheduler.step_index, event))
 

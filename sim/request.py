@@ -48,8 +48,8 @@ class LazyTokens(Protocol):
 
 def token_array(tokens: "Sequence[int] | np.ndarray | LazyTokens") -> np.ndarray:
     """Token ids as an int64 array, expanding a :class:`LazyTokens`."""
-    if isinstance(tokens, LazyTokens) and not isinstance(tokens, np.ndarray):
-        return tokens.materialize()
+    if not isinstance(tokens, np.ndarray) and hasattr(tokens, "materialize"):  # a LazyTokens
+        return tokens.materialize()  # type: ignore[union-attr]
     return np.asarray(tokens, dtype=np.int64)
 
 
@@ -130,7 +130,7 @@ class Request:
             raise ValueError(f"request {request_id}: output_tokens must be < {_MAX_OUTPUTS}")
         self.request_id = request_id
         self.uid = uid
-        if isinstance(prompt_token_ids, LazyTokens) and not isinstance(prompt_token_ids, np.ndarray):
+        if not isinstance(prompt_token_ids, np.ndarray) and hasattr(prompt_token_ids, "materialize"):
             self._prompt: np.ndarray | None = None
             self._prompt_source: LazyTokens | None = prompt_token_ids
         else:

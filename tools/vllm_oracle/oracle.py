@@ -1,0 +1,744 @@
+#!/usr/bin/env python3
+"""Differential-testing oracle: replay a tokenized request trace through
+vLLM 0.25.1's own v1 Scheduler + KVCacheManager (CPU only, no model) and
+report per-request prefix-cache hits.
+
+This is DEV-ONLY tooling. It is our own harness code written against vLLM's
+(semi-)public classes; no vLLM source is copied here and no vLLM file is
+modified. Everything vLLM-specific is *observed* from the outside:
+
+  * hit tokens at admission are read from the request object right after
+    ``schedule()`` (``num_computed_tokens - num_scheduled_tokens`` for every
+    request that entered ``scheduler.running`` during that step), and
+    cross-checked against a thin wrapper around
+    ``kv_cache_manager.get_computed_blocks`` that only records its return
+    value;
+  * prefix-cache statistics are the ``PrefixCacheStats`` objects that vLLM's
+    own ``make_stats()`` attaches to the ``EngineCoreOutputs`` returned by
+    ``update_from_output()``;
+  * KV events (optional) are the events vLLM hands to its publisher, captured
+    by wrapping ``kv_cache_manager.take_events``.
+
+Replay semantics (see README.md for the full statement):
+  fixed step time d; at each step time t, add every request with
+  arrival <= t (trace order), call schedule(), build a stub
+  ModelRunnerOutput that gives exactly one sampled token to each scheduled
+  request whose prefill is complete after this step, call
+  update_from_output(); t += d.  When the engine goes idle, the next step
+  starts at max(t, next arrival).
+
+Run with the venv made by setup.sh:
+    venv/bin/python oracle.py TRACE.jsonl --out OUT.csv [--stats-out S.json]
+    venv/bin/python oracle.py --batch JOBS.jsonl [--batch-report R.jsonl] --quiet
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Tiny llama-style config.json; only used so that ModelConfig can be built
+# offline. No weights exist or are ever loaded.
+TINY_MODEL_DIR = os.path.join(HERE, "tiny_model")
+
+# Model shape used only to size the KV cache spec (page size); it has no
+# influence on scheduling because num_gpu_blocks is given explicitly.
+NUM_KV_HEADS = 8
+HEAD_SIZE = 128
+NUM_LAYERS = 2
+
+# Float tolerance for "arrival <= t" comparisons (t is computed as
+# base + n*d, never accumulated, so drift is tiny anyway).
+TIME_EPS = 1e-9
+
+
+# --------------------------------------------------------------------------
+# Trace loading
+# --------------------------------------------------------------------------
+@dataclass
+class TraceReq:
+    idx: int  # 0-based line index in the trace file
+    rid: str
+    arrival: float
+    tokens: list[int]
+    output_tokens: int
+    output_token_ids: list[int] | None
+    salt: str | None
+    lora: str | None
+    priority: int
+    prompt_logprobs: bool
+
+
+def load_trace(path: str) -> list[TraceReq]:
+    reqs: list[TraceReq] = []
+    seen: set[str] = set()
+    with open(path) as f:
+        for lineno, line in enumerate(f):
+            line = line.strip()
+            if not line:
+                continue
+            d = json.loads(line)
+            i = len(reqs)
+            rid = str(d["id"])
+            if rid in seen:
+                raise ValueError(f"duplicate request id {rid!r}")
+            seen.add(rid)
+            toks = [int(x) for x in d["tokens"]]
+            if not toks:
+                raise ValueError(f"{rid}: empty prompt")
+            n_out = int(d["output_tokens"])
+            if n_out < 1:
+                raise ValueError(f"{rid}: output_tokens must be >= 1 (vLLM "
+                                 "rejects max_tokens < 1)")
+            oti = d.get("output_token_ids")
+            if oti is not None:
+                oti = [int(x) for x in oti]
+                if len(oti) < n_out:
+                    raise ValueError(f"{rid}: output_token_ids shorter than "
+                                     "output_tokens")
+            reqs.append(TraceReq(
+                idx=i, rid=rid, arrival=float(d["arrival"]), tokens=toks,
+                output_tokens=n_out, output_token_ids=oti,
+                salt=d.get("salt"), lora=d.get("lora"),
+                priority=int(d.get("priority", 0) or 0),
+                prompt_logprobs=bool(d.get("prompt_logprobs", False)),
+            ))
+    # Requests are processed sorted by arrival, stable w.r.t. file order.
+    # (idx stays the file line index; it feeds the synthetic output ids.)
+    reqs.sort(key=lambda r: r.arrival)
+    return reqs
+
+
+def output_token(tr: TraceReq, j: int) -> int:
+    """Value of the j-th (0-based) sampled token of a request."""
+    if tr.output_token_ids is not None:
+        return tr.output_token_ids[j]
+    return (1 << 62) | (tr.idx << 24) | j
+
+
+# --------------------------------------------------------------------------
+# vLLM construction
+# --------------------------------------------------------------------------
+def ensure_tiny_model(max_pos: int) -> None:
+    """(Re)write the local HF config used to satisfy ModelConfig."""
+    os.makedirs(TINY_MODEL_DIR, exist_ok=True)
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": NUM_KV_HEADS * HEAD_SIZE,
+        "intermediate_size": 2048,
+        "num_attention_heads": NUM_KV_HEADS,
+        "num_key_value_heads": NUM_KV_HEADS,
+        "head_dim": HEAD_SIZE,
+        "num_hidden_layers": NUM_LAYERS,
+        "vocab_size": 32000,
+        "max_position_embeddings": max(max_pos, 1 << 24),
+        "rms_norm_eps": 1e-5,
+        "torch_dtype": "float16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    p = os.path.join(TINY_MODEL_DIR, "config.json")
+    new = json.dumps(cfg, indent=2, sort_keys=True)
+    try:
+        with open(p) as f:
+            if f.read() == new:
+                return
+    except FileNotFoundError:
+        pass
+    with open(p, "w") as f:
+        f.write(new)
+
+
+@dataclass
+class Engine:
+    scheduler: Any
+    vllm_config: Any
+    block_hasher: Any
+    lora_ids: dict[str, int] = field(default_factory=dict)
+    lora_config_enabled: bool = False
+
+
+def build_engine(args, max_model_len: int) -> Engine:
+    # Make NONE_HASH (the parent hash of the first block) reproducible.
+    # vLLM reads PYTHONHASHSEED inside init_none_hash(); setting it here only
+    # affects that call, not Python's own str hashing of this process.
+    os.environ["PYTHONHASHSEED"] = str(args.hash_seed)
+
+    import torch
+    from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig,
+                             ModelConfig, SchedulerConfig, VllmConfig)
+    from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,
+                                             init_none_hash,
+                                             resolve_kv_cache_block_sizes)
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
+                                            KVCacheGroupSpec, KVCacheTensor)
+    from vllm.v1.structured_output import StructuredOutputManager
+    from vllm.utils.hashing import get_hash_fn_by_name
+
+    ensure_tiny_model(max_model_len)
+    model_config = ModelConfig(
+        model=TINY_MODEL_DIR,
+        skip_tokenizer_init=True,
+        max_model_len=max_model_len,
+        dtype="float16",
+    )
+    scheduler_config = SchedulerConfig(
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=max_model_len,
+        is_encoder_decoder=False,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        policy=args.policy,
+        watermark=args.watermark,
+        async_scheduling=bool(args.async_sched),
+        # scheduler_reserve_full_isl: left at its default (True in 0.25.1).
+    )
+    cache_config = CacheConfig(
+        block_size=args.block_size,
+        enable_prefix_caching=True,
+        prefix_caching_hash_algo=args.hash_algo,
+    )
+    kwargs: dict[str, Any] = dict(
+        model_config=model_config,
+        cache_config=cache_config,
+        scheduler_config=scheduler_config,
+        # Explicit device: there is no GPU and no vllm._C here; with "cpu"
+        # the platform stays UnspecifiedPlatform, whose
+        # check_and_update_config() does not touch our scheduler/cache
+        # settings (the CpuPlatform one would force async_scheduling=False).
+        device_config=DeviceConfig(device="cpu"),
+    )
+    if args.events_out:
+        # "null" publisher: vLLM builds the events but publishes nowhere;
+        # we capture them from kv_cache_manager.take_events().
+        kwargs["kv_events_config"] = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="null")
+    # LoRA: we deliberately do NOT set a LoRAConfig. The scheduler only
+    # consults lora_config for the max_loras admission limit; with
+    # lora_config=None that limit does not exist ("not binding"), while the
+    # LoRA name still enters the block hash via Request.lora_request.
+    vllm_config = VllmConfig(**kwargs)
+
+    # What EngineCore._initialize_kv_caches does after profiling:
+    vllm_config.cache_config.num_gpu_blocks = args.num_gpu_blocks
+
+    spec = FullAttentionSpec(block_size=args.block_size,
+                             num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
+                             dtype=torch.float16)
+    layer_names = [f"model.layers.{i}.self_attn.attn"
+                   for i in range(NUM_LAYERS)]
+    kv_cache_config = KVCacheConfig(
+        num_blocks=args.num_gpu_blocks,
+        kv_cache_tensors=[KVCacheTensor(size=spec.page_size_bytes *
+                                        args.num_gpu_blocks, shared_by=[n])
+                          for n in layer_names],
+        kv_cache_groups=[KVCacheGroupSpec(layer_names=layer_names,
+                                          kv_cache_spec=spec)],
+    )
+    sched_bs, hash_bs = resolve_kv_cache_block_sizes(kv_cache_config,
+                                                     vllm_config)
+    cls = AsyncScheduler if args.async_sched else Scheduler
+    scheduler = cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=sched_bs,
+        hash_block_size=hash_bs,
+        include_finished_set=False,
+        log_stats=True,
+    )
+
+    # Sanity: the knobs we asked for are what vLLM actually uses.
+    sc = scheduler.scheduler_config
+    assert scheduler.kv_cache_manager.block_pool.num_gpu_blocks == \
+        args.num_gpu_blocks
+    assert scheduler.kv_cache_manager.enable_caching
+    assert sched_bs == hash_bs == args.block_size
+    assert scheduler.max_num_scheduled_tokens == args.max_num_batched_tokens
+    assert scheduler.max_num_running_reqs == args.max_num_seqs
+    assert scheduler.max_model_len == max_model_len
+    assert sc.enable_chunked_prefill == (not args.no_chunked_prefill)
+    assert sc.long_prefill_token_threshold == args.long_prefill_token_threshold
+    assert sc.policy == args.policy
+    assert scheduler.kv_cache_manager.watermark_blocks == int(
+        args.watermark * args.num_gpu_blocks)
+    assert scheduler.connector is None
+    assert scheduler.num_lookahead_tokens == 0
+    assert not scheduler.has_mamba_layers
+
+    hash_fn = get_hash_fn_by_name(vllm_config.cache_config
+                                  .prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    block_hasher = get_request_block_hasher(hash_bs, hash_fn)
+    return Engine(scheduler=scheduler, vllm_config=vllm_config,
+                  block_hasher=block_hasher)
+
+
+def make_request(eng: Engine, tr: TraceReq):
+    from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    sp = SamplingParams(
+        max_tokens=tr.output_tokens,
+        min_tokens=0,
+        ignore_eos=True,
+        prompt_logprobs=1 if tr.prompt_logprobs else None,
+    )
+    # SamplingParams.__post_init__ derives this from prompt_logprobs.
+    assert sp.skip_reading_prefix_cache == tr.prompt_logprobs
+    lora = None
+    if tr.lora is not None:
+        lid = eng.lora_ids.setdefault(tr.lora, len(eng.lora_ids) + 1)
+        lora = LoRARequest(lora_name=tr.lora, lora_int_id=lid,
+                           lora_path="/nonexistent")
+    return Request(
+        request_id=tr.rid,
+        prompt_token_ids=list(tr.tokens),
+        sampling_params=sp,
+        pooling_params=None,
+        arrival_time=tr.arrival,
+        lora_request=lora,
+        cache_salt=tr.salt,
+        priority=tr.priority,
+        block_hasher=eng.block_hasher,
+    )
+
+
+# --------------------------------------------------------------------------
+# Per-request bookkeeping
+# --------------------------------------------------------------------------
+@dataclass
+class ReqResult:
+    rid: str
+    num_prompt_tokens: int
+    hit_tokens: int | None = None
+    readmit_hits: list[int] = field(default_factory=list)
+    first_scheduled_step: int | None = None
+    first_token_step: int | None = None
+    finish_step: int | None = None
+    num_preemptions: int = 0
+    tokens_emitted: int = 0  # stub sampler counter (j)
+
+
+STAT_FIELDS = ("requests", "queries", "hits", "preempted_requests",
+               "preempted_queries", "preempted_hits")
+
+
+def event_to_json(ev, step: int) -> dict:
+    """Serialise a vLLM KVCacheEvent (msgspec struct) to plain JSON."""
+    def conv(x):
+        if isinstance(x, (bytes, bytearray)):
+            return x.hex()
+        if isinstance(x, (list, tuple)):
+            return [conv(y) for y in x]
+        return x
+    d: dict[str, Any] = {"step": step, "type": type(ev).__name__}
+    for name in getattr(ev, "__struct_fields__", ()):
+        d[name] = conv(getattr(ev, name))
+    return d
+
+
+# --------------------------------------------------------------------------
+# Replay
+# --------------------------------------------------------------------------
+def replay(args) -> tuple[list[ReqResult], dict]:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    trace = load_trace(args.trace)
+    if not trace:
+        raise SystemExit("empty trace")
+    need_len = max(len(r.tokens) + r.output_tokens for r in trace)
+    if args.max_model_len is not None:
+        max_model_len = args.max_model_len
+    elif args.no_chunked_prefill:
+        # vLLM refuses max_num_batched_tokens < max_model_len without
+        # chunked prefill, so use the tightest length that fits the trace.
+        max_model_len = need_len
+    else:
+        max_model_len = max(131072, need_len)
+    if need_len > max_model_len:
+        raise SystemExit(f"max_model_len {max_model_len} < longest "
+                         f"prompt+output {need_len}")
+
+    t_build = time.time()
+    eng = build_engine(args, max_model_len)
+    sched = eng.scheduler
+    kvm = sched.kv_cache_manager
+    t_build = time.time() - t_build
+
+    # --- passive observers (wrap, record, return unchanged) -------------
+    last_lookup: dict[str, int] = {}  # req_id -> hit tokens of last lookup
+    orig_gcb = kvm.get_computed_blocks
+
+    def get_computed_blocks_spy(request):
+        blocks, n = orig_gcb(request)
+        last_lookup[request.request_id] = n
+        return blocks, n
+    kvm.get_computed_blocks = get_computed_blocks_spy
+
+    events_f = open(args.events_out, "w") if args.events_out else None
+    cur_step = [0]
+    if events_f is not None:
+        orig_take = kvm.take_events
+
+        def take_events_spy():
+            evs = orig_take()
+            for ev in evs:
+                events_f.write(json.dumps(event_to_json(ev, cur_step[0]))
+                               + "\n")
+            return evs
+        kvm.take_events = take_events_spy
+
+    results = {tr.rid: ReqResult(tr.rid, len(tr.tokens)) for tr in trace}
+    by_id = {tr.rid: tr for tr in trace}
+    req_objs: dict[str, Any] = {}
+    totals = {k: 0 for k in STAT_FIELDS}
+
+    d = args.step_time
+    next_arrival = 0          # index into trace of the next request to add
+    t_base = trace[0].arrival  # engine idle at start -> first step at arrival
+    n_in_base = 0              # t = t_base + n_in_base * d
+    step = 0
+    num_finished = 0
+    total_preemptions = 0
+    max_running = 0
+    t_loop = time.time()
+
+    # Async scheduling: FIFO of in-flight scheduler outputs, mirroring
+    # EngineCore.step_with_batch_queue with max_concurrent_batches == 2.
+    inflight: deque = deque()
+    # id(scheduler_output) -> {req_id: prefill complete after that schedule}
+    complete_flags: dict[int, dict[str, bool]] = {}
+    empty_streak = 0
+    drain_steps = 0
+    # A single empty step is legitimate: when the running request that
+    # needs a block preempts *itself* (priority policy: it is the worst
+    # one; FCFS: it is the last one), vLLM breaks out of the running loop
+    # and skips the waiting queue because a preemption happened, so that
+    # step schedules nothing even though the next one will. Only a streak
+    # of empty steps with no arrivals left is a deadlock.
+    deadlock_after = 3
+
+    while num_finished < len(trace):
+        t = t_base + n_in_base * d
+        cur_step[0] = step
+        # 1. admit arrivals (trace order)
+        while (next_arrival < len(trace)
+               and trace[next_arrival].arrival <= t + TIME_EPS):
+            tr = trace[next_arrival]
+            req = make_request(eng, tr)
+            req_objs[tr.rid] = req
+            sched.add_request(req)
+            next_arrival += 1
+
+        so = None
+        to_process = None
+        if sched.has_requests():
+            # 2. schedule
+            running_before = {r.request_id for r in sched.running}
+            last_lookup.clear()
+            so = sched.schedule()
+            max_running = max(max_running, len(sched.running))
+            # Remember which scheduled requests finish their prefill in this
+            # step (they get a sampled token).
+            complete_flags[id(so)] = {
+                rid: not sched.requests[rid].is_prefill_chunk
+                for rid in so.num_scheduled_tokens}
+
+            # 3. who was admitted (waiting -> running) in this step?
+            for r in sched.running:
+                rid = r.request_id
+                if rid in running_before:
+                    continue
+                hit = r.num_computed_tokens - so.num_scheduled_tokens[rid]
+                # Cross-check with what get_computed_blocks returned (no KV
+                # connector, so local hits are the only computed tokens).
+                assert last_lookup.get(rid) == hit, (rid,
+                                                     last_lookup.get(rid), hit)
+                res = results[rid]
+                if res.hit_tokens is None:
+                    assert r.num_preemptions == 0
+                    res.hit_tokens = hit
+                    res.first_scheduled_step = step
+                else:
+                    res.readmit_hits.append(hit)
+
+            if args.async_sched:
+                inflight.append(so)
+                executed = so.total_num_scheduled_tokens > 0
+                if len(inflight) < 2 and (executed or sched.has_requests()):
+                    to_process = None   # do not block on the in-flight batch
+                else:
+                    to_process = inflight.popleft()
+            else:
+                to_process = so
+        elif inflight:
+            # drain-only iteration (nothing left to schedule): still counted
+            # as a step of duration d by this harness; see README
+            to_process = inflight.popleft()
+            drain_steps += 1
+
+        # 4. stub model output -> update_from_output
+        if to_process is not None:
+            mro = stub_output(sched, to_process,
+                              complete_flags.pop(id(to_process)), by_id,
+                              results, ModelRunnerOutput, step)
+            outs = sched.update_from_output(to_process, mro)
+            # 5. collect outputs / stats
+            for eco in outs.values():
+                for o in eco.outputs:
+                    if o.finish_reason is not None:
+                        res = results[o.request_id]
+                        assert res.finish_step is None
+                        res.finish_step = step
+                        num_finished += 1
+                st = eco.scheduler_stats
+                if st is not None and st.prefix_cache_stats is not None:
+                    for k in STAT_FIELDS:
+                        totals[k] += getattr(st.prefix_cache_stats, k)
+
+        # 6. deadlock detection
+        if so is not None and so.total_num_scheduled_tokens == 0:
+            empty_streak += 1
+        else:
+            empty_streak = 0
+        if (empty_streak >= deadlock_after and next_arrival >= len(trace)
+                and sched.get_num_unfinished_requests() > 0):
+            waiting = [r.request_id for r in sched.waiting]
+            raise RuntimeError(
+                f"deadlock at step {step} (t={t:.4f}): nothing scheduled, "
+                f"{sched.get_num_unfinished_requests()} unfinished, no more "
+                f"arrivals; waiting head={waiting[:3]} "
+                f"free_blocks={kvm.block_pool.get_num_free_blocks()} "
+                f"(pool too small for the head request?)")
+
+        if not (args.free_drain and so is None):
+            step += 1
+            n_in_base += 1
+        if args.max_steps and step >= args.max_steps:
+            raise RuntimeError(f"--max-steps {args.max_steps} exceeded")
+        # 7. engine idle -> next step starts at max(t, next arrival)
+        if (sched.get_num_unfinished_requests() == 0 and not inflight
+                and next_arrival < len(trace)):
+            t_next = t_base + n_in_base * d
+            nxt = trace[next_arrival].arrival
+            if nxt > t_next:
+                t_base, n_in_base = nxt, 0
+
+    t_loop = time.time() - t_loop
+    if events_f is not None:
+        events_f.close()
+
+    out: list[ReqResult] = []
+    for tr in sorted(trace, key=lambda r: r.idx):
+        res = results[tr.rid]
+        res.num_preemptions = req_objs[tr.rid].num_preemptions
+        total_preemptions += res.num_preemptions
+        out.append(res)
+    stats = dict(totals)
+    stats.update(
+        total_steps=step,
+        drain_steps=drain_steps,
+        total_preemptions=total_preemptions,
+        num_requests=len(trace),
+        max_running=max_running,
+        sum_hit_tokens=sum(r.hit_tokens for r in out),
+        sum_prompt_tokens=sum(r.num_prompt_tokens for r in out),
+        build_seconds=round(t_build, 3),
+        replay_seconds=round(t_loop, 3),
+        config=dict(
+            block_size=args.block_size,
+            num_gpu_blocks=args.num_gpu_blocks,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=max_model_len,
+            policy=args.policy,
+            long_prefill_token_threshold=args.long_prefill_token_threshold,
+            enable_chunked_prefill=not args.no_chunked_prefill,
+            watermark=args.watermark,
+            async_scheduling=bool(args.async_sched),
+            free_drain=bool(args.free_drain),
+            hash_algo=args.hash_algo,
+            step_time=args.step_time,
+            scheduler_reserve_full_isl=bool(
+                sched.scheduler_config.scheduler_reserve_full_isl),
+            vllm_version=_vllm_version(),
+        ),
+    )
+    return out, stats
+
+
+def stub_output(sched, so, complete, by_id, results, MRO, step):
+    """Build the ModelRunnerOutput a real runner would return for `so`:
+    one sampled token for each scheduled request whose prefill is complete
+    after that schedule (`complete`, captured right after schedule()), and an
+    empty list for partial prefill chunks. Requests already finished get an
+    empty list too (vLLM skips them in update_from_output anyway)."""
+    req_ids = list(so.num_scheduled_tokens.keys())
+    sampled: list[list[int]] = []
+    for rid in req_ids:
+        r = sched.requests.get(rid)
+        toks: list[int] = []
+        if r is not None and not r.is_finished() and complete[rid]:
+            res = results[rid]
+            toks = [output_token(by_id[rid], res.tokens_emitted)]
+            res.tokens_emitted += 1
+            if res.first_token_step is None:
+                res.first_token_step = step
+        sampled.append(toks)
+    return MRO(req_ids=req_ids,
+               req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+               sampled_token_ids=sampled)
+
+
+def _vllm_version() -> str:
+    try:
+        import importlib.metadata as md
+        return md.version("vllm")
+    except Exception:  # pragma: no cover
+        return "?"
+
+
+# --------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------
+def parse_args(argv=None, *, batch_ok=True):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace", nargs="?", help="canonical JSONL trace")
+    p.add_argument("--out", help="per-request CSV output (required unless "
+                   "--batch)")
+    p.add_argument("--stats-out", help="JSON file for accumulated stats")
+    p.add_argument("--events-out", help="JSONL file for KV cache events")
+    p.add_argument("--step-time", type=float, default=0.01)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-gpu-blocks", type=int,
+                   help="total blocks in the pool, INCLUDING the null block "
+                   "(required unless --batch)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument("--watermark", type=float, default=0.0)
+    p.add_argument("--async", dest="async_sched", action="store_true",
+                   help="use vLLM's AsyncScheduler (see README caveats)")
+    p.add_argument("--free-drain", action="store_true",
+                   help="--async only: a drain-only iteration (nothing left to "
+                   "schedule, only the last in-flight batch's output applied) "
+                   "takes no time and is not counted as a step (default: it "
+                   "is a step of duration d)")
+    p.add_argument("--hash-algo", default="sha256",
+                   choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
+    p.add_argument("--hash-seed", default="0",
+                   help="PYTHONHASHSEED value vLLM uses for NONE_HASH")
+    p.add_argument("--max-steps", type=int, default=0,
+                   help="safety cap on engine steps (0 = none)")
+    p.add_argument("--quiet", action="store_true")
+    if batch_ok:
+        p.add_argument("--batch", metavar="JOBS.jsonl",
+                       help="run many jobs in one process (vLLM is imported "
+                       "once; a fresh Scheduler is built per job). Each line "
+                       "is {\"argv\": [single-run CLI args...]} (optionally "
+                       "with \"name\"); '-' reads jobs from stdin as they "
+                       "come; see README")
+        p.add_argument("--batch-report", metavar="R.jsonl",
+                       help="with --batch: one JSON line per job (name, ok, "
+                       "summary or error); default: stdout")
+    args = p.parse_args(argv)
+    if not getattr(args, "batch", None):
+        missing = [n for n, v in (("trace", args.trace), ("--out", args.out),
+                                  ("--num-gpu-blocks", args.num_gpu_blocks))
+                   if v is None]
+        if missing:
+            p.error("the following arguments are required: "
+                    + ", ".join(missing))
+    return args
+
+
+def write_outputs(args, results, stats) -> dict:
+    with open(args.out, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "hit_tokens", "num_preemptions",
+                    "readmit_hit_tokens", "first_scheduled_step",
+                    "first_token_step", "finish_step", "num_prompt_tokens"])
+        for r in results:
+            w.writerow([r.rid, r.hit_tokens, r.num_preemptions,
+                        ";".join(str(x) for x in r.readmit_hits),
+                        r.first_scheduled_step, r.first_token_step,
+                        r.finish_step, r.num_prompt_tokens])
+    if args.stats_out:
+        with open(args.stats_out, "w") as f:
+            json.dump(stats, f, indent=2)
+    return {k: stats[k] for k in (*STAT_FIELDS, "total_steps",
+                                  "total_preemptions", "replay_seconds")}
+
+
+def run_batch(args) -> int:
+    """--batch: every line of the jobs file is one single-run invocation
+    ({"argv": [...], "name": optional}). A job that fails (e.g. deadlock)
+    is reported and the batch goes on. Exit status 0 iff every job ran."""
+    import traceback
+    rep = open(args.batch_report, "w") if args.batch_report else sys.stdout
+    n_fail = 0
+    if args.batch == "-":
+        # streaming: one job per stdin line, one report line per job
+        # (flushed), so a driver can keep a single warm process busy.
+        lines = iter(sys.stdin.readline, "")
+    else:
+        with open(args.batch) as f:
+            lines = f.readlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        name = job.get("name", str(i))
+        t0 = time.time()
+        try:
+            jargs = parse_args([str(x) for x in job["argv"]], batch_ok=False)
+            if jargs.quiet:
+                os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+            results, stats = replay(jargs)
+            rec = {"name": name, "ok": True,
+                   "summary": write_outputs(jargs, results, stats)}
+        except (Exception, SystemExit) as e:  # keep going
+            n_fail += 1
+            rec = {"name": name, "ok": False,
+                   "error": f"{type(e).__name__}: {e}",
+                   "traceback": traceback.format_exc()[-2000:]}
+        rec["seconds"] = round(time.time() - t0, 3)
+        rep.write(json.dumps(rec) + "\n")
+        rep.flush()
+    if rep is not sys.stdout:
+        rep.close()
+    return 1 if n_fail else 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.quiet:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if args.batch:
+        return run_batch(args)
+    results, stats = replay(args)
+    summary = write_outputs(args, results, stats)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
