@@ -9,7 +9,7 @@ clear message naming the file and key (or line), with exit code 2, never a trace
 of a config's workload (``workloads.stats``).
 ``apcsim calibrate ...`` fits the latency model on the torch backend (``gpu_backend.calibrate``) and
 ``apcsim validate CONFIG`` compares simulated and real per-request latency (``gpu_backend.validate``);
-their arguments come from the torch-free ``gpu_backend.cli_args``, torch is imported only when they run.
+registered by ``sim.calibration_cli``; torch and ``gpu_backend`` are imported only when they run.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from sim.config import ConfigError, load_config
 from sim.engine import ReplayError
@@ -79,31 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     from workloads.stats import add_workloads_parser
 
     add_workloads_parser(sub)  # apcsim workloads stats CONFIG
-    from gpu_backend.cli_args import add_calibrate_arguments, add_validate_arguments  # torch-free
+    from sim.calibration_cli import add_calibration_commands
 
-    _add_torch_command(sub, "calibrate", "gpu_backend.calibrate", add_calibrate_arguments,
-                       "fit the latency model on real forward passes (profiling grid, NNLS, held-out error)")
-    _add_torch_command(sub, "validate", "gpu_backend.validate", add_validate_arguments,
-                       "replay one config simulated (fitted model) and real (torch backend); report per-request error")
+    add_calibration_commands(sub)  # apcsim calibrate ... / apcsim validate CONFIG (gpu_backend, when run)
     return parser
-
-
-def _add_torch_command(sub: argparse._SubParsersAction, name: str, module: str,
-                       add_arguments: Callable[[argparse.ArgumentParser], None], help_: str) -> None:
-    """A subcommand implemented in ``gpu_backend`` (torch is imported only when it runs)."""
-    cmd = sub.add_parser(name, help=help_)
-    add_arguments(cmd)
-
-    def run(args: argparse.Namespace) -> int:
-        import importlib
-
-        try:
-            mod = importlib.import_module(module)
-        except ImportError as exc:
-            raise ConfigError(f"apcsim {name} needs PyTorch ({exc}); install it with pip install -e '.[torch]'") from None
-        return int(mod.run_from_args(args))
-
-    cmd.set_defaults(func=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -44,9 +44,15 @@ import pandas as pd
 from sim.config import ConfigError
 from sim.results import _atomic_write, write_json, write_table
 from sim.sweep_config import Point, Sweep, load_sweep
-from sim.sweep_runner import WALL_COLUMNS, commit_point, compute_point, read_row, run_and_commit
+from sim.sweep_runner import WALL_COLUMNS, commit_point, compute_point, error_result, read_row, run_and_commit
 
 TABLE = "table"
+FRONT_COLUMNS = (
+    "workload_kind", "model", "gpu", "seed", "block_size", "num_gpu_blocks", "kv_pool_gib", "capacity_tokens",
+    "salt_policy", "num_tenants", "token_hit_rate", "request_hit_rate", "infinite_cache_hit_rate",
+    "belady_hit_rate", "lru_sequential_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+)
+"""Table columns right after the axes (the rest follow in name order)."""
 
 
 @dataclass
@@ -113,9 +119,15 @@ def _stream_order(p: Point) -> tuple[str, int, int]:
     return (json.dumps([w, p.config.seed], sort_keys=True, default=str), p.config.engine.block_size, p.index)
 
 
-def _watch_parent() -> None:
-    """Worker initializer: exit when the parent (the driver, or the fork server that dies with it)
-    goes away, e.g. after ``kill -9``, instead of running on as an orphan."""
+def _watch_parent(close_fds: tuple[int, ...] = ()) -> None:
+    """Worker initializer: drop the inherited sweep-lock descriptor (so that the lock dies with the
+    driver), and exit when the parent (the driver) goes away, e.g. after ``kill -9``, instead of
+    running on as an orphan."""
+    for fd in close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     parent = os.getppid()
 
     def loop() -> None:
@@ -130,28 +142,31 @@ def _watch_parent() -> None:
 def _bar(total: int, desc: str, enabled: bool) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="pt", disable=not enabled, smoothing=0.1, dynamic_ncols=True)
+    class Bar(tqdm):  # type: ignore[misc,valid-type]
+        monitor_interval = 0  # no monitor thread (workers are forked after the bar exists)
 
-
-_PRELOAD = ["sim.sweep_runner", "sim.run", "sim.bounds_optimal", "pandas", "pyarrow.parquet"]
+    return Bar(total=total, desc=desc, unit="pt", disable=not enabled, smoothing=0.1, dynamic_ncols=True)
 
 
 def _mp_context() -> Any:
-    """A fork server (imports done once, in the server; no fork of this multi-threaded process),
-    else the platform default."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(_PRELOAD)
-        return ctx
+    """``fork`` on Linux: workers start at once with everything imported, and their parent is this
+    process, which the orphan watchdog relies on (it forks before any other thread exists: the
+    pool starts its workers at the first submit, and the progress bar runs no monitor thread).
+    Elsewhere the platform default."""
+    if sys.platform.startswith("linux"):
+        return multiprocessing.get_context("fork")
     return multiprocessing.get_context()  # pragma: no cover
 
 
-def _run_local(tasks: list[dict[str, Any]], points_dir: Path, workers: int, on_row: Callable[[dict], None]) -> None:
+def _run_local(tasks: list[dict[str, Any]], points_dir: Path, workers: int, on_row: Callable[[dict], None],
+               lock_fd: int | None = None) -> None:
     if workers <= 1 or len(tasks) <= 1:
         for t in tasks:
             on_row(run_and_commit(t, str(points_dir)))
         return
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(), initializer=_watch_parent) as pool:
+    fds = (lock_fd,) if lock_fd is not None else ()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(), initializer=_watch_parent,
+                             initargs=(fds,)) as pool:
         pending = {pool.submit(run_and_commit, t, str(points_dir)) for t in tasks}
         try:
             while pending:
@@ -165,7 +180,7 @@ def _run_local(tasks: list[dict[str, Any]], points_dir: Path, workers: int, on_r
 
 
 def _run_ray(tasks: list[dict[str, Any]], points_dir: Path, workers: int | None, address: str | None,
-             on_row: Callable[[dict], None]) -> None:
+             on_row: Callable[[dict], None], replace: bool) -> None:
     try:
         import ray
     except ImportError:
@@ -186,8 +201,11 @@ def _run_ray(tasks: list[dict[str, Any]], points_dir: Path, workers: int | None,
             done, _ = ray.wait(list(refs), num_returns=1)
             for ref in done:
                 key = refs.pop(ref)
-                row, files = ray.get(ref)
-                commit_point(points_dir, key, files)
+                try:
+                    row, files = ray.get(ref)
+                except Exception as exc:  # the task itself died (worker crash, lost node): record it
+                    row, files = error_result(key, exc, worker=False)
+                commit_point(points_dir, key, files, replace=replace)
                 on_row(row)
     finally:
         if started:
@@ -218,7 +236,8 @@ def collect_table(sweep: Sweep, folder: Path) -> pd.DataFrame:
             df[k] = _uniform(df[k])
     lead = ["point", *sweep.axis_keys]
     tail = ["status", "error", "key", *WALL_COLUMNS]
-    middle = [c for c in df.columns if c not in lead and c not in tail]
+    front = [c for c in FRONT_COLUMNS if c not in lead]
+    middle = front + sorted(c for c in df.columns if c not in lead and c not in tail and c not in front)
     return df[[c for c in lead + middle + tail if c in df.columns]]
 
 
@@ -247,7 +266,7 @@ def run_sweep(
     points_dir = folder / "points"
     t0 = time.perf_counter()
     report = SweepReport(folder, pd.DataFrame())
-    with SweepLock(folder):
+    with SweepLock(folder) as lock:
         _clean_leftovers(points_dir)
         write_json(folder / "sweep.json", sweep.manifest())
         text = sweep.path.read_text()
@@ -261,7 +280,7 @@ def run_sweep(
             else:
                 todo.append(p)
         todo.sort(key=_stream_order)
-        tasks = [p.task(sweep.bounds) for p in todo]
+        tasks = [{**p.task(sweep.bounds, sweep.keep_steps), "replace": not resume} for p in todo]
         index_of = {p.key: p.index for p in todo}
         n_workers = workers if workers is not None else (os.cpu_count() or 1)
         show = sys.stderr.isatty() if progress is None else progress
@@ -277,9 +296,9 @@ def run_sweep(
 
         try:
             if ray:
-                _run_ray(tasks, points_dir, workers, ray_address, on_row)
+                _run_ray(tasks, points_dir, workers, ray_address, on_row, not resume)
             else:
-                _run_local(tasks, points_dir, n_workers, on_row)
+                _run_local(tasks, points_dir, n_workers, on_row, lock.fd)
         finally:
             bar.close()
         report.table = write_sweep_table(sweep, folder)

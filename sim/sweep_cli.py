@@ -1,8 +1,8 @@
 """``apcsim sweep`` and ``apcsim plot`` (argument parsing; the work is in ``sim.sweep`` and
 ``sim.plots``).
 
-``apcsim sweep SWEEP.yaml [--workers N] [--ray] [--ray-address ADDR] [--no-resume] [--no-plots]
-[--output-dir DIR] [--no-progress]`` runs every point (skipping finished ones), writes
+``apcsim sweep SWEEP.yaml [--set key.path=value ...] [--workers N] [--ray] [--ray-address ADDR]
+[--no-resume] [--no-plots] [--output-dir DIR] [--no-progress]`` runs every point (skipping finished ones), writes
 ``<output_dir>/<name>/table.{parquet,csv}`` and the plots; exit code 1 when a point failed (the
 others still ran), 2 for a config problem.
 
@@ -23,7 +23,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         from sim.config import ConfigError
 
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
-    sweep = load_sweep(args.sweep, args.output_dir)
+    sweep = load_sweep(args.sweep, args.output_dir, args.set)
     print(f"sweep {sweep.name}: {len(sweep.points)} points -> {sweep.folder()}/")
     report = run_sweep(
         sweep,
@@ -56,6 +56,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 def add_sweep_parsers(sub: argparse._SubParsersAction) -> None:
     sw = sub.add_parser("sweep", help="run a sweep file (grid/zip axes over config keys) and collect one table")
     sw.add_argument("sweep", help="sweep YAML file (see sim/sweep_config.py and configs/sweeps/)")
+    sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of the base experiment, e.g. --set workload.limit=500 (repeatable)")
     sw.add_argument("--workers", type=int, default=None, help="local worker processes (default: all cores)")
     sw.add_argument("--ray", action="store_true", help="run the points as Ray tasks (a local Ray instance)")
     sw.add_argument("--ray-address", default=None, metavar="ADDR",

@@ -17,6 +17,7 @@ A sweep YAML file::
       seed: [0, 1]                   #   mappings gives several zip groups
       workload.arrival.rate: [0.2, 0.4]
     bounds: true                     # infinite-cache and Belady bounds beside every point
+    keep_steps: false                # also store each point's per-step table (large)
 
 Points = grid product x zip groups. An axis key is a dotted config key (``engine.block_size``,
 ``workload.tenants.salt``, ``seed``); each point = base + its axis values set at those keys
@@ -42,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.config import ConfigError, ExperimentConfig, config_from_dict, config_to_dict, load_yaml
+from sim.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict, config_to_dict, load_yaml
 
-SWEEP_KEYS = {"name", "description", "output_dir", "base", "base_config", "grid", "zip", "bounds"}
+SWEEP_KEYS = {"name", "description", "output_dir", "base", "base_config", "grid", "zip", "bounds", "keep_steps"}
 DEFAULT_OUTPUT_DIR = "results/sweeps"
 KEY_FORMAT = 1  # bump when the meaning of a point's stored result changes
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -71,7 +72,7 @@ class Point:
     config: ExperimentConfig
     key: str
 
-    def task(self, bounds: bool) -> dict[str, Any]:
+    def task(self, bounds: bool, keep_steps: bool = False) -> dict[str, Any]:
         """What a worker needs to run this point (plain, picklable data)."""
         return {
             "key": self.key,
@@ -79,6 +80,7 @@ class Point:
             "base_dir": self.config.base_dir,
             "source": self.config.source,
             "bounds": bounds,
+            "keep_steps": keep_steps,
         }
 
 
@@ -93,6 +95,7 @@ class Sweep:
     bounds: bool
     axes: list[Axis]
     points: list[Point] = field(default_factory=list)
+    keep_steps: bool = False
 
     def folder(self) -> Path:
         return Path(self.output_dir).expanduser() / self.name
@@ -192,8 +195,10 @@ def _attribute(line: str, source: str, axes: list[Axis], point_desc: str, base_w
     return f"{base_where}{loc}: {problem}"
 
 
-def load_sweep(path: str | Path, output_dir: str | None = None) -> Sweep:
-    """Read, expand and validate a sweep file (see the module docstring)."""
+def load_sweep(path: str | Path, output_dir: str | None = None, overrides: list[str] | None = None) -> Sweep:
+    """Read, expand and validate a sweep file (see the module docstring). ``overrides``
+    (``key.path=value``, value parsed as YAML, like ``apcsim run --set``) change the base before the
+    axes are applied."""
     path = Path(path)
     source = str(path)
     data = load_yaml(path)
@@ -211,6 +216,9 @@ def load_sweep(path: str | Path, output_dir: str | None = None) -> Sweep:
     bounds = data.get("bounds", True)
     if not isinstance(bounds, bool):
         raise ConfigError(f"{source}: bounds: expected true or false, got {bounds!r}")
+    keep_steps = data.get("keep_steps", False)
+    if not isinstance(keep_steps, bool):
+        raise ConfigError(f"{source}: keep_steps: expected true or false, got {keep_steps!r}")
     desc = data.get("description", "")
     if not isinstance(desc, str):
         raise ConfigError(f"{source}: description: expected text")
@@ -244,6 +252,8 @@ def load_sweep(path: str | Path, output_dir: str | None = None) -> Sweep:
     elif "base_config" not in data and "base" not in data:
         raise ConfigError(f"{source}: base: required (an experiment mapping, or base_config: path)")
     base = deep_merge(base, inline)
+    if overrides:
+        base = apply_overrides(base, list(overrides), f"{source}: --set")
     base["name"] = name  # points share the sweep's name; their folders are keyed by config hash
     base.pop("output_dir", None)
 
@@ -279,7 +289,7 @@ def load_sweep(path: str | Path, output_dir: str | None = None) -> Sweep:
             raise ConfigError(f"{source}: {a.section}.{a.key}: swept twice")
         seen.add(a.key)
 
-    sweep = Sweep(name, path, out_dir, desc, bounds, axes)
+    sweep = Sweep(name, path, out_dir, desc, bounds, axes, keep_steps=keep_steps)
     grid_axes = [a for a in axes if a.section == "grid"]
     dims: list[list[list[tuple[Axis, int]]]] = [[[(a, i)] for i in range(len(a.values))] for a in grid_axes]
     dims += [[[(a, i) for a in g] for i in range(len(g[0].values))] for g in zip_groups]

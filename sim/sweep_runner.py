@@ -8,9 +8,9 @@ to ``points/<key>/`` in one step: a point folder is complete or absent, never ha
 that raises is stored the same way with ``status: error``, its message in the row and the traceback
 in ``error.txt``.
 
-``points/<key>/`` holds ``row.json``, ``summary.json``, ``config.resolved.yaml``, ``meta.json``,
-``requests.parquet`` and ``steps.parquet`` (the tables of ``apcsim run``, parquet only), or
-``row.json`` and ``error.txt`` for a failed point.
+``points/<key>/`` holds ``row.json``, ``summary.json``, ``config.resolved.yaml``, ``meta.json`` and
+``requests.parquet`` (plus ``steps.parquet`` with the sweep's ``keep_steps: true``; the tables of
+``apcsim run``, parquet only), or ``row.json`` and ``error.txt`` for a failed point.
 
 Offline bounds (``sim.bounds_optimal``): ``infinite_cache_hit_rate``, ``belady_hit_rate`` and
 ``lru_sequential_hit_rate`` over the point's own request stream at its block size, with capacity
@@ -37,8 +37,9 @@ import yaml
 from sim.results import _json_safe, run_metadata
 
 ROW_FILE = "row.json"
-WALL_COLUMNS = ("wall_time_s", "bounds_wall_time_s")
-"""Columns that differ from run to run (everything else in a row is deterministic)."""
+WALL_COLUMNS = ("wall_time_s", "bounds_wall_time_s", "worker", "worker_peak_rss_mib")
+"""Columns that differ from run to run (everything else in a row is deterministic): the point's wall
+times, the worker that ran it (``host:pid``) and that worker process's peak RSS so far (MiB)."""
 
 _REFS_CACHE: OrderedDict[str, Any] = OrderedDict()
 _REFS_CACHE_SIZE = 2
@@ -114,6 +115,18 @@ def point_bounds(cfg: Any, num_gpu_blocks: int) -> dict[str, Any]:
     return offline_bounds(_references(cfg), max(0, num_gpu_blocks - 1))
 
 
+def _worker_facts() -> dict[str, Any]:
+    import socket
+
+    try:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    except ImportError:  # pragma: no cover
+        rss = float("nan")
+    return {"worker": f"{socket.gethostname()}:{os.getpid()}", "worker_peak_rss_mib": round(rss, 1)}
+
+
 def _parquet(df: Any) -> bytes:
     buf = io.BytesIO()
     df.to_parquet(buf, index=False)
@@ -147,21 +160,33 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
         tb = time.perf_counter()
         if task.get("bounds", True):
             row.update(point_bounds(cfg, facts["num_gpu_blocks"]))
-        row.update(status="ok", error=None, wall_time_s=wall, bounds_wall_time_s=time.perf_counter() - tb)
+        row.update(status="ok", error=None, wall_time_s=wall, bounds_wall_time_s=time.perf_counter() - tb,
+                   **_worker_facts())
         extra: dict[str, Any] = {"workload": workload.description, "sweep_point_key": task["key"]}
         files = {
             "requests.parquet": _parquet(result.requests),
-            "steps.parquet": _parquet(result.steps),
             "summary.json": _json_bytes(result.summary),
             "config.resolved.yaml": yaml.safe_dump(config_to_dict(cfg), sort_keys=False).encode(),
             "meta.json": _json_bytes(run_metadata(result.wall_time_s, extra)),
         }
+        if task.get("keep_steps"):
+            files["steps.parquet"] = _parquet(result.steps)
     except Exception as exc:  # a failing point is recorded, never fatal to the sweep
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        row.update(status="error", error=f"{type(exc).__name__}: {first}" if first else type(exc).__name__,
-                   wall_time_s=time.perf_counter() - t0, bounds_wall_time_s=0.0)
-        files = {"error.txt": (f"{type(exc).__name__}: {exc}\n\n" + traceback.format_exc()).encode()}
+        return error_result(task["key"], exc, time.perf_counter() - t0)
     files[ROW_FILE] = _json_bytes(row)
+    return row, files
+
+
+def error_result(key: str, exc: BaseException, wall: float = 0.0, *, worker: bool = True) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The row and files of a failed point."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    row: dict[str, Any] = {"key": key, "status": "error",
+                           "error": f"{type(exc).__name__}: {first}" if first else type(exc).__name__,
+                           "wall_time_s": wall, "bounds_wall_time_s": 0.0}
+    if worker:
+        row.update(_worker_facts())
+    tb = "".join(traceback.format_exception(exc))
+    files = {"error.txt": f"{type(exc).__name__}: {exc}\n\n{tb}".encode(), ROW_FILE: _json_bytes(row)}
     return row, files
 
 
@@ -173,11 +198,11 @@ def read_row(folder: Path) -> dict[str, Any] | None:
         return None
 
 
-def commit_point(points_dir: Path, key: str, files: dict[str, bytes]) -> Path:
+def commit_point(points_dir: Path, key: str, files: dict[str, bytes], *, replace: bool = False) -> Path:
     """Write ``files`` as ``points_dir/<key>/`` atomically (temp folder + rename).
 
     A finished (``ok``) folder already there is kept and the new files are dropped, so a point is
-    never stored twice; an ``error`` folder there is replaced."""
+    never stored twice, unless ``replace`` (``--no-resume``); an ``error`` folder is replaced."""
     points_dir.mkdir(parents=True, exist_ok=True)
     final = points_dir / key
     tmp = points_dir / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
@@ -190,7 +215,7 @@ def commit_point(points_dir: Path, key: str, files: dict[str, bytes]) -> Path:
             return final
         except OSError:  # the target exists (a retried error, or another writer got there first)
             old = read_row(final)
-            if old is not None and old.get("status") == "ok":
+            if old is not None and old.get("status") == "ok" and not replace:
                 shutil.rmtree(tmp, ignore_errors=True)
                 return final
             trash = points_dir / f".trash-{key}-{uuid.uuid4().hex[:8]}"
@@ -207,5 +232,5 @@ def run_and_commit(task: dict[str, Any], points_dir: str) -> dict[str, Any]:
     """Worker entry point of the local pool: compute, then commit from the worker itself (so a
     finished point survives the death of the driver)."""
     row, files = compute_point(task)
-    commit_point(Path(points_dir), task["key"], files)
+    commit_point(Path(points_dir), task["key"], files, replace=bool(task.get("replace")))
     return row

@@ -164,8 +164,8 @@ CASES = {
     "burst_bs64_async_priority_threshold": ("burst_long", dict(block_size=64, pool=10, policy="priority",
                                                               async_scheduling=True,
                                                               long_prefill_token_threshold=200)),
-    # Known discrepancy (xfail in tests/test_vllm_agreement.py until fixed): synchronous priority
-    # scheduling where the worst running request must preempt itself -> vLLM runs one empty step.
+    # Regression (found by fuzzing, fixed in 4bb9990): synchronous priority scheduling where the
+    # worst running request must preempt itself -> vLLM runs one empty step.
     "repro_sync_priority_self_preempt": ("repro_self_preempt", dict(block_size=16, num_gpu_blocks=5,
                                                                    policy="priority")),
 }

@@ -1,9 +1,12 @@
-"""Command-line arguments of ``apcsim calibrate`` and ``apcsim validate`` -- torch-free, so that
-building the ``apcsim`` parser never imports torch (the commands import it when they run)."""
+"""``apcsim calibrate`` and ``apcsim validate``: their arguments and registration in the ``apcsim``
+parser. Torch-free and ``gpu_backend``-free, so that building the parser (and every simulated run)
+never imports either; the commands import ``gpu_backend.calibrate`` / ``gpu_backend.validate`` when
+they run."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 GRID_PRESETS = ("quick", "cpu", "gpu")  # gpu_backend.calibrate.PRESETS (checked there)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # gpu_backend.model.DTYPES
@@ -39,3 +42,31 @@ def add_validate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--real-runs", type=int, default=2, help="real replays (>= 2 gives the noise floor)")
     ap.add_argument("--warmup-steps", type=int, default=3, help="discarded warm-up steps before each real replay")
     ap.add_argument("--out", default=None, help="report folder (default <output_dir>/<name>/validate)")
+
+
+def add_calibration_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``calibrate`` and ``validate`` under ``apcsim``."""
+    _add(sub, "calibrate", "gpu_backend.calibrate", add_calibrate_arguments,
+         "fit the latency model on real forward passes (profiling grid, NNLS, held-out error)")
+    _add(sub, "validate", "gpu_backend.validate", add_validate_arguments,
+         "replay one config simulated (fitted model) and real (torch backend); report per-request error")
+
+
+def _add(sub: argparse._SubParsersAction, name: str, module: str,
+         add_arguments: Callable[[argparse.ArgumentParser], None], help_: str) -> None:
+    cmd = sub.add_parser(name, help=help_)
+    add_arguments(cmd)
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        from sim.config import ConfigError
+
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"apcsim {name} needs PyTorch and scipy ({exc}); "
+                              f"install them with pip install -e '.[torch]'") from None
+        return int(mod.run_from_args(args))
+
+    cmd.set_defaults(func=run)
