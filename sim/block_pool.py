@@ -184,6 +184,7 @@ class BlockPool:
         self.null_block.is_null = True
         self.event_sink = event_sink
         self.num_cached_blocks = 0  # blocks holding a hash (for per-step metrics)
+        self._grouped = False  # set once a group other than 0 caches (hybrid models)
         self.num_evictions = 0  # cached blocks whose hash was dropped on reuse
 
     # -- lookup -------------------------------------------------------------------------------
@@ -216,6 +217,17 @@ class BlockPool:
                 f"{request.request_id}: caching {num_full_blocks} blocks but only {len(hashes)} hashed"
             )
         setdefault = self.cached_block_hash_to_block._cache.setdefault
+        if group_id == 0 and not self._grouped and self.event_sink is None:
+            # hot path: one full-attention group (no null blocks, group ids all 0), no events
+            for blk, key in zip(blocks[num_cached_blocks:num_full_blocks], hashes[num_cached_blocks:num_full_blocks]):
+                blk.block_hash = key
+                entry = setdefault(key, blk)  # BlockHashToBlockMap.insert: no de-duplication
+                if entry is not blk:
+                    self._insert_duplicate(key, entry, blk)
+            self.num_cached_blocks += num_full_blocks - num_cached_blocks
+            return
+        if group_id:
+            self._grouped = True
         stored: list[int] | None = [] if self.event_sink is not None else None
         n_new = 0
         for i in range(num_cached_blocks, num_full_blocks):
@@ -228,16 +240,20 @@ class BlockPool:
             # BlockHashToBlockMap.insert, inlined (hot path): no de-duplication
             entry = setdefault(key, blk)
             if entry is not blk:
-                if type(entry) is KVCacheBlock:
-                    self.cached_block_hash_to_block._cache[key] = {entry.block_id: entry, blk.block_id: blk}
-                else:
-                    entry[blk.block_id] = blk  # type: ignore[index]
+                self._insert_duplicate(key, entry, blk)
             n_new += 1
             if stored is not None:
                 stored.append(external_block_hash(hashes[i]))
         self.num_cached_blocks += n_new
         if stored is not None and self.event_sink is not None:
             self._emit_stored(request, blocks, num_cached_blocks, num_full_blocks, block_size, group_id, stored)
+
+    def _insert_duplicate(self, key: BlockKey, entry: KVCacheBlock | dict[int, KVCacheBlock], blk: KVCacheBlock) -> None:
+        """A second block with already-cached content: both stay (first-inserted is looked up)."""
+        if type(entry) is KVCacheBlock:
+            self.cached_block_hash_to_block._cache[key] = {entry.block_id: entry, blk.block_id: blk}  # type: ignore[union-attr]
+        else:
+            entry[blk.block_id] = blk  # type: ignore[index]
 
     def _emit_stored(
         self,

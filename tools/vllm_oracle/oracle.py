@@ -637,11 +637,11 @@ def parse_args(argv=None, *, batch_ok=True):
     p.add_argument("--watermark", type=float, default=0.0)
     p.add_argument("--async", dest="async_sched", action="store_true",
                    help="use vLLM's AsyncScheduler (see README caveats)")
-    p.add_argument("--free-drain", action="store_true",
+    p.add_argument("--free-drain", action=argparse.BooleanOptionalAction, default=True,
                    help="--async only: a drain-only iteration (nothing left to "
                    "schedule, only the last in-flight batch's output applied) "
-                   "takes no time and is not counted as a step (default: it "
-                   "is a step of duration d)")
+                   "takes no time and is not counted as a step, as in apcsim "
+                   "(default); --no-free-drain makes it a step of duration d")
     p.add_argument("--hash-algo", default="sha256",
                    choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
     p.add_argument("--hash-seed", default="0",
