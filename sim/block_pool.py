@@ -207,18 +207,30 @@ class BlockPool:
         num_full_blocks: int,
         block_size: int,
         group_id: int = 0,
+        *,
+        block_hashes: Sequence[bytes] | None = None,
+        mask: Sequence[bool] | None = None,
+        spec_kind: str | None = None,
+        sliding_window: int | None = None,
     ) -> None:
-        """Give ``blocks[num_cached_blocks:num_full_blocks]`` their hashes and insert them."""
+        """Give ``blocks[num_cached_blocks:num_full_blocks]`` their hashes and insert them.
+
+        Null blocks, and blocks whose ``mask`` entry is False (SWA blocks that can never serve a
+        hit), are skipped. ``block_hashes`` is the request's hash list as seen at this group's
+        block size (default: ``request.block_hashes``). With an event sink, one ``BlockStored`` is
+        emitted per call -- also when every block was skipped, as vLLM does.
+        """
         if num_cached_blocks >= num_full_blocks:
             return
-        hashes = request.block_hashes
+        hashes = request.block_hashes if block_hashes is None else block_hashes
         if len(hashes) < num_full_blocks:
             raise AssertionError(
                 f"{request.request_id}: caching {num_full_blocks} blocks but only {len(hashes)} hashed"
             )
         setdefault = self.cached_block_hash_to_block._cache.setdefault
-        if group_id == 0 and not self._grouped and self.event_sink is None:
-            # hot path: one full-attention group (no null blocks, group ids all 0), no events
+        if block_hashes is None and group_id == 0 and mask is None and not self._grouped and self.event_sink is None:
+            # hot path (KVCacheManager: one full-attention group, so no null blocks and group ids
+            # all 0), no events
             for blk, key in zip(blocks[num_cached_blocks:num_full_blocks], hashes[num_cached_blocks:num_full_blocks]):
                 blk.block_hash = key
                 entry = setdefault(key, blk)  # BlockHashToBlockMap.insert: no de-duplication
@@ -228,25 +240,45 @@ class BlockPool:
             return
         if group_id:
             self._grouped = True
-        stored: list[int] | None = [] if self.event_sink is not None else None
-        n_new = 0
+        stored: list[int] = []
+        kept: list[int] = []
         for i in range(num_cached_blocks, num_full_blocks):
             blk = blocks[i]
-            if blk.is_null:
+            if blk.is_null or (mask is not None and not mask[i - num_cached_blocks]):
                 continue
+            if blk.block_hash is not None:
+                raise AssertionError(f"block {blk.block_id} already cached")
             key = hashes[i] if group_id == 0 else make_block_key(hashes[i], group_id)
             blk.block_hash = key
             blk.group_id = group_id
-            # BlockHashToBlockMap.insert, inlined (hot path): no de-duplication
             entry = setdefault(key, blk)
             if entry is not blk:
                 self._insert_duplicate(key, entry, blk)
-            n_new += 1
-            if stored is not None:
+            self.num_cached_blocks += 1
+            if self.event_sink is not None:
                 stored.append(external_block_hash(hashes[i]))
-        self.num_cached_blocks += n_new
-        if stored is not None and self.event_sink is not None:
-            self._emit_stored(request, blocks, num_cached_blocks, num_full_blocks, block_size, group_id, stored)
+                kept.append(i)
+        if self.event_sink is None:
+            return
+        extra_list = []
+        mm_idx = 0
+        for i in kept:
+            extra, mm_idx = block_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
+            extra_list.append(extra)
+        self.event_sink(
+            BlockStored(
+                block_hashes=stored,
+                parent_block_hash=external_block_hash(hashes[num_cached_blocks - 1]) if num_cached_blocks else None,
+                token_ids=request.token_slice(num_cached_blocks * block_size, num_full_blocks * block_size).tolist(),
+                block_size=block_size,
+                lora_id=request.lora_int_id if request.lora_name is not None else None,
+                lora_name=request.lora_name,
+                extra_keys=extra_list or None,
+                group_idx=group_id,
+                kv_cache_spec_kind=spec_kind,
+                kv_cache_spec_sliding_window=sliding_window,
+            )
+        )
 
     def _insert_duplicate(self, key: BlockKey, entry: KVCacheBlock | dict[int, KVCacheBlock], blk: KVCacheBlock) -> None:
         """A second block with already-cached content: both stay (first-inserted is looked up)."""
@@ -254,38 +286,6 @@ class BlockPool:
             self.cached_block_hash_to_block._cache[key] = {entry.block_id: entry, blk.block_id: blk}  # type: ignore[union-attr]
         else:
             entry[blk.block_id] = blk  # type: ignore[index]
-
-    def _emit_stored(
-        self,
-        request: "Request",
-        blocks: Sequence[KVCacheBlock],
-        num_cached: int,
-        num_full: int,
-        block_size: int,
-        group_id: int,
-        stored: list[int],
-    ) -> None:
-        assert self.event_sink is not None
-        extra_list = []
-        mm_idx = 0
-        for i in range(num_cached, num_full):
-            if blocks[i].is_null:
-                continue
-            extra, mm_idx = block_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
-            extra_list.append(extra)
-        parent = external_block_hash(request.block_hashes[num_cached - 1]) if num_cached else None
-        self.event_sink(
-            BlockStored(
-                block_hashes=stored,
-                parent_block_hash=parent,
-                token_ids=request.token_slice(num_cached * block_size, num_full * block_size).tolist(),
-                block_size=block_size,
-                lora_id=request.lora_int_id if request.lora_name is not None else None,
-                lora_name=request.lora_name,
-                extra_keys=extra_list or None,
-                group_idx=group_id,
-            )
-        )
 
     # -- allocation ---------------------------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:

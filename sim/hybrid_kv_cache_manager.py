@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sim.block_pool import BlockPool, KVCacheBlock
-from sim.kv_cache_manager import PrefixCacheStats
+from sim.kv_cache_manager import PrefixCacheAccounting, PrefixCacheStats
 from sim.kv_events import EventSink
 from sim.kv_groups import (
     MANAGER_CLASSES,
@@ -68,7 +68,7 @@ class _SpecGroup(NamedTuple):
     use_eagle: bool
 
 
-class HybridKVCacheManager:
+class HybridKVCacheManager(PrefixCacheAccounting):
     """Block bookkeeping for one or more KV-cache groups on a shared :class:`BlockPool`."""
 
     def __init__(
@@ -324,20 +324,6 @@ class HybridKVCacheManager:
             m.free(request.request_id)
 
     # -- misc ---------------------------------------------------------------------------------
-    def reset_prefix_cache(self) -> bool:
-        if not self.block_pool.reset_prefix_cache():
-            return False
-        if self.prefix_cache_stats is not None:
-            self.prefix_cache_stats.reset = True
-        return True
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """Take the stats gathered since the last call (vLLM drains them every step)."""
-        if self.prefix_cache_stats is None:
-            return None
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
-        return stats
-
     @property
     def req_to_blocks(self) -> dict[str, list[KVCacheBlock]]:
         """Group 0's request -> blocks map (the same requests hold blocks in every group)."""
@@ -358,10 +344,6 @@ class HybridKVCacheManager:
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.get_blocks(request_id)]
-
-    @property
-    def usage(self) -> float:
-        return self.block_pool.get_usage()
 
     def describe(self) -> dict[str, Any]:
         return {

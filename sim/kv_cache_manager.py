@@ -70,7 +70,36 @@ class PrefixCacheStats:
 _NO_BLOCKS: tuple[KVCacheBlock, ...] = ()
 
 
-class KVCacheManager:
+class PrefixCacheAccounting:
+    """What every KV cache manager shares: its pool's reset and the per-step stats it records.
+
+    Subclasses set ``block_pool`` and ``prefix_cache_stats`` (None when stats are off).
+    """
+
+    block_pool: BlockPool
+    prefix_cache_stats: PrefixCacheStats | None
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's reset: only with no block in use; flags the stats as reset."""
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Take the stats gathered since the last call (vLLM drains them every step)."""
+        if self.prefix_cache_stats is None:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+
+class KVCacheManager(PrefixCacheAccounting):
     """Block bookkeeping per request on top of a :class:`BlockPool`."""
 
     def __init__(
@@ -219,29 +248,11 @@ class KVCacheManager:
             self.block_pool.free_blocks(reversed(blocks))
 
     # -- misc ---------------------------------------------------------------------------------
-    def reset_prefix_cache(self) -> bool:
-        if not self.block_pool.reset_prefix_cache():
-            return False
-        if self.prefix_cache_stats is not None:
-            self.prefix_cache_stats.reset = True
-        return True
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """Take the stats gathered since the last call (vLLM drains them every step)."""
-        if self.prefix_cache_stats is None:
-            return None
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
-        return stats
-
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, _NO_BLOCKS)]
 
     def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
         return self.req_to_blocks.get(request_id, [])
-
-    @property
-    def usage(self) -> float:
-        return self.block_pool.get_usage()
 
     def check_integrity(self) -> None:
         """Pool invariants plus: ref counts equal the number of requests holding each block."""

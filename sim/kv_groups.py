@@ -51,10 +51,9 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING, Literal
 
-from sim.block_pool import BlockPool, KVCacheBlock, make_block_key
-from sim.hashing import BlockHash, block_extra_keys, external_block_hash
+from sim.block_pool import BlockPool, KVCacheBlock
+from sim.hashing import BlockHash
 from sim.kv_cache_manager import cdiv
-from sim.kv_events import BlockStored
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.request import Request
@@ -353,17 +352,17 @@ class SingleTypeManager:
             retention_interval,
             request.num_prompt_tokens,
         )
-        cache_full_blocks(
-            self.pool,
+        self.pool.cache_full_blocks(
             request,
             self.req_to_blocks[rid],
             num_cached,
             num_full,
             self.block_size,
-            self.hash_block_size,
             self.group_id,
-            mask,
-            self.spec,
+            block_hashes=hash_view(request.block_hashes, self.hash_block_size, self.block_size),
+            mask=mask,
+            spec_kind=_EVENT_KIND[self.spec.kind],
+            sliding_window=self.spec.sliding_window,
         )
         self.num_cached_block[rid] = num_full
 
@@ -477,62 +476,3 @@ MANAGER_CLASSES: dict[str, type[SingleTypeManager]] = {
 }
 
 
-def cache_full_blocks(
-    pool: BlockPool,
-    request: "Request",
-    blocks: Sequence[KVCacheBlock],
-    num_cached: int,
-    num_full: int,
-    block_size: int,
-    hash_block_size: int,
-    group_id: int,
-    mask: Sequence[bool] | None,
-    spec: KVGroupSpec,
-) -> None:
-    """vLLM's ``BlockPool.cache_full_blocks`` with a block mask and a coarse hash view: give the
-    non-null, unmasked ``blocks[num_cached:num_full]`` their keys (no de-duplication) and emit one
-    ``BlockStored`` -- also when every block was skipped, as vLLM does."""
-    if num_cached >= num_full:
-        return
-    hashes = hash_view(request.block_hashes, hash_block_size, block_size)
-    if len(hashes) < num_full:
-        raise AssertionError(f"{request.request_id}: caching {num_full} blocks but only {len(hashes)} hashed")
-    cmap = pool.cached_block_hash_to_block
-    sink = pool.event_sink
-    stored: list[int] = []
-    kept: list[int] = []
-    for i in range(num_cached, num_full):
-        blk = blocks[i]
-        if blk.is_null or (mask is not None and not mask[i - num_cached]):
-            continue
-        assert blk.block_hash is None, f"block {blk.block_id} is cached twice"
-        h = hashes[i]
-        key = make_block_key(h, group_id)
-        blk.block_hash = key
-        blk.group_id = group_id
-        cmap.insert(key, blk)
-        pool.num_cached_blocks += 1
-        if sink is not None:
-            stored.append(external_block_hash(h))
-            kept.append(i)
-    if sink is None:
-        return
-    extra_list = []
-    mm_idx = 0
-    for i in kept:
-        extra, mm_idx = block_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
-        extra_list.append(extra)
-    sink(
-        BlockStored(
-            block_hashes=stored,
-            parent_block_hash=external_block_hash(hashes[num_cached - 1]) if num_cached else None,
-            token_ids=request.token_slice(num_cached * block_size, num_full * block_size).tolist(),
-            block_size=block_size,
-            lora_id=request.lora_int_id if request.lora_name is not None else None,
-            lora_name=request.lora_name,
-            extra_keys=extra_list or None,
-            group_idx=group_id,
-            kv_cache_spec_kind=_EVENT_KIND[spec.kind],
-            kv_cache_spec_sliding_window=spec.sliding_window,
-        )
-    )

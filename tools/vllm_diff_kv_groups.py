@@ -7,7 +7,7 @@ status enum); after every step it compares scheduled tokens, admissions and hit 
 ids, preemptions, finishes, the free-queue order, ``PrefixCacheStats``, every group's block ids and
 all KV events.
 
-Usage: ``python tests/vllm_diff_kv_groups.py [trials]`` with ``VLLM_SRC`` = the unpacked 0.25.1
+Usage: ``python tools/vllm_diff_kv_groups.py [trials]`` with ``VLLM_SRC`` = the unpacked 0.25.1
 wheel (default /tmp/vllm/full) and ``VLLM_DEPS`` = a ``pip install --target`` folder with what its
 imports need (default /tmp/vdeps: regex msgspec transformers aiohttp openai_harmony openai pybase64
 cachetools cloudpickle uvloop py-cpuinfo prometheus_client llguidance xgrammar).
