@@ -14,23 +14,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch_fixtures import _one_thread, model  # noqa: E402,F401  (shared fixtures)
+
 from gpu_backend import cases  # noqa: E402
 from gpu_backend.model import LlamaModel  # noqa: E402
 from gpu_backend.shapes import TINY  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny kernels run fastest on one thread (and do not fight other processes for cores)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return LlamaModel(TINY, dtype=torch.float32, device="cpu", seed=0)
 
 
 def _check(r: cases.CaseResult) -> None:

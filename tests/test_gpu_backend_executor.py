@@ -14,6 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch_fixtures import _one_thread, model  # noqa: E402,F401  (shared fixtures)
+
 from gpu_backend import cases  # noqa: E402
 from gpu_backend.attention import ReferenceAttention, probe_attention, select_attention  # noqa: E402
 from gpu_backend.batch import SeqInput, build_batch  # noqa: E402
@@ -25,17 +27,6 @@ from sim.request import GENERATED_TOKEN_BASE  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return LlamaModel(TINY, dtype=torch.float32, device="cpu", seed=0)
 
 
 # ----------------------------------------------------------------------------- batch layout
