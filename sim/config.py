@@ -9,6 +9,7 @@ Imports neither simpy nor torch.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -237,17 +238,25 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str) -> 
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"{source}: override {item!r} must look like key.path=value")
-        node = data
-        parts = key.split(".")
-        for p in parts[:-1]:
-            nxt = node.get(p)
-            if nxt is None:
-                nxt = node[p] = {}
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"{source}: override {item!r}: {p} is not a mapping")
-            node = nxt
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            set_dotted(data, key, yaml.safe_load(raw))
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: override {item!r}: {exc}") from None
     return data
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``a.b.c`` in a nested mapping, creating missing mappings (``value`` is copied)."""
+    node = data
+    parts = key.split(".")
+    for i, p in enumerate(parts[:-1]):
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])} is not a mapping")
+        node = nxt
+    node[parts[-1]] = copy.deepcopy(value)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:

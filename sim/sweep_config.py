@@ -43,7 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict, config_to_dict, load_yaml
+from sim.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    load_yaml,
+    set_dotted,
+)
 
 SWEEP_KEYS = {"name", "description", "output_dir", "base", "base_config", "grid", "zip", "bounds", "keep_steps"}
 DEFAULT_OUTPUT_DIR = "results/sweeps"
@@ -143,20 +151,6 @@ def _axis(source: str, section: str, key: Any, spec: Any) -> Axis:
     if len(set(map(repr, labels))) != len(labels):
         raise ConfigError(f"{where}: values must be distinct")
     return Axis(key, values, labels, section)
-
-
-def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    """Set ``a.b.c`` in a nested mapping, creating missing mappings."""
-    node = data
-    parts = key.split(".")
-    for i, p in enumerate(parts[:-1]):
-        nxt = node.get(p)
-        if nxt is None:
-            nxt = node[p] = {}
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"{'.'.join(parts[: i + 1])} is not a mapping")
-        node = nxt
-    node[parts[-1]] = copy.deepcopy(value)
 
 
 def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
