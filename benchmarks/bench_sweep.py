@@ -34,8 +34,8 @@ def main() -> None:
     ap.add_argument("--no-bounds", action="store_true", help="skip the offline bounds")
     args = ap.parse_args()
 
-    from sim.sweep import run_sweep
-    from sim.sweep_config import load_sweep
+    from sim.experiment.sweep import run_sweep
+    from sim.experiment.sweep_config import load_sweep
 
     out = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_sweep_"))
     overrides = [f"workload.limit={args.limit if args.limit > 0 else 'null'}"]

@@ -20,8 +20,8 @@ thrown away, then ``repeats`` timed rounds; a point's time is the median of its 
 the torch thread count is pinned (``--threads``, default 1). The *noise floor* is the spread of
 the repeats: per point the coefficient of variation, summarised by its median and P90 over points.
 
-Fit: :class:`sim.fitted_latency.FittedLatency` is linear in :data:`sim.fitted_latency.FEATURES` of
-each point's :class:`sim.latency.StepShape` -- ``num_new_tokens`` (GEMMs), ``attention_pairs``
+Fit: :class:`sim.timing.fitted_latency.FittedLatency` is linear in :data:`sim.timing.fitted_latency.FEATURES` of
+each point's :class:`sim.timing.latency.StepShape` -- ``num_new_tokens`` (GEMMs), ``attention_pairs``
 (attention FLOPs over cached + new tokens), ``kv_read_tokens`` (KV bytes read, per token),
 ``num_seqs`` / ``num_decode_seqs`` (per-sequence overheads) and an intercept (weights streamed,
 launches) -- optionally with a roofline knee ``num_new_tokens_over_<K>`` (GEMMs memory-bound below
@@ -67,13 +67,13 @@ import torch
 
 from gpu_backend.attention import select_attention
 from gpu_backend.batch import SeqInput
-from sim.calibration_cli import GRID_PRESETS, add_calibrate_arguments
+from sim.cli.calibrate import GRID_PRESETS, add_calibrate_arguments
 from gpu_backend.executor import TorchExecutor
 from gpu_backend.kv_cache import PagedKVCache
 from gpu_backend.model import DTYPES, LlamaModel
 from gpu_backend.shapes import resolve_model_shape
-from sim.fitted_latency import FittedLatency, knee_feature
-from sim.latency import StepShape
+from sim.timing.fitted_latency import FittedLatency, knee_feature
+from sim.core.executor import StepShape
 
 KINDS = ("prefill", "multi_prefill", "decode", "mixed", "random")
 
@@ -158,7 +158,7 @@ def _is_decode(context: int, new: int) -> bool:
 
 
 def shape_of(seqs: Sequence[tuple[int, int]]) -> StepShape:
-    """The :class:`StepShape` the simulator computes for these sequences (``sim.executor.step_shape``)."""
+    """The :class:`StepShape` the simulator computes for these sequences (``sim.core.executor.step_shape``)."""
     num_dec = new_total = pre_tokens = ctx = pairs = 0
     for c, n in seqs:
         new_total += n
@@ -394,7 +394,7 @@ def choose_and_fit(shapes: list[StepShape], y: np.ndarray, *, feature_sets: dict
 
 
 def _git_commit() -> str | None:
-    from sim.results import git_commit
+    from sim.experiment.results import git_commit
 
     return git_commit(Path(__file__).resolve().parent)
 
@@ -413,7 +413,7 @@ class CalibrationSetup:
 
 def setup_from_config(path: str) -> tuple[CalibrationSetup, str]:
     """Backend and engine settings of an experiment config (so calibration matches the validation)."""
-    from sim.config import load_config
+    from sim.experiment.config import load_config
 
     cfg = load_config(path)
     b = cfg.backend

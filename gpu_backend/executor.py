@@ -1,6 +1,6 @@
 """``TorchExecutor``: the sim Scheduler's batches as real forward passes over a paged KV cache.
 
-It implements the :class:`sim.executor.Executor` protocol: ``execute(SchedulerOutput) ->
+It implements the :class:`sim.core.executor.Executor` protocol: ``execute(SchedulerOutput) ->
 StepResult(duration_s, sampled_token_ids)``. Per step it
 
 1. updates its own per-request block tables from the output (:class:`~gpu_backend.kv_cache.BlockTables`,
@@ -32,12 +32,12 @@ import torch
 from gpu_backend.batch import SeqInput, build_batch
 from gpu_backend.kv_cache import BlockTables, PagedKVCache
 from gpu_backend.model import LlamaModel
-from sim.executor import StepResult, step_shape
-from sim.latency import StepShape
+from sim.core.executor import StepResult, step_shape
+from sim.core.executor import StepShape
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.kv_cache_manager import KVCacheManager
-    from sim.scheduler import SchedulerOutput
+    from sim.core.kv_cache_manager import KVCacheManager
+    from sim.core.scheduler import SchedulerOutput
 
 
 def step_kind(output: "SchedulerOutput") -> str:

@@ -1,11 +1,11 @@
 """Build a :class:`~gpu_backend.executor.TorchExecutor` from an experiment config.
 
-``make_torch_executor(cfg, scheduler)`` is the ``executor_factory`` that ``sim.run`` takes for
+``make_torch_executor(cfg, scheduler)`` is the ``executor_factory`` that ``sim.experiment.run`` takes for
 ``apcsim run ... --backend torch``: it reads the config's ``backend:`` section (model shape, dtype,
 device, attention, seed, threads, timing), sizes the paged KV cache to the scheduler's pool
 (``engine.num_gpu_blocks`` blocks of ``engine.block_size``, block 0 the null block), builds the
 model directly on the device, and selects the attention path (the choice and every probe go to
-``meta.json`` under ``executor``). Problems are reported as :class:`sim.config.ConfigError`.
+``meta.json`` under ``executor``). Problems are reported as :class:`sim.experiment.config.ConfigError`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from gpu_backend.executor import TorchExecutor
 from gpu_backend.kv_cache import PagedKVCache
 from gpu_backend.model import DTYPES, LlamaModel
 from gpu_backend.shapes import resolve_model_shape
-from sim.config import ConfigError, ExperimentConfig
-from sim.scheduler import Scheduler
+from sim.experiment.config import ConfigError, ExperimentConfig
+from sim.core.scheduler import Scheduler
 
 GIB = 1 << 30
 

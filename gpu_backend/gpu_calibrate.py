@@ -41,7 +41,7 @@ import torch
 
 from gpu_backend.calibrate import PRESETS, calibrate, setup_from_config, write_outputs
 from gpu_backend.validate import render_markdown, validate, validation_table, with_fitted_latency
-from sim.config import load_config
+from sim.experiment.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_CONFIGS = ("configs/validate_chat_h200.yaml", "configs/validate_rag_h200.yaml")

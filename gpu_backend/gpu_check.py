@@ -119,8 +119,8 @@ def _replay(out: _Out, device: torch.device) -> dict[str, Any]:
     import tempfile
 
     from gpu_backend.factory import make_torch_executor
-    from sim.config import load_config
-    from sim.run import run_experiment
+    from sim.experiment.config import load_config
+    from sim.experiment.run import run_experiment
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(root / "configs" / "quickstart_torch.yaml", [f"backend.device={device.type}"])

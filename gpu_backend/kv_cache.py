@@ -1,7 +1,7 @@
 """The paged KV cache and the executor's per-request block tables.
 
 :class:`PagedKVCache` holds, per layer, one K and one V tensor of shape
-``[num_blocks, block_size, num_kv_heads, head_dim]`` indexed by the :class:`sim.block_pool.BlockPool`'s
+``[num_blocks, block_size, num_kv_heads, head_dim]`` indexed by the :class:`sim.core.block_pool.BlockPool`'s
 block ids (block 0 is the pool's null block: never allocated, so never written or read). New K/V
 rows are written through a *slot mapping* (``slot = block_id * block_size + offset``); attention
 reads a request's history only through its block table. This is the layout of vLLM's flash-attention
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.kv_cache_manager import KVCacheManager
-    from sim.scheduler import SchedulerOutput
+    from sim.core.kv_cache_manager import KVCacheManager
+    from sim.core.scheduler import SchedulerOutput
 
 
 class PagedKVCache:

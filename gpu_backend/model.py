@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from gpu_backend.batch import StepBatch
 from gpu_backend.kv_cache import PagedKVCache
 from gpu_backend.shapes import RMS_EPS, ROPE_THETA
-from sim.roofline import ModelSpec
+from sim.timing.roofline import ModelSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -2,7 +2,7 @@
 
 ``tiny`` is the CI model (4 layers, hidden 256, 4 query / 2 KV heads of 64, SwiGLU 688, vocab
 4000, meant for fp32 on a CPU); any other name or YAML path resolves through
-:func:`sim.roofline.load_model_spec` (``llama-3-8b``, ``llama-3.2-1b``, ... or a user file with the
+:func:`sim.timing.roofline.load_model_spec` (``llama-3-8b``, ``llama-3.2-1b``, ... or a user file with the
 same fields), so the real backend and the roofline model share one source of shapes.
 
 The tiny vocabulary is deliberately not a power of two: ``token_id % vocab_size`` then keeps the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.roofline import ModelSpec, load_model_spec
+from sim.timing.roofline import ModelSpec, load_model_spec
 
 TINY = ModelSpec(
     name="tiny",
@@ -35,7 +35,7 @@ BUILTIN_SHAPES = {"tiny": TINY}
 
 
 def resolve_model_shape(name: str, base_dir: str | Path | None = None) -> ModelSpec:
-    """``tiny``, a model known to ``sim.roofline`` (``llama-3-8b`` ...), or a YAML spec path
+    """``tiny``, a model known to ``sim.timing.roofline`` (``llama-3-8b`` ...), or a YAML spec path
     (relative paths resolve against ``base_dir``, the config file's folder)."""
     if name.lower() in BUILTIN_SHAPES:
         return BUILTIN_SHAPES[name.lower()]

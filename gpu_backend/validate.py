@@ -53,14 +53,14 @@ import pandas as pd
 import torch
 
 from gpu_backend.batch import SeqInput
-from sim.calibration_cli import add_validate_arguments
+from sim.cli.calibrate import add_validate_arguments
 from gpu_backend.executor import TorchExecutor
 from gpu_backend.factory import make_torch_executor
-from sim.config import ConfigError, ExperimentConfig, config_to_dict, load_config
-from sim.fitted_latency import FittedLatency
-from sim.results import git_commit, package_versions, write_json
-from sim.run import build_latency, replay_experiment
-from sim.scheduler import Scheduler
+from sim.experiment.config import ConfigError, ExperimentConfig, config_to_dict, load_config
+from sim.timing.fitted_latency import FittedLatency
+from sim.experiment.results import git_commit, package_versions, write_json
+from sim.experiment.run import build_latency, replay_experiment
+from sim.core.scheduler import Scheduler
 
 METRICS = ("ttft", "tpot", "e2e")
 EXCELLENT = (0.10, 0.95)
@@ -215,7 +215,7 @@ def with_fitted_latency(cfg: ExperimentConfig, model_file: str | Path | None) ->
     if model_file is not None:
         data = config_to_dict(cfg)
         data["latency"] = {"kind": "fitted", "path": str(Path(model_file).resolve())}
-        from sim.config import config_from_dict
+        from sim.experiment.config import config_from_dict
 
         return config_from_dict(data, cfg.source, cfg.base_dir)
     if cfg.latency.kind != "fitted":

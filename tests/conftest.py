@@ -21,11 +21,11 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) from anywhere
     sys.path.insert(0, _ROOT)
 
-from sim.hashing import BlockHasher, make_block_hasher  # noqa: E402
-from sim.kv_cache_manager import PrefixCacheStats  # noqa: E402
-from sim.kv_events import KVCacheEvent  # noqa: E402
-from sim.request import Request  # noqa: E402
-from sim.scheduler import CacheConfig, Scheduler, SchedulerConfig, SchedulerOutput  # noqa: E402
+from sim.core.hashing import BlockHasher, make_block_hasher  # noqa: E402
+from sim.core.kv_cache_manager import PrefixCacheStats  # noqa: E402
+from sim.core.kv_events import KVCacheEvent  # noqa: E402
+from sim.core.request import Request  # noqa: E402
+from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig, SchedulerOutput  # noqa: E402
 
 _CACHE_KEYS = {"enable_prefix_caching", "use_eagle"}
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import EventLog, make_request, toks
-from sim.block_pool import BlockPool
-from sim.hashing import external_block_hash, make_block_hasher
-from sim.kv_cache_manager import KVCacheManager
-from sim.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from sim.core.block_pool import BlockPool
+from sim.core.hashing import external_block_hash, make_block_hasher
+from sim.core.kv_cache_manager import KVCacheManager
+from sim.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 BS = 16
 HASHER = make_block_hasher("sha256", BS, 0)

@@ -22,10 +22,10 @@ pytest.importorskip("scipy")
 
 from gpu_backend import calibrate as cal  # noqa: E402
 from gpu_backend import validate as val  # noqa: E402
-from sim.config import load_config  # noqa: E402
-from sim.fitted_latency import FittedLatency, knee_feature  # noqa: E402
-from sim.latency import StepShape  # noqa: E402
-from sim.run import replay_experiment  # noqa: E402
+from sim.experiment.config import load_config  # noqa: E402
+from sim.timing.fitted_latency import FittedLatency, knee_feature  # noqa: E402
+from sim.core.executor import StepShape  # noqa: E402
+from sim.experiment.run import replay_experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -264,7 +264,7 @@ def test_simulated_side_is_the_model_files_replay(validated, calibrated, tmp_pat
 
 
 def test_validate_cli_needs_a_fitted_model(tmp_path, capsys):
-    from sim.cli import main
+    from sim.cli.main import main
 
     cfg = yaml.safe_load((ROOT / "configs" / "validate_chat_cpu.yaml").read_text())
     cfg["latency"] = {"kind": "fixed", "step_time_s": 0.01}
@@ -275,7 +275,7 @@ def test_validate_cli_needs_a_fitted_model(tmp_path, capsys):
 
 
 def test_cli_parser_does_not_import_torch():
-    code = ("import sys; from sim.cli import build_parser; p = build_parser(); "
+    code = ("import sys; from sim.cli.main import build_parser; p = build_parser(); "
             "a = p.parse_args(['calibrate', '--out', 'x.json', '--grid', 'quick']); "
             "b = p.parse_args(['validate', 'c.yaml', '--real-runs', '3']); "
             "assert a.grid == 'quick' and b.real_runs == 3; print('torch' in sys.modules, 'gpu_backend' in sys.modules)")

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.cli import main
-from sim.config import ConfigError, load_config
+from sim.cli.main import main
+from sim.experiment.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {

@@ -22,7 +22,7 @@ from gpu_backend.batch import SeqInput, build_batch  # noqa: E402
 from gpu_backend.kv_cache import BlockTables  # noqa: E402
 from gpu_backend.model import LlamaModel  # noqa: E402
 from gpu_backend.shapes import TINY, resolve_model_shape  # noqa: E402
-from sim.request import GENERATED_TOKEN_BASE  # noqa: E402
+from sim.core.request import GENERATED_TOKEN_BASE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -194,7 +194,7 @@ def test_model_shapes_resolve():
 
 
 def test_backend_config_section():
-    from sim.config import ConfigError, config_from_dict
+    from sim.experiment.config import ConfigError, config_from_dict
 
     base = {"name": "x", "workload": {"kind": "synthetic_shared_prefix"}}
     cfg = config_from_dict(base)
@@ -206,7 +206,7 @@ def test_backend_config_section():
 
 
 def test_cli_torch_backend_replays_quickstart(tmp_path, capsys):
-    from sim.cli import main
+    from sim.cli.main import main
 
     assert main(["run", str(ROOT / "configs/quickstart_torch.yaml"), "--backend", "torch", "--out", str(tmp_path),
                  "--no-progress"]) == 0
@@ -224,7 +224,7 @@ def test_cli_torch_backend_replays_quickstart(tmp_path, capsys):
 def test_sim_path_never_imports_torch(tmp_path):
     code = (
         "import sys\n"
-        "from sim.cli import main\n"
+        "from sim.cli.main import main\n"
         f"rc = main(['run', {str(ROOT / 'configs/quickstart_torch.yaml')!r}, '--out', {str(tmp_path)!r}, '--no-progress'])\n"
         "assert rc == 0, rc\n"
         "assert 'torch' not in sys.modules and 'gpu_backend' not in sys.modules\n"

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import make_request, toks
-from sim.hashing import (
+from sim.core.hashing import (
     ExactBlockHasher,
     FastBlockHasher,
     MMFeature,
@@ -19,7 +19,7 @@ from sim.hashing import (
     external_block_hash,
     make_block_hasher,
 )
-from sim.request import GENERATED_TOKEN_BASE
+from sim.core.request import GENERATED_TOKEN_BASE
 
 BS = 16
 

@@ -1,4 +1,4 @@
-"""Sliding-window and hybrid KV-cache groups (sim.kv_groups, sim.hybrid_kv_cache_manager): the
+"""Sliding-window and hybrid KV-cache groups (sim.core.kv_groups, sim.core.hybrid_kv_cache_manager): the
 spec's §10 rows 22-24, §4.2 / §4.4 / §5.1 / §5.2 / §5.3 statements on SWA and hybrid models, and
 random workloads with an integrity check after every step. bs = 16 unless stated.
 
@@ -16,25 +16,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import EventLog, drive, make_request, make_scheduler, toks
-from sim.block_pool import make_block_key
-from sim.config import ConfigError, config_from_dict
-from sim.decode_window import plan_window
-from sim.engine import Replay
-from sim.executor import SimulatedExecutor
-from sim.hashing import make_block_hasher
-from sim.hybrid_kv_cache_manager import HybridKVCacheManager
-from sim.kv_events import BlockStored
-from sim.kv_groups import (
+from sim.core.block_pool import make_block_key
+from sim.experiment.config import ConfigError, config_from_dict
+from sim.replay.decode_window import plan_window
+from sim.replay.engine import Replay
+from sim.timing.simulated_executor import SimulatedExecutor
+from sim.core.hashing import make_block_hasher
+from sim.core.hybrid_kv_cache_manager import HybridKVCacheManager
+from sim.core.kv_events import BlockStored
+from sim.core.kv_groups import (
     BlockHashView,
     KVGroupSpec,
     SlidingWindowManager,
     blocks_for_one_sequence,
     resolve_block_sizes,
 )
-from sim.latency import FixedLatency
-from sim.request import Request, RequestStatus
-from sim.run import build_scheduler, replay_experiment
-from sim.scheduler import CacheConfig, Scheduler, SchedulerConfig
+from sim.timing.latency import FixedLatency
+from sim.core.request import Request, RequestStatus
+from sim.experiment.run import build_scheduler, replay_experiment
+from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig
 from workloads.trace_format import TraceRequest
 
 
@@ -440,7 +440,7 @@ def test_engine_config_kv_cache_groups():
     hits = result.requests["hit_tokens"]
     assert hits.sum() > 0 and (hits % 32 == 0).all()
     # the resolved config round-trips
-    from sim.config import config_to_dict
+    from sim.experiment.config import config_to_dict
 
     assert config_from_dict(config_to_dict(cfg)).engine.kv_cache_groups == cfg.engine.kv_cache_groups
     for bad, msg in [

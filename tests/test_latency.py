@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from sim.fitted_latency import FEATURES, MIN_STEP_TIME_S, FittedLatency
-from sim.latency import FixedLatency, LatencyModel, StepShape
-from sim.roofline import (
+from sim.timing.fitted_latency import FEATURES, MIN_STEP_TIME_S, FittedLatency
+from sim.core.executor import StepShape
+from sim.timing.latency import FixedLatency, LatencyModel
+from sim.timing.roofline import (
     GPUSpec,
     ModelSpec,
     RooflineLatency,
@@ -237,10 +238,3 @@ def test_fixed_latency_unchanged() -> None:
     assert FixedLatency(0.01).step_time(_shape()) == 0.01
     with pytest.raises(ValueError):
         FixedLatency(0)
-
-
-def test_lazy_reexports() -> None:
-    import sim.latency as lat
-
-    assert lat.RooflineLatency is RooflineLatency and lat.FittedLatency is FittedLatency
-    assert lat.kv_cache_blocks is kv_cache_blocks

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.request import token_array
+from sim.core.request import token_array
 from workloads.bounds import infinite_cache_hit_bound
 from workloads.mooncake import expand_hash_ids, load_mooncake, mooncake_stats
 from workloads.paths import shared_traces_dir

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.sweep import run_sweep
+from sim.experiment.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "sweep_analysis.ipynb"

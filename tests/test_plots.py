@@ -8,9 +8,9 @@ import matplotlib.image as mpimg
 import pytest
 import yaml
 
-from sim.cli import main
-from sim.plots import FIGURES, SweepData
-from sim.sweep import run_sweep
+from sim.cli.main import main
+from sim.analysis.plots import FIGURES, SweepData
+from sim.experiment.sweep import run_sweep
 
 
 def _workload(n: int, prefix: int) -> dict:

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import StepLog, drive, make_request, make_scheduler
-from sim.block_pool import BlockPool
-from sim.hashing import make_block_hasher
-from sim.request import Request
+from sim.core.block_pool import BlockPool
+from sim.core.hashing import make_block_hasher
+from sim.core.request import Request
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 

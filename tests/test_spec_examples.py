@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 
 from conftest import drive, make_request, make_scheduler, stats_tuple, toks
-from sim.block_pool import BlockPool, make_block_key
-from sim.hashing import external_block_hash, make_block_hasher
-from sim.kv_cache_manager import KVCacheManager
-from sim.kv_events import AllBlocksCleared, BlockRemoved
-from sim.request import RequestStatus
+from sim.core.block_pool import BlockPool, make_block_key
+from sim.core.hashing import external_block_hash, make_block_hasher
+from sim.core.kv_cache_manager import KVCacheManager
+from sim.core.kv_events import AllBlocksCleared, BlockRemoved
+from sim.core.request import RequestStatus
 
 BS = 16
 
@@ -452,8 +452,8 @@ def test_row29_max_num_seqs_blocks_before_lookup():
 
 
 def _build_from_engine(**engine):
-    run = pytest.importorskip("sim.run", reason="row 30 is checked by the experiment layer (sim.run)")
-    from sim.config import ConfigError, config_from_dict
+    run = pytest.importorskip("sim.experiment.run", reason="row 30 is checked by the experiment layer (sim.experiment.run)")
+    from sim.experiment.config import ConfigError, config_from_dict
 
     cfg = config_from_dict({"name": "row30", "engine": engine, "workload": {"kind": "synthetic_shared_prefix"}})
     return run.build_scheduler, cfg, ConfigError
@@ -461,7 +461,7 @@ def _build_from_engine(**engine):
 
 def test_row30_pool_smaller_than_one_max_model_len_sequence_is_rejected():
     """The core Scheduler takes any pool (row 12 shows the head-of-line livelock that follows);
-    the experiment layer (``sim.run.build_scheduler``) rejects such a configuration, as vLLM's
+    the experiment layer (``sim.experiment.run.build_scheduler``) rejects such a configuration, as vLLM's
     ``_check_enough_kv_cache_memory`` refuses to start."""
     engine = dict(max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=64, hash_algo="sha256")
     build, cfg, config_error = _build_from_engine(num_gpu_blocks=5, **engine)

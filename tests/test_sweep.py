@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim.sweep import run_sweep
-from sim.sweep_config import load_sweep
-from sim.sweep_runner import WALL_COLUMNS
+from sim.experiment.sweep import run_sweep
+from sim.experiment.sweep_config import load_sweep
+from sim.experiment.sweep_point import WALL_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,7 +103,7 @@ def test_failing_point_is_recorded_and_others_run(tmp_path):
 
 
 def test_cli_exit_codes(tmp_path, capsys):
-    from sim.cli import main
+    from sim.cli.main import main
 
     p = _sweep(tmp_path, grid={"engine.num_gpu_blocks": [400, 4]})
     assert main(["sweep", str(p), "--workers", "1", "--no-plots", "--no-progress"]) == 1
@@ -122,7 +122,7 @@ def test_kill_9_mid_sweep_then_resume(tmp_path):
     p = _sweep(tmp_path, name="k", requests=300, grid=grid)
     sweep = load_sweep(p)
     points = sweep.folder() / "points"
-    cmd = [sys.executable, "-m", "sim.cli", "sweep", str(p), "--workers", "2", "--no-plots", "--no-progress"]
+    cmd = [sys.executable, "-m", "sim.cli.main", "sweep", str(p), "--workers", "2", "--no-plots", "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:

@@ -1,4 +1,4 @@
-"""Offline bounds (sim.bounds_optimal): Belady between the sequential LRU and the infinite cache."""
+"""Offline bounds (sim.experiment.bounds): Belady between the sequential LRU and the infinite cache."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.bounds_optimal import (
+from sim.experiment.bounds import (
     belady_hit_rate,
     block_references,
     infinite_hit_rate,
@@ -103,5 +103,5 @@ def test_bounds_and_sweep_config_import_neither_simpy_nor_torch():
     import sys
 
     code = ("import sys; sys.modules['simpy'] = None; sys.modules['torch'] = None\n"
-            "import sim.bounds_optimal, sim.sweep_config, sim.sweep_runner\n")
+            "import sim.experiment.bounds, sim.experiment.sweep_config, sim.experiment.sweep_point\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=__import__("pathlib").Path(__file__).parents[1])

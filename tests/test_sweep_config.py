@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim.config import ConfigError
-from sim.sweep_config import load_sweep
+from sim.experiment.config import ConfigError
+from sim.experiment.sweep_config import load_sweep
 
 BASE = {
     "latency": {"kind": "fixed", "step_time_s": 0.01},

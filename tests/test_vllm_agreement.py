@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.config import config_from_dict
-from sim.run import replay_experiment
+from sim.experiment.config import config_from_dict
+from sim.experiment.run import replay_experiment
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_oracle"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())

@@ -5,7 +5,7 @@ import collections
 import numpy as np
 import pytest
 
-from sim.request import token_array
+from sim.core.request import token_array
 from workloads.agent import AgentParams, agent_session
 from workloads.bounds import infinite_cache_hit_bound
 from workloads.chat import ChatParams, chat_session, chat_sessions

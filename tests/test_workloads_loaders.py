@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from sim.request import token_array
+from sim.core.request import token_array
 from workloads.agent_sessions import AgentTraceLoader, iter_sessions
 from workloads.agent_stats import agent_trace_statistics
 from workloads.azure import azure_times, load_azure, parse_timestamp

@@ -5,7 +5,7 @@ import collections
 import numpy as np
 import pytest
 
-from sim.request import token_array
+from sim.core.request import token_array
 from workloads.bounds import HitBound, infinite_cache_hit_bound
 from workloads.tenants import SALT_POLICIES, TenantModel, keyed_uniform
 from workloads.tokens import TENANT_TAG_BASE, RunTokens
@@ -125,7 +125,7 @@ def test_no_tenants_section_leaves_requests_alone():
 def test_bound_extra_keys_have_vllm_equality_structure():
     """The bound puts the LoRA on blocks 0 and 1 only; per request hits equal a reference that
     keys every block as vLLM does (LoRA on every block, salt on block 0), corner cases included."""
-    from sim.hashing import FastBlockHasher
+    from sim.core.hashing import FastBlockHasher
 
     def reference(reqs, bs=4):
         h, seen, out = FastBlockHasher(bs), set(), []

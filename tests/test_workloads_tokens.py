@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sim.request import LazyTokens, token_array
+from sim.core.request import LazyTokens, token_array
 from workloads.dists import Dist, lognormal, rng_for
 from workloads.tokens import (
     K_AZURE, K_TEMPLATE, REGION_BITS, RunTokens, TaggedTokens, TokenSpace, header, region, run_ids,

@@ -1,7 +1,7 @@
-"""Differential check of sim.hybrid_kv_cache_manager against vLLM 0.25.1's own KVCacheManager
+"""Differential check of sim.core.hybrid_kv_cache_manager against vLLM 0.25.1's own KVCacheManager
 (not collected by pytest: it needs vLLM's Python sources and their import-time dependencies).
 
-The same ``sim.scheduler.Scheduler`` drives, on identical random workloads, either our
+The same ``sim.core.scheduler.Scheduler`` drives, on identical random workloads, either our
 ``HybridKVCacheManager`` or vLLM's ``KVCacheManager`` (through a thin adapter that maps the request
 status enum); after every step it compares scheduled tokens, admissions and hit tokens, new block
 ids, preemptions, finishes, the free-queue order, ``PrefixCacheStats``, every group's block ids and
@@ -37,10 +37,10 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 from vllm.v1.request import RequestStatus as VllmStatus  # noqa: E402
 
 from conftest import make_request, toks  # noqa: E402
-from sim.hashing import make_block_hasher  # noqa: E402
-from sim.kv_groups import KVGroupSpec, blocks_for_one_sequence, resolve_block_sizes  # noqa: E402
-from sim.request import RequestStatus  # noqa: E402
-from sim.scheduler import CacheConfig, Scheduler, SchedulerConfig  # noqa: E402
+from sim.core.hashing import make_block_hasher  # noqa: E402
+from sim.core.kv_groups import KVGroupSpec, blocks_for_one_sequence, resolve_block_sizes  # noqa: E402
+from sim.core.request import RequestStatus  # noqa: E402
+from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig  # noqa: E402
 
 register_all_kvcache_specs(None)
 _STATUS = {
@@ -79,7 +79,7 @@ class _PoolView:
 
 
 class VllmAdapter:
-    """vLLM's KVCacheManager behind the interface sim.scheduler.Scheduler uses."""
+    """vLLM's KVCacheManager behind the interface sim.core.scheduler.Scheduler uses."""
 
     def __init__(self, groups, num_blocks, max_model_len, max_num_batched_tokens, use_eagle, caching):  # noqa: ANN001
         specs = []

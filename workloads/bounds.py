@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from sim.hashing import FastBlockHasher
-from sim.request import token_array
+from sim.core.hashing import FastBlockHasher
+from sim.core.request import token_array
 from workloads.trace_format import TraceRequest
 
 

@@ -3,7 +3,7 @@
 Every loader takes ``skip_bad_lines``. Without it, the first bad record raises
 :class:`~workloads.trace_format.TraceFormatError` (``file:line: field 'x': problem``). With it, the
 loader calls :meth:`SkipLog.skip` instead and continues; the log keeps the total count, the first
-:data:`MAX_KEPT` locations and the first message, and ``sim.run`` writes them to ``meta.json``
+:data:`MAX_KEPT` locations and the first message, and ``sim.experiment.run`` writes them to ``meta.json``
 (``skipped_bad_lines`` / ``skipped_line_numbers``). Nothing is dropped without being counted.
 """
 

@@ -44,7 +44,7 @@ from workloads.tenants import TenantModel
 from workloads.trace_format import TraceRequest, read_trace
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.config import ExperimentConfig
+    from sim.experiment.config import ExperimentConfig
 
 ARRIVAL_TAG = 100
 """Purpose tag of the arrival-process random stream (``rng_for(seed, ARRIVAL_TAG)``)."""
@@ -68,7 +68,7 @@ class Workload:
     native_block_size: int | None = None  # the trace's own block size (finer replays: lower bound)
     notes: list[str] = field(default_factory=list)
     source: Any = None  # the loader object, for source-specific facts (stats)
-    executor_info: dict[str, Any] | None = None  # set by sim.run when the executor describes itself
+    executor_info: dict[str, Any] | None = None  # set by sim.experiment.run when the executor describes itself
 
 
 @dataclass
@@ -86,7 +86,7 @@ class _Source:
 
 
 def _error(cfg: "ExperimentConfig", key: str, problem: str) -> Exception:
-    from sim.config import ConfigError
+    from sim.experiment.config import ConfigError
 
     return ConfigError(f"{cfg.source}: workload.{key}: {problem}")
 

@@ -32,7 +32,7 @@ def workload_stats(cfg: Any, block_sizes: list[int] | None = None, *, facts: boo
     salts: set[str] = set()
     loras: set[str] = set()
     first = last = None
-    from sim.request import token_array
+    from sim.core.request import token_array
 
     for req in wl.requests:
         req_: TraceRequest = req
@@ -121,7 +121,7 @@ def format_stats(s: dict[str, Any]) -> str:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from sim.config import load_config
+    from sim.experiment.config import load_config
 
     cfg = load_config(args.config, args.set)
     sizes = [int(x) for item in args.block_size for x in str(item).split(",") if x.strip()] or None

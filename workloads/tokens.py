@@ -75,7 +75,7 @@ def header(role: str) -> list[int]:
 
 
 class RunTokens:
-    """A prompt as runs of consecutive token ids (a ``sim.request.LazyTokens``)."""
+    """A prompt as runs of consecutive token ids (a ``sim.core.request.LazyTokens``)."""
 
     __slots__ = ("starts", "lengths", "_len")
 
@@ -196,7 +196,7 @@ class TaggedTokens:
         return len(self.inner) + 1  # type: ignore[arg-type]
 
     def materialize(self) -> np.ndarray:
-        from sim.request import token_array
+        from sim.core.request import token_array
 
         return np.insert(token_array(self.inner), self.pos, self.tag)  # type: ignore[arg-type]
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.request import LazyTokens, token_array
+from sim.core.request import LazyTokens, token_array
 
 TOKEN_ID_LIMIT = 1 << 62
 """Prompt/output token ids must lie in ``[0, TOKEN_ID_LIMIT)``; larger ids are simulator-generated."""
@@ -44,7 +44,7 @@ MAX_SKIPPED_LINES_KEPT = 20
 class TraceRequest:
     """One request of a replayable workload.
 
-    ``tokens`` is an int64 numpy array, or a :class:`~sim.request.LazyTokens` that expands to one
+    ``tokens`` is an int64 numpy array, or a :class:`~sim.core.request.LazyTokens` that expands to one
     (loaders of block-id traces use it to keep queued requests compact); ``token_array`` expands.
     """
 

@@ -96,7 +96,7 @@ def folder_digest(folder: Path) -> dict[str, Any]:
 
 
 def _cli(argv: list[str]) -> None:
-    from sim.cli import main
+    from sim.cli.main import main
 
     rc = main(argv)
     if rc != 0:

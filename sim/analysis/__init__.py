@@ -1,0 +1,1 @@
+"""Reading results: sweep plots and reports. Reads result tables; never re-runs the engine."""

@@ -1,0 +1,1 @@
+"""The ``apcsim`` command line: parse, call one experiment function, print (``main``)."""

@@ -1,0 +1,72 @@
+"""``apcsim calibrate`` and ``apcsim validate``: their arguments and registration in the ``apcsim``
+parser. Torch-free and ``gpu_backend``-free, so that building the parser (and every simulated run)
+never imports either; the commands import ``gpu_backend.calibrate`` / ``gpu_backend.validate`` when
+they run."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+GRID_PRESETS = ("quick", "cpu", "gpu")  # gpu_backend.calibrate.PRESETS (checked there)
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # gpu_backend.model.DTYPES
+ATTENTIONS = ("auto", "reference", "triton", "flash_paged", "flash_gather")
+
+
+def add_calibrate_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--config", default=None,
+                    help="take model shape, dtype, device, attention, threads, seed and block size from this "
+                         "experiment config's backend:/engine: sections (the flags below override)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    ap.add_argument("--model", default=None, help="model shape: tiny (default), llama-3-8b, ... or a YAML path")
+    ap.add_argument("--dtype", choices=DTYPE_NAMES, default=None)
+    ap.add_argument("--attention", choices=ATTENTIONS, default=None)
+    ap.add_argument("--block-size", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on a CPU)")
+    ap.add_argument("--seed", type=int, default=None, help="weight seed")
+    ap.add_argument("--grid", choices=(*GRID_PRESETS, "auto"), default="auto",
+                    help="profiling grid: quick (CI), cpu, gpu; auto = gpu on cuda, cpu otherwise")
+    ap.add_argument("--warmup", type=int, default=None, help="discarded rounds over the grid (preset default)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed rounds; a point's time is their median")
+    ap.add_argument("--holdout", type=float, default=0.25, help="share of grid points kept out of the fit")
+    ap.add_argument("--grid-seed", type=int, default=0)
+    ap.add_argument("--budget-s", type=float, default=None, help="stop timing rounds beyond this (>= 2 rounds)")
+    ap.add_argument("--out", required=True, help="model file to write (.json or .yaml); samples go beside it")
+
+
+def add_validate_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("config", help="experiment YAML (engine, workload, backend:; latency: fitted or --model-file)")
+    ap.add_argument("--model-file", default=None, help="fitted latency model file (overrides the config's latency:)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (repeatable)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="backend.device override")
+    ap.add_argument("--real-runs", type=int, default=2, help="real replays (>= 2 gives the noise floor)")
+    ap.add_argument("--warmup-steps", type=int, default=3, help="discarded warm-up steps before each real replay")
+    ap.add_argument("--out", default=None, help="report folder (default <output_dir>/<name>/validate)")
+
+
+def add_calibration_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``calibrate`` and ``validate`` under ``apcsim``."""
+    _add(sub, "calibrate", "gpu_backend.calibrate", add_calibrate_arguments,
+         "fit the latency model on real forward passes (profiling grid, NNLS, held-out error)")
+    _add(sub, "validate", "gpu_backend.validate", add_validate_arguments,
+         "replay one config simulated (fitted model) and real (torch backend); report per-request error")
+
+
+def _add(sub: argparse._SubParsersAction, name: str, module: str,
+         add_arguments: Callable[[argparse.ArgumentParser], None], help_: str) -> None:
+    cmd = sub.add_parser(name, help=help_)
+    add_arguments(cmd)
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        from sim.experiment.config import ConfigError
+
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"apcsim {name} needs PyTorch and scipy ({exc}); "
+                              f"install them with pip install -e '.[torch]'") from None
+        return int(mod.run_from_args(args))
+
+    cmd.set_defaults(func=run)

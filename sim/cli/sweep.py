@@ -1,0 +1,72 @@
+"""``apcsim sweep`` and ``apcsim plot`` (argument parsing; the work is in ``sim.experiment.sweep`` and
+``sim.analysis.plots``).
+
+``apcsim sweep SWEEP.yaml [--set key.path=value ...] [--workers N] [--ray] [--ray-address ADDR]
+[--no-resume] [--no-plots] [--output-dir DIR] [--no-progress]`` runs every point (skipping finished ones), writes
+``<output_dir>/<name>/table.{parquet,csv}`` and the plots; exit code 1 when a point failed (the
+others still ran), 2 for a config problem.
+
+``apcsim plot SWEEP_DIR`` (re)draws the plots of a sweep folder from its table.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from sim.experiment.sweep import run_sweep
+    from sim.experiment.sweep_config import load_sweep
+
+    if args.workers is not None and args.workers < 1:
+        from sim.experiment.config import ConfigError
+
+        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    sweep = load_sweep(args.sweep, args.output_dir, args.set)
+    print(f"sweep {sweep.name}: {len(sweep.points)} points -> {sweep.folder()}/")
+    report = run_sweep(
+        sweep,
+        workers=args.workers,
+        ray=args.ray or args.ray_address is not None,
+        ray_address=args.ray_address,
+        resume=not args.no_resume,
+        progress=False if args.no_progress else None,
+        plots=not args.no_plots,
+    )
+    print(f"ran {report.ran}, skipped {report.skipped} finished earlier, {len(report.errors)} failed; "
+          f"{report.wall_time_s:.1f} s")
+    for point, msg in report.errors:
+        print(f"  point {point}: {msg}")
+    print(f"table: {report.folder / 'table.parquet'} (and .csv)")
+    if report.plots:
+        print(f"plots: {len(report.plots)} files in {report.folder}/")
+    return 1 if report.errors else 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from sim.analysis.plots import plot_sweep
+
+    paths = plot_sweep(Path(args.sweep_dir))
+    for p in paths:
+        print(p)
+    return 0
+
+
+def add_sweep_parsers(sub: argparse._SubParsersAction) -> None:
+    sw = sub.add_parser("sweep", help="run a sweep file (grid/zip axes over config keys) and collect one table")
+    sw.add_argument("sweep", help="sweep YAML file (see sim/experiment/sweep_config.py and configs/sweeps/)")
+    sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of the base experiment, e.g. --set workload.limit=500 (repeatable)")
+    sw.add_argument("--workers", type=int, default=None, help="local worker processes (default: all cores)")
+    sw.add_argument("--ray", action="store_true", help="run the points as Ray tasks (a local Ray instance)")
+    sw.add_argument("--ray-address", default=None, metavar="ADDR",
+                    help="run on the Ray cluster at ADDR (e.g. ray://head:10001 or auto); implies --ray")
+    sw.add_argument("--no-resume", action="store_true", help="rerun every point, even finished ones")
+    sw.add_argument("--no-plots", action="store_true", help="write the table only")
+    sw.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sw.add_argument("--output-dir", default=None, help="parent of the sweep folder (default: the file's output_dir)")
+    sw.set_defaults(func=_cmd_sweep)
+    pl = sub.add_parser("plot", help="draw a sweep folder's plots (PNG and SVG) from its table")
+    pl.add_argument("sweep_dir", help="a sweep folder (holds table.parquet and sweep.json)")
+    pl.set_defaults(func=_cmd_plot)

@@ -1,0 +1,380 @@
+"""Chained block hashing, as vLLM v1 computes ``Request.block_hashes``.
+
+Mirrors ``vllm/v1/core/kv_cache_utils.py`` (``hash_block_tokens``,
+``generate_block_hash_extra_keys``, ``get_request_block_hasher``) and
+``vllm/utils/hashing.py`` of vLLM 0.25.1:
+
+* the hash of block *i* is ``H((parent, tokens_i, extra_keys_i))`` where ``parent`` is the hash of
+  block *i-1* (``NONE_HASH`` for block 0) -- equal hashes therefore mean equal prefixes;
+* only **full** blocks get a hash; the partial tail block never has one;
+* extra keys, in vLLM's order: the LoRA *name* on every block, ``(mm_identifier, offset - block_start)``
+  for every multimodal item overlapping the block, and ``cache_salt`` on the block starting at
+  token 0 only, and only if truthy (``""`` behaves as no salt); an empty list becomes ``None``;
+* hashing resumes at ``len(block_hashes) * block_size`` whenever tokens are appended; a resumed pass
+  starts its multimodal scan at the *last* item (vLLM's ``curr_mm_idx = -1``).
+
+Hash functions:
+
+* ``sha256`` (vLLM's default), ``sha256_cbor``, ``xxhash``, ``xxhash_cbor``: byte-identical to
+  vLLM's when ``NONE_HASH`` is the same. vLLM derives ``NONE_HASH = H(PYTHONHASHSEED)`` when that
+  variable is set (random otherwise); here it is ``H(str(hash_seed))`` from the config, so a run with
+  ``hash_seed: 0`` produces the hashes vLLM produces under ``PYTHONHASHSEED=0``.
+* ``fast``: a 128-bit chained hash computed with numpy over a whole prompt at once, for sweeps.
+  It has the same *equality structure* (same prefix + same extra keys <=> same hash, up to a
+  2^-128-scale collision chance) but different bytes, so hit behaviour is identical and runs are
+  about two orders of magnitude cheaper. Its chain is polynomial so it vectorises:
+  ``h_i = P * h_{i-1} + c_i (mod 2^64)`` per lane, with ``c_i`` a digest of the block's tokens
+  (splitmix64 of each token keyed by its position, combined by two independent random linear forms)
+  and extra keys, and each stored hash a bijective finalisation of ``h_i``.
+
+This module imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.core.request import Request
+
+BlockHash = bytes
+"""The hash of one block, as bytes (32 bytes for sha256, 16 for xxhash and fast)."""
+
+HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "fast")
+
+_MASK64 = (1 << 64) - 1
+_GEN_TAG = b"\x00gen"
+
+
+@dataclass(frozen=True, slots=True)
+class MMFeature:
+    """A multimodal item's placeholder range in the prompt (vLLM's ``mm_position``) and identifier."""
+
+    identifier: str
+    offset: int
+    length: int
+
+
+# ----------------------------------------------------------------------------------------------
+# Byte-exact hash functions (vllm/utils/hashing.py)
+# ----------------------------------------------------------------------------------------------
+
+
+def _sha256(obj: Any) -> bytes:
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def _sha256_cbor(obj: Any) -> bytes:
+    import cbor2
+
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
+def _xxhash(obj: Any) -> bytes:
+    import xxhash
+
+    return xxhash.xxh3_128_digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _xxhash_cbor(obj: Any) -> bytes:
+    import cbor2
+    import xxhash
+
+    return xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
+
+
+_EXACT_FNS: dict[str, Callable[[Any], bytes]] = {
+    "sha256": _sha256,
+    "sha256_cbor": _sha256_cbor,
+    "xxhash": _xxhash,
+    "xxhash_cbor": _xxhash_cbor,
+}
+
+
+def hash_function(name: str) -> Callable[[Any], bytes]:
+    """The byte-exact hash function vLLM uses for ``prefix_caching_hash_algo=name``."""
+    try:
+        return _EXACT_FNS[name]
+    except KeyError:
+        raise ValueError(f"unknown hash algorithm {name!r}; choose one of {HASH_ALGOS}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Extra keys (generate_block_hash_extra_keys)
+# ----------------------------------------------------------------------------------------------
+
+
+def _mm_extra_keys(
+    mm_features: Sequence[MMFeature], start: int, end: int, start_mm_idx: int
+) -> tuple[list[Any], int]:
+    """``(identifier, offset - start)`` for every item overlapping ``[start, end)``; vLLM's scan."""
+    keys: list[Any] = []
+    if not mm_features:
+        return keys, start_mm_idx
+    last = mm_features[-1]
+    if last.offset + last.length <= start:
+        return keys, start_mm_idx
+    if start_mm_idx < 0:
+        start_mm_idx = len(mm_features) + start_mm_idx
+    idx = start_mm_idx
+    while idx < len(mm_features):
+        feat = mm_features[idx]
+        if end > feat.offset:
+            if start >= feat.offset + feat.length:
+                idx += 1
+                continue
+            keys.append((feat.identifier, feat.offset - start))
+            if end >= feat.offset + feat.length:
+                idx += 1
+            else:
+                break
+        else:
+            break
+    return keys, idx
+
+
+def block_extra_keys(
+    request: "Request", start: int, end: int, start_mm_idx: int
+) -> tuple[tuple[Any, ...] | None, int]:
+    """Extra keys of the block ``[start, end)``: LoRA name, MM items, then salt on block 0 only."""
+    mm_keys, next_idx = _mm_extra_keys(request.mm_features, start, end, start_mm_idx)
+    keys: list[Any] = [request.lora_name] if request.lora_name is not None else []
+    keys.extend(mm_keys)
+    if start == 0 and request.cache_salt:
+        keys.append(request.cache_salt)
+    return (tuple(keys) if keys else None), next_idx
+
+
+def has_extra_keys(request: "Request") -> bool:
+    """True if any block of ``request`` can carry extra keys (vLLM's ``need_extra_keys``)."""
+    return bool(request.mm_features) or request.lora_name is not None or bool(request.cache_salt)
+
+
+# ----------------------------------------------------------------------------------------------
+# Block hashers
+# ----------------------------------------------------------------------------------------------
+
+
+class BlockHasher:
+    """Computes the hashes of a request's new full blocks (vLLM's ``request_block_hasher``).
+
+    ``hash_new_blocks(request)`` returns the hashes of full blocks at indices
+    ``len(request.block_hashes) ..`` up to the last full block of ``request.all_token_ids``; the
+    request appends them. Subclasses differ only in the hash function.
+    """
+
+    algo: str
+    block_size: int
+
+    def hash_new_blocks(self, request: "Request") -> list[BlockHash]:  # pragma: no cover
+        raise NotImplementedError
+
+    def hash_token_blocks(
+        self, tokens: Sequence[int], extra_keys: Sequence[tuple[Any, ...] | None] | None = None
+    ) -> list[BlockHash]:
+        """Hashes of the full blocks of a bare token sequence (tests and tools)."""
+        raise NotImplementedError  # pragma: no cover
+
+
+class ExactBlockHasher(BlockHasher):
+    """Byte-exact vLLM hashing: ``H((parent or NONE_HASH, tuple(tokens), extra_keys))`` per block."""
+
+    def __init__(self, algo: str, block_size: int, hash_seed: int | str = 0) -> None:
+        self.algo = algo
+        self.block_size = block_size
+        self.fn = hash_function(algo)
+        # vLLM: NONE_HASH = H(os.getenv("PYTHONHASHSEED")) -- the seed *string* is hashed.
+        self.none_hash: bytes = self.fn(str(hash_seed))
+
+    def _chain(self, parent: bytes | None, tokens: Sequence[int], extra: Any) -> bytes:
+        return self.fn((parent or self.none_hash, tuple(tokens), extra))
+
+    def hash_new_blocks(self, request: "Request") -> list[BlockHash]:
+        bs = self.block_size
+        start = len(request.block_hashes) * bs
+        num_tokens = request.num_tokens
+        if start + bs > num_tokens:
+            return []
+        mm_idx = 0 if start == 0 else -1
+        parent = request.block_hashes[-1] if request.block_hashes else None
+        n_blocks = (num_tokens - start) // bs
+        tokens = request.token_slice(start, start + n_blocks * bs)
+        tok_list = tokens.tolist()
+        out: list[BlockHash] = []
+        for k in range(n_blocks):
+            s = start + k * bs
+            extra, mm_idx = block_extra_keys(request, s, s + bs, mm_idx)
+            parent = self._chain(parent, tok_list[k * bs : (k + 1) * bs], extra)
+            out.append(parent)
+        return out
+
+    def hash_token_blocks(
+        self, tokens: Sequence[int], extra_keys: Sequence[tuple[Any, ...] | None] | None = None
+    ) -> list[BlockHash]:
+        bs = self.block_size
+        parent: bytes | None = None
+        out: list[BlockHash] = []
+        for k in range(len(tokens) // bs):
+            extra = extra_keys[k] if extra_keys is not None else None
+            parent = self._chain(parent, [int(t) for t in tokens[k * bs : (k + 1) * bs]], extra)
+            out.append(parent)
+        return out
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser on uint64 arrays (wrapping arithmetic); a bijection of 64-bit words."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+class FastBlockHasher(BlockHasher):
+    """Vectorised 128-bit chained hash with vLLM's equality structure (see module docstring).
+
+    Requests keep the un-finalised chain state of their last hashed block in
+    ``request.hash_state`` (two uint64 lanes) so appended tokens continue the same chain.
+    """
+
+    _LANES = 2
+
+    def __init__(self, block_size: int, hash_seed: int | str = 0) -> None:
+        self.algo = "fast"
+        self.block_size = block_size
+        seed = int.from_bytes(hashlib.blake2b(str(hash_seed).encode(), digest_size=8).digest(), "big")
+        rng = np.random.Generator(np.random.PCG64(seed))
+        self._pos_key = rng.integers(0, 2**63, size=block_size, dtype=np.int64).astype(np.uint64)
+        self._pos_mult = rng.integers(0, 2**63, size=block_size, dtype=np.int64).astype(np.uint64) | np.uint64(1)
+        self._lane_keys = rng.integers(0, 2**63, size=(self._LANES, 1), dtype=np.int64).astype(np.uint64)
+        mult = rng.integers(0, 2**63, size=self._LANES, dtype=np.int64).astype(np.uint64) | np.uint64(1)
+        self._p = mult  # odd multipliers: invertible mod 2^64
+        self._p_inv = np.array([pow(int(p), -1, 1 << 64) for p in mult], dtype=np.uint64)
+        self.initial_state: tuple[int, int] = tuple(
+            int(v) for v in rng.integers(0, 2**63, size=self._LANES, dtype=np.int64)
+        )  # type: ignore[assignment]
+        self._pow = np.ones((self._LANES, 1), dtype=np.uint64)
+        self._inv_pow = np.ones((self._LANES, 1), dtype=np.uint64)
+
+    def _powers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """P^k and P^-k for k in [0, n] per lane (grown geometrically, cached)."""
+        have = self._pow.shape[1]
+        if have <= n:
+            size = max(n + 1, 2 * have)
+            pw = np.empty((self._LANES, size), dtype=np.uint64)
+            ipw = np.empty((self._LANES, size), dtype=np.uint64)
+            pw[:, 0] = 1
+            ipw[:, 0] = 1
+            for lane in range(self._LANES):
+                # cumulative product with wrap-around: numpy's cumprod on uint64 wraps mod 2^64
+                pw[lane, 1:] = np.cumprod(np.full(size - 1, self._p[lane], dtype=np.uint64))
+                ipw[lane, 1:] = np.cumprod(np.full(size - 1, self._p_inv[lane], dtype=np.uint64))
+            self._pow, self._inv_pow = pw, ipw
+        return self._pow[:, : n + 1], self._inv_pow[:, : n + 1]
+
+    @staticmethod
+    def _extra_digest(extra: tuple[Any, ...]) -> np.ndarray:
+        d = hashlib.blake2b(pickle.dumps(extra, protocol=4), digest_size=16).digest()
+        return np.frombuffer(d, dtype=np.uint64).copy()
+
+    def _chain_blocks(
+        self,
+        tokens: np.ndarray,
+        state: tuple[int, int],
+        extras: Sequence[tuple[Any, ...] | None] | None,
+    ) -> tuple[list[BlockHash], tuple[int, int]]:
+        """Hash ``len(tokens) // bs`` full blocks continuing the chain from ``state``."""
+        bs = self.block_size
+        n = len(tokens) // bs
+        blocks = np.ascontiguousarray(tokens[: n * bs], dtype=np.int64).view(np.uint64).reshape(n, bs)
+        # c[lane, i]: digest of block i's tokens. Each token is mixed non-linearly with a key of
+        # its position; the two lanes are two independent random linear forms of those mixes
+        # (plain sum, and a sum weighted by random odd multipliers), each finalised.
+        mixed = _splitmix64(blocks ^ self._pos_key)
+        sums = np.stack([mixed.sum(axis=1, dtype=np.uint64), (mixed * self._pos_mult).sum(axis=1, dtype=np.uint64)])
+        c = _splitmix64(sums ^ self._lane_keys)
+        if extras is not None:
+            by_extra: dict[tuple[Any, ...], list[int]] = {}
+            for i, extra in enumerate(extras):
+                if extra is not None:
+                    by_extra.setdefault(extra, []).append(i)
+            for extra, idx in by_extra.items():
+                c[:, idx] = _splitmix64(c[:, idx] ^ self._extra_digest(extra)[:, None])
+        pw, ipw = self._powers(n)
+        # h_k = P^(k+1) * h_prev + P^k * sum_{j<=k} c_j * P^-j   (mod 2^64, per lane)
+        prefix = np.cumsum(c * ipw[:, :n], axis=1, dtype=np.uint64)
+        prev = np.array(state, dtype=np.uint64)[:, None]
+        raw = pw[:, 1 : n + 1] * prev + pw[:, :n] * prefix
+        final = _splitmix64(raw)
+        keys = np.ascontiguousarray(final.T).view("V16").ravel().tolist()
+        new_state = (int(raw[0, -1]), int(raw[1, -1])) if n else state
+        return keys, new_state
+
+    def hash_new_blocks(self, request: "Request") -> list[BlockHash]:
+        bs = self.block_size
+        start = len(request.block_hashes) * bs
+        num_tokens = request.num_tokens
+        if start + bs > num_tokens:
+            return []
+        n_blocks = (num_tokens - start) // bs
+        if request.unique_outputs:
+            # Blocks holding a simulator-generated token can only ever match the same request's
+            # own blocks (generated ids are unique and never appear in prompts), so a key unique
+            # to (request, block index) has exactly the equality structure of the true hash.
+            n_prompt = max(0, min(n_blocks, request.num_prompt_tokens // bs - start // bs))
+            gen_keys = [
+                _GEN_TAG + request.uid.to_bytes(6, "big") + i.to_bytes(6, "big")
+                for i in range(start // bs + n_prompt, start // bs + n_blocks)
+            ]
+            if n_prompt == 0:
+                return gen_keys
+            n_blocks = n_prompt
+        else:
+            gen_keys = []
+        extras: list[tuple[Any, ...] | None] | None = None
+        if has_extra_keys(request) and not request.mm_features:
+            # block_extra_keys without multimodal items: the LoRA name on every block, the salt
+            # (if truthy) on the block starting at token 0
+            lora: tuple[Any, ...] = (request.lora_name,) if request.lora_name is not None else ()
+            extras = [lora or None] * n_blocks
+            if start == 0 and request.cache_salt:
+                extras[0] = lora + (request.cache_salt,)
+        elif has_extra_keys(request):
+            mm_idx = 0 if start == 0 else -1
+            extras = []
+            for k in range(n_blocks):
+                s = start + k * bs
+                extra, mm_idx = block_extra_keys(request, s, s + bs, mm_idx)
+                extras.append(extra)
+        state = request.hash_state if request.block_hashes else self.initial_state
+        tokens = request.token_slice(start, start + n_blocks * bs)
+        keys, request.hash_state = self._chain_blocks(tokens, state, extras)
+        return keys + gen_keys if gen_keys else keys
+
+    def hash_token_blocks(
+        self, tokens: Sequence[int], extra_keys: Sequence[tuple[Any, ...] | None] | None = None
+    ) -> list[BlockHash]:
+        arr = np.asarray(tokens, dtype=np.int64)
+        n = len(arr) // self.block_size
+        extras = list(extra_keys[:n]) if extra_keys is not None else None
+        keys, _ = self._chain_blocks(arr, self.initial_state, extras)
+        return keys
+
+
+def make_block_hasher(algo: str, block_size: int, hash_seed: int | str = 0) -> BlockHasher:
+    """The hasher for ``prefix_caching_hash_algo=algo`` (``fast`` is this project's own)."""
+    if algo == "fast":
+        return FastBlockHasher(block_size, hash_seed)
+    if algo in _EXACT_FNS:
+        return ExactBlockHasher(algo, block_size, hash_seed)
+    raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {HASH_ALGOS}")
+
+
+def external_block_hash(block_hash: bytes) -> int:
+    """vLLM's event form of a hash: the low 64 bits of the bytes read big-endian."""
+    return int.from_bytes(block_hash, "big") & _MASK64

@@ -1,0 +1,261 @@
+"""A request as the v1 scheduler sees it (mirrors ``vllm/v1/request.py`` of vLLM 0.25.1).
+
+Invariants:
+
+* ``num_tokens = num_prompt_tokens + len(output_token_ids)``; ``block_hashes`` always holds the
+  hash of every *full* block of those tokens (recomputed on every append, like vLLM's
+  ``update_block_hashes``), never of the partial tail block;
+* ``num_computed_tokens`` advances at schedule time and is reset to 0 on preemption, while the
+  output tokens (and therefore ``block_hashes``) are kept;
+* ``skip_reading_prefix_cache`` is vLLM's default for sampling requests: ``prompt_logprobs`` set.
+
+Output tokens come from the executor. Unless a trace supplies ``output_token_ids``, the simulator
+generates ids ``GENERATED_TOKEN_BASE | uid << 24 | j`` that never occur in a prompt, which is what
+lets the fast hasher key generated blocks cheaply (see ``sim.core.hashing``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+
+from sim.core.hashing import BlockHash, MMFeature
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.core.hashing import BlockHasher
+
+GENERATED_TOKEN_BASE = 1 << 62
+"""Prompt token ids must stay below this; simulator-generated output ids live above it."""
+_MAX_OUTPUTS = 1 << 24
+
+
+def generated_token_id(uid: int, j: int) -> int:
+    """The j-th output token the simulator generates for the request with integer id ``uid``."""
+    return GENERATED_TOKEN_BASE | (uid << 24) | j
+
+
+@runtime_checkable
+class LazyTokens(Protocol):
+    """A compact prompt (e.g. runs of trace block ids) expanded to token ids only when needed."""
+
+    def __len__(self) -> int: ...
+
+    def materialize(self) -> np.ndarray: ...
+
+
+def token_array(tokens: "Sequence[int] | np.ndarray | LazyTokens") -> np.ndarray:
+    """Token ids as an int64 array, expanding a :class:`LazyTokens`."""
+    if not isinstance(tokens, np.ndarray) and hasattr(tokens, "materialize"):  # a LazyTokens
+        return tokens.materialize()  # type: ignore[union-attr]
+    return np.asarray(tokens, dtype=np.int64)
+
+
+def _checked_prompt(request_id: str, prompt: np.ndarray) -> np.ndarray:
+    """Prompt ids must lie in [0, GENERATED_TOKEN_BASE): ids above are simulator outputs."""
+    if prompt.size and (int(prompt.min()) < 0 or int(prompt.max()) >= GENERATED_TOKEN_BASE):
+        raise ValueError(f"request {request_id}: prompt token ids must be in [0, 2**62)")
+    return prompt
+
+
+class RequestStatus(enum.IntEnum):
+    """vLLM's ``RequestStatus`` subset; anything after ``PREEMPTED`` is finished."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @staticmethod
+    def is_finished(status: "RequestStatus") -> bool:
+        return status > RequestStatus.PREEMPTED
+
+
+class Request:
+    """One inference request. ``uid`` is a small unique int (the trace position)."""
+
+    __slots__ = (
+        "request_id",
+        "uid",
+        "_prompt",
+        "_prompt_source",
+        "num_prompt_tokens",
+        "num_tokens",
+        "max_tokens",
+        "arrival_time",
+        "cache_salt",
+        "lora_name",
+        "lora_int_id",
+        "priority",
+        "prompt_logprobs",
+        "skip_reading_prefix_cache",
+        "mm_features",
+        "output_token_plan",
+        "unique_outputs",
+        "status",
+        "num_computed_tokens",
+        "num_preemptions",
+        "output_token_ids",
+        "_block_hashes",
+        "hash_state",
+        "num_output_placeholders",
+        "is_prefill_chunk",
+        "_hasher",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: "Sequence[int] | np.ndarray | LazyTokens",
+        max_tokens: int,
+        *,
+        uid: int = 0,
+        arrival_time: float = 0.0,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        lora_int_id: int = 0,
+        priority: int = 0,
+        prompt_logprobs: bool = False,
+        mm_features: Sequence[MMFeature] = (),
+        output_token_ids: Sequence[int] | np.ndarray | None = None,
+        hasher: "BlockHasher | None" = None,
+    ) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"request {request_id}: output_tokens must be >= 1, got {max_tokens}")
+        if max_tokens >= _MAX_OUTPUTS:
+            raise ValueError(f"request {request_id}: output_tokens must be < {_MAX_OUTPUTS}")
+        self.request_id = request_id
+        self.uid = uid
+        if not isinstance(prompt_token_ids, np.ndarray) and hasattr(prompt_token_ids, "materialize"):
+            self._prompt: np.ndarray | None = None
+            self._prompt_source: LazyTokens | None = prompt_token_ids
+        else:
+            self._prompt = _checked_prompt(request_id, np.asarray(prompt_token_ids, dtype=np.int64))
+            self._prompt_source = None
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_tokens = self.num_prompt_tokens  # prompt + outputs, kept in step with appends
+        if self.num_prompt_tokens == 0:
+            raise ValueError(f"request {request_id}: empty prompt")
+        self.max_tokens = max_tokens
+        self.arrival_time = arrival_time
+        self.cache_salt = cache_salt
+        self.lora_name = lora_name
+        self.lora_int_id = lora_int_id
+        self.priority = priority
+        self.prompt_logprobs = prompt_logprobs
+        self.skip_reading_prefix_cache = prompt_logprobs
+        self.mm_features = tuple(sorted(mm_features, key=lambda f: f.offset))
+        self.output_token_plan = (
+            None if output_token_ids is None else np.asarray(output_token_ids, dtype=np.int64)
+        )
+        if self.output_token_plan is not None and len(self.output_token_plan) < max_tokens:
+            raise ValueError(
+                f"request {request_id}: output_token_ids has {len(self.output_token_plan)} ids "
+                f"but output_tokens is {max_tokens}"
+            )
+        self.unique_outputs = self.output_token_plan is None
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.output_token_ids: list[int] = []
+        self._block_hashes: list[BlockHash] | None = None  # computed on first use (see block_hashes)
+        self.hash_state: tuple[int, int] = (0, 0)
+        self.num_output_placeholders = 0
+        self.is_prefill_chunk = False
+        self._hasher = hasher
+
+    # -- token views --------------------------------------------------------------------------
+    @property
+    def prompt_token_ids(self) -> np.ndarray:
+        if self._prompt is None:
+            assert self._prompt_source is not None
+            self._prompt = _checked_prompt(self.request_id, self._prompt_source.materialize())
+            self._prompt_source = None
+        return self._prompt
+
+    @property
+    def block_hashes(self) -> list[BlockHash]:
+        """Hashes of every full block of prompt + outputs.
+
+        vLLM hashes the prompt when the request is created; here the prompt is hashed on first
+        use (a lookup or a cache), which yields the same list -- hashes depend only on tokens and
+        extra keys -- while requests queued but never looked up cost no memory for them.
+        """
+        if self._block_hashes is None:
+            self._block_hashes = []
+            if self._hasher is not None:
+                self._block_hashes.extend(self._hasher.hash_new_blocks(self))
+        return self._block_hashes
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def token_slice(self, start: int, end: int) -> np.ndarray:
+        """Tokens ``[start, end)`` of prompt + outputs as int64."""
+        p = self.num_prompt_tokens
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        outs = np.asarray(self.output_token_ids[max(0, start - p) : end - p], dtype=np.int64)
+        if start >= p:
+            return outs
+        return np.concatenate([self.prompt_token_ids[start:p], outs])
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids.tolist() + self.output_token_ids
+
+    # -- outputs ------------------------------------------------------------------------------
+    def planned_output_token(self, j: int) -> int:
+        """The j-th output token this request will produce (trace-given or generated)."""
+        if self.output_token_plan is not None:
+            return int(self.output_token_plan[j])
+        return generated_token_id(self.uid, j)
+
+    def planned_output_tokens(self, start: int, count: int) -> list[int]:
+        """Output tokens ``start .. start + count - 1`` of the plan (see ``planned_output_token``)."""
+        if self.output_token_plan is not None:
+            return self.output_token_plan[start : start + count].tolist()
+        base = GENERATED_TOKEN_BASE | (self.uid << 24)
+        return list(range(base + start, base + start + count))
+
+    def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
+        """Append sampled tokens and hash any block they complete (vLLM ``update_block_hashes``)."""
+        if isinstance(token_ids, int):
+            self.output_token_ids.append(token_ids)
+        else:
+            self.output_token_ids.extend(token_ids)
+        self.num_tokens = n = self.num_prompt_tokens + len(self.output_token_ids)
+        hashes = self._block_hashes
+        if hashes is not None and self._hasher is not None and n >= (len(hashes) + 1) * self._hasher.block_size:
+            hashes.extend(self._hasher.hash_new_blocks(self))
+
+    def is_finished(self) -> bool:
+        return self.status > RequestStatus.PREEMPTED
+
+    def release_tokens(self) -> None:
+        """Drop token storage of a finished request (keeps replay memory bounded)."""
+        self._prompt = np.empty(0, dtype=np.int64)
+        self._prompt_source = None
+        self.output_token_plan = None
+        self.output_token_ids = []
+        self._block_hashes = []
+        self.num_prompt_tokens = self.num_tokens = 0
+
+    def __lt__(self, other: "Request") -> bool:
+        """Priority-queue order, as vLLM: (priority, arrival_time, request_id)."""
+        if self.priority != other.priority:
+            return self.priority < other.priority
+        if self.arrival_time != other.arrival_time:
+            return self.arrival_time < other.arrival_time
+        return self.request_id < other.request_id
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
+            f"out={len(self.output_token_ids)}/{self.max_tokens}, computed={self.num_computed_tokens})"
+        )

@@ -1,0 +1,422 @@
+"""The v1 scheduler (mirrors ``Scheduler.schedule`` / ``update_from_output`` of vLLM 0.25.1's
+``vllm/v1/core/sched/scheduler.py``, synchronous mode), for one full-attention KV group (or, with
+``CacheConfig.kv_groups``, sliding-window / hybrid groups through ``sim.core.hybrid_kv_cache_manager``).
+
+One ``schedule()`` call is one engine step:
+
+A. **Running requests** in ``running`` order while the token budget lasts: ask for
+   ``num_tokens - num_computed`` tokens (capped by ``long_prefill_token_threshold``, the budget and
+   ``max_model_len``); if ``allocate_slots`` fails, preempt -- FCFS: the *last* of ``running``
+   (possibly the request itself); priority: the max of ``(priority, arrival_time)``, refunding it if
+   it was already scheduled this step -- and retry; if the request preempted itself, stop.
+B. **Waiting requests**, only if nothing was preempted this step: stop at ``max_num_seqs`` (before
+   any lookup), look the head up (``get_computed_blocks`` records stats *every* time), ask for
+   ``num_tokens - hits`` tokens (threshold, budget; without chunked prefill stop if it does not
+   fit), allocate with the full-sequence gate and the watermark; on failure **stop** (head-of-line
+   blocking); on success move it to ``running`` with ``num_computed_tokens = hits``.
+C. ``num_computed_tokens += scheduled`` for everything scheduled (at schedule time).
+
+``update_from_output`` appends one sampled token to every request whose prefill is complete,
+stops it at ``max_tokens`` or ``max_model_len``, and frees finished requests immediately, in the
+order they were scheduled.
+
+The scheduler knows nothing about time: executors (simulated or real) turn a
+:class:`SchedulerOutput` into a step duration and sampled tokens. Imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sim.core.hashing import BlockHasher
+from sim.core.block_pool import KVCacheBlock
+from sim.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
+from sim.core.hybrid_kv_cache_manager import HybridKVCacheManager
+from sim.core.kv_groups import KVGroupSpec, resolve_block_sizes
+from sim.core.kv_events import EventSink
+from sim.core.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The scheduling knobs vLLM exposes (defaults: ``SchedulerConfig`` on its own)."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 128
+    max_model_len: int = 8192
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0
+    async_scheduling: bool = False  # vLLM's AsyncScheduler (output placeholders; see module doc)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """KV cache knobs: pool size in blocks (block 0 is the null block) and prefix caching."""
+
+    block_size: int = 16
+    num_gpu_blocks: int = 1024
+    enable_prefix_caching: bool = True
+    use_eagle: bool = False
+    # Sliding-window / hybrid models (sim.core.kv_groups): empty = one full-attention group of
+    # ``block_size`` (the fast KVCacheManager). Otherwise ``block_size`` must be the scheduler block
+    # size (LCM of the group sizes) and the hasher's block size the hash block size (GCD, or
+    # ``hash_block_size`` when set).
+    kv_groups: tuple[KVGroupSpec, ...] = ()
+    hash_block_size: int | None = None
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """What one request does in a step: ``num_new_tokens`` tokens after ``num_computed_before``."""
+
+    request: Request
+    num_new_tokens: int
+    num_computed_before: int
+    new_blocks: list[KVCacheBlock]  # admitted: all its blocks (hits included); running: new ones
+    admitted: bool = False  # moved from waiting to running in this step
+    hit_tokens: int = 0  # prefix-cache hit granted at this admission
+    samples: bool = False  # this step completes the prefill, so the model samples a token
+
+    @property
+    def new_block_ids(self) -> list[int]:
+        """vLLM's ``req_to_new_blocks`` ids: what a model runner appends to its block table."""
+        return [b.block_id for b in self.new_blocks]
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's plan, in vLLM's ``num_scheduled_tokens`` order (running, then admissions)."""
+
+    step: int
+    scheduled: list[ScheduledRequest]
+    preempted: list[Request]
+    finished_req_ids: set[str]
+    total_num_scheduled_tokens: int
+    shape: Any = None  # the step's StepShape, memoised by sim.core.executor.step_shape
+
+    @property
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        return {s.request.request_id: s.num_new_tokens for s in self.scheduled}
+
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class _FCFSQueue(deque[Request]):
+    def add(self, r: Request) -> None:
+        self.append(r)
+
+    def prepend(self, r: Request) -> None:
+        self.appendleft(r)
+
+    def peek(self) -> Request:
+        return self[0]
+
+    def pop_head(self) -> Request:
+        return self.popleft()
+
+    def remove_where(self, pred: Callable[[Request], bool]) -> None:
+        keep = [r for r in self if not pred(r)]
+        self.clear()
+        self.extend(keep)
+
+
+class _PriorityQueue:
+    """Heap on ``Request.__lt__``: (priority, arrival_time, request_id); prepend = push."""
+
+    def __init__(self) -> None:
+        self._heap: list[Request] = []
+
+    def add(self, r: Request) -> None:
+        heapq.heappush(self._heap, r)
+
+    prepend = add
+
+    def peek(self) -> Request:
+        return self._heap[0]
+
+    def pop_head(self) -> Request:
+        return heapq.heappop(self._heap)
+
+    def remove_where(self, pred: Callable[[Request], bool]) -> None:
+        self._heap = [r for r in self._heap if not pred(r)]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(sorted(self._heap))
+
+
+class Scheduler:
+    """vLLM v1 scheduling over a :class:`KVCacheManager`."""
+
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        hasher: BlockHasher | None = None,
+        *,
+        log_stats: bool = True,
+        event_sink: EventSink | None = None,
+    ) -> None:
+        self.config = scheduler_config
+        self.cache_config = cache_config
+        hash_bs = cache_config.block_size
+        if cache_config.kv_groups:
+            hash_bs = resolve_block_sizes(
+                cache_config.kv_groups, cache_config.enable_prefix_caching, cache_config.hash_block_size
+            )[1]
+        if hasher is not None and hasher.block_size != hash_bs:
+            raise ValueError(f"hasher block size {hasher.block_size} differs from the hash block size {hash_bs}")
+        self.hasher = hasher
+        self.kv_cache_manager: KVCacheManager | HybridKVCacheManager
+        if cache_config.kv_groups:
+            self.kv_cache_manager = HybridKVCacheManager.from_configs(
+                scheduler_config, cache_config, log_stats=log_stats, event_sink=event_sink
+            )
+        else:
+            self.kv_cache_manager = KVCacheManager(
+                cache_config.num_gpu_blocks,
+                cache_config.block_size,
+                scheduler_config.max_model_len,
+                enable_caching=cache_config.enable_prefix_caching,
+                use_eagle=cache_config.use_eagle,
+                log_stats=log_stats,
+                watermark=scheduler_config.watermark,
+                event_sink=event_sink,
+            )
+        self.requests: dict[str, Request] = {}
+        self.waiting: _FCFSQueue | _PriorityQueue = (
+            _PriorityQueue() if scheduler_config.policy == "priority" else _FCFSQueue()
+        )
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+        self.step_index = 0
+        self.num_preemptions = 0
+
+    # -- requests -----------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.waiting.add(request)
+        self.requests[request.request_id] = request
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting) or bool(self.running)
+
+    def has_requests(self) -> bool:
+        """vLLM's ``has_requests``: unfinished ones, or finished ones not yet reported by a step."""
+        return bool(self.waiting) or bool(self.running) or bool(self.finished_req_ids)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # -- scheduling ---------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.config
+        kvm = self.kv_cache_manager
+        token_budget = cfg.max_num_batched_tokens
+        threshold = cfg.long_prefill_token_threshold
+        scheduled_running: list[ScheduledRequest] = []
+        scheduled_new: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+
+        # A. running requests
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            placeholders = request.num_output_placeholders
+            if (
+                placeholders > 0
+                and request.num_computed_tokens + 2 - placeholders >= request.num_prompt_tokens + request.max_tokens
+            ):
+                req_index += 1  # async: the in-flight step already reaches max_tokens
+                continue
+            num_new = request.num_tokens + placeholders - request.num_computed_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            num_new = min(num_new, token_budget, cfg.max_model_len - request.num_computed_tokens - 1)
+            if num_new <= 0:
+                req_index += 1
+                continue
+            while True:
+                new_blocks = kvm.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                if cfg.policy == "priority":
+                    victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+                    self.running.remove(victim)
+                    for i, s in enumerate(scheduled_running):
+                        if s.request is victim:
+                            del scheduled_running[i]
+                            token_budget += s.num_new_tokens
+                            req_index -= 1
+                            break
+                else:
+                    victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            scheduled_running.append(ScheduledRequest(request, num_new, request.num_computed_tokens, new_blocks))
+            token_budget -= num_new
+            req_index += 1
+
+        # B. waiting requests
+        if not preempted:
+            while self.waiting and token_budget > 0:
+                if len(self.running) >= cfg.max_num_seqs:
+                    break
+                request = self.waiting.peek()
+                hit_blocks, num_hits = kvm.get_computed_blocks(request)
+                num_new = request.num_tokens - num_hits
+                if 0 < threshold < num_new:
+                    num_new = threshold
+                if not cfg.enable_chunked_prefill and num_new > token_budget:
+                    break
+                num_new = min(num_new, token_budget)
+                new_blocks = kvm.allocate_slots(
+                    request,
+                    num_new,
+                    num_hits,
+                    hit_blocks,
+                    full_sequence_must_fit=cfg.scheduler_reserve_full_isl,
+                    has_scheduled_reqs=bool(self.running),
+                )
+                if new_blocks is None:
+                    break
+                self.waiting.pop_head()
+                self.running.append(request)
+                request.status = RequestStatus.RUNNING
+                request.num_computed_tokens = num_hits
+                scheduled_new.append(
+                    ScheduledRequest(
+                        request,
+                        num_new,
+                        num_hits,
+                        list(kvm.get_blocks(request.request_id)),
+                        admitted=True,
+                        hit_tokens=num_hits,
+                    )
+                )
+                token_budget -= num_new
+
+        # C. bookkeeping
+        scheduled = scheduled_running + scheduled_new
+        total = 0
+        is_async = cfg.async_scheduling
+        for s in scheduled:
+            r = s.request
+            r.num_computed_tokens += s.num_new_tokens
+            r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens + r.num_output_placeholders
+            s.samples = not r.is_prefill_chunk
+            if is_async and s.samples:
+                r.num_output_placeholders += 1  # the token this step samples is not known yet
+            total += s.num_new_tokens
+        out = SchedulerOutput(self.step_index, scheduled, preempted, self.finished_req_ids, total)
+        self.finished_req_ids = set()
+        self.step_index += 1
+        return out
+
+    def _preempt(self, request: Request) -> None:
+        """Free all blocks, reset progress (outputs kept), requeue at the front."""
+        assert request.status == RequestStatus.RUNNING
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(request)
+
+    # -- outputs ------------------------------------------------------------------------------
+    def update_from_output(
+        self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]
+    ) -> list[Request]:
+        """Append sampled tokens, stop finished requests and free them; returns the finished."""
+        finished: list[Request] = []
+        max_len = self.config.max_model_len
+        is_async = self.config.async_scheduling
+        stopped_preempted = False
+        for s in output.scheduled:
+            request = s.request
+            if request.status > RequestStatus.PREEMPTED:  # already finished
+                continue
+            new_ids = sampled_token_ids.get(request.request_id)
+            if not new_ids:
+                continue
+            status_before = request.status
+            n_appended = 0
+            for tok in new_ids:
+                request.append_output_token_ids(tok)
+                n_appended += 1
+                if request.num_tokens >= max_len or len(request.output_token_ids) >= request.max_tokens:
+                    request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                    break
+            if is_async:
+                # AsyncScheduler: the placeholder is now a real token; blocks it completes are
+                # cached now (one step later than in sync mode), unless it was preempted since.
+                request.num_output_placeholders -= n_appended
+                if status_before == RequestStatus.RUNNING:
+                    self.kv_cache_manager.cache_blocks(
+                        request, request.num_computed_tokens - request.num_output_placeholders
+                    )
+            if request.status > RequestStatus.PREEMPTED:
+                self._free_request(request)
+                finished.append(request)
+                stopped_preempted |= status_before == RequestStatus.PREEMPTED
+        if finished:
+            done = {id(r) for r in finished}
+            self.running = [r for r in self.running if id(r) not in done]
+            if stopped_preempted:  # async only: a request preempted while its last step was in flight
+                self.waiting.remove_where(lambda r: id(r) in done)
+        return finished
+
+    def _free_request(self, request: Request) -> None:
+        self.finished_req_ids.add(request.request_id)
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+
+    def make_stats(self) -> PrefixCacheStats | None:
+        """The prefix-cache stats since the last call (vLLM drains them every step)."""
+        return self.kv_cache_manager.make_prefix_cache_stats()
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's reset: optionally preempt every running request (reverse order) first."""
+        if reset_running_requests:
+            while self.running:
+                self._preempt(self.running.pop())
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def check_integrity(self) -> None:
+        """Scheduler + KV manager + pool invariants (run after every step in tests)."""
+        self.kv_cache_manager.check_integrity()
+        holders = set(self.kv_cache_manager.req_to_blocks)
+        running_ids = {r.request_id for r in self.running}
+        assert len(running_ids) == len(self.running), "request twice in running"
+        assert len(self.running) <= self.config.max_num_seqs
+        for r in self.running:
+            assert r.status == RequestStatus.RUNNING
+            assert r.num_computed_tokens <= r.num_tokens
+            n_blocks = len(self.kv_cache_manager.req_to_blocks.get(r.request_id, ()))
+            assert n_blocks * self.cache_config.block_size >= r.num_computed_tokens, (
+                f"{r.request_id}: {n_blocks} blocks for {r.num_computed_tokens} computed tokens"
+            )
+        for r in self.waiting:
+            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+            assert r.num_computed_tokens == 0
+            assert r.request_id not in holders, f"waiting {r.request_id} holds blocks"
+        assert holders <= running_ids, f"blocks held by non-running requests: {holders - running_ids}"

@@ -1,0 +1,236 @@
+"""Running one sweep point and storing its result atomically under ``points/<key>/``.
+
+:func:`compute_point` replays one point's config and computes its offline bounds; it returns the
+point's row (derived config facts, every summary metric, bounds, status, wall times) and its files
+as bytes, so that it can run anywhere (a local worker process or a Ray task on another machine).
+:func:`commit_point` writes those files into ``points/.tmp-<key>-<random>/`` and renames the folder
+to ``points/<key>/`` in one step: a point folder is complete or absent, never half written. A point
+that raises is stored the same way with ``status: error``, its message in the row and the traceback
+in ``error.txt``.
+
+``points/<key>/`` holds ``row.json``, ``summary.json``, ``config.resolved.yaml``, ``meta.json`` and
+``requests.parquet`` (plus ``steps.parquet`` with the sweep's ``keep_steps: true``; the tables of
+``apcsim run``, parquet only), or ``row.json`` and ``error.txt`` for a failed point.
+
+Offline bounds (``sim.experiment.bounds``): ``infinite_cache_hit_rate``, ``belady_hit_rate`` and
+``lru_sequential_hit_rate`` over the point's own request stream at its block size, with capacity
+``num_gpu_blocks - 1``; request-level definition (compare with ``request_hit_rate``). They are
+skipped (NaN) for hybrid KV-cache groups. The block reference string of a stream is cached in the
+worker process, so points that differ only in pool capacity hash their stream once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import time
+import traceback
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.experiment.results import _json_safe, run_metadata
+
+ROW_FILE = "row.json"
+WALL_COLUMNS = ("wall_time_s", "bounds_wall_time_s", "worker", "worker_peak_rss_mib")
+"""Columns that differ from run to run (everything else in a row is deterministic): the point's wall
+times, the worker that ran it (``host:pid``) and that worker process's peak RSS so far (MiB)."""
+
+_REFS_CACHE: OrderedDict[str, Any] = OrderedDict()
+_REFS_CACHE_SIZE = 2
+
+
+def _flatten(prefix: str, data: dict[str, Any], out: dict[str, Any]) -> None:
+    for k, v in data.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            _flatten(f"{name}.", v, out)
+        else:
+            out[name] = v
+
+
+def derived_facts(cfg: Any) -> dict[str, Any]:
+    """Config facts every row carries whatever was swept (resolved pool size, capacity, ...)."""
+    from sim.timing.roofline import GIB
+    from sim.experiment.run import model_spec, resolve_num_gpu_blocks
+
+    e = cfg.engine
+    w = cfg.workload
+    tenants = getattr(w, "tenants", None)
+    num_blocks = resolve_num_gpu_blocks(cfg)
+    if e.kv_cache_gib is not None:
+        gib = float(e.kv_cache_gib)
+    else:
+        try:
+            gib = num_blocks * model_spec(cfg).kv_bytes_per_block(e.block_size) / GIB
+        except Exception:  # an unknown model only matters for the pool size given in blocks
+            gib = float("nan")
+    return {
+        "workload_kind": w.kind,
+        "model": cfg.model,
+        "gpu": cfg.gpu,
+        "seed": cfg.seed,
+        "block_size": e.block_size,
+        "num_gpu_blocks": num_blocks,
+        "kv_pool_gib": gib,
+        "capacity_tokens": (num_blocks - 1) * e.block_size,
+        "salt_policy": tenants.salt if tenants is not None else None,
+        "num_tenants": tenants.num_tenants if tenants is not None else None,
+    }
+
+
+def _references(cfg: Any) -> Any:
+    """The point's block reference string (cached per stream and block size in this process)."""
+    from sim.experiment.bounds import block_references
+    from sim.experiment.config import config_to_dict
+    from workloads.registry import build_workload
+
+    ident = json.dumps(
+        {"workload": config_to_dict(cfg)["workload"], "seed": cfg.seed, "base": cfg.base_dir,
+         "block_size": cfg.engine.block_size}, sort_keys=True, default=str,
+    )
+    refs = _REFS_CACHE.get(ident)
+    if refs is None:
+        refs = block_references(build_workload(cfg).requests, cfg.engine.block_size)
+        _REFS_CACHE[ident] = refs
+        while len(_REFS_CACHE) > _REFS_CACHE_SIZE:
+            _REFS_CACHE.popitem(last=False)
+    else:
+        _REFS_CACHE.move_to_end(ident)
+    return refs
+
+
+def point_bounds(cfg: Any, num_gpu_blocks: int) -> dict[str, Any]:
+    """Offline bounds of a point (NaN when not applicable)."""
+    from sim.experiment.bounds import offline_bounds
+
+    if cfg.engine.kv_cache_groups:
+        nan = float("nan")
+        return {"infinite_cache_hit_rate": nan, "belady_hit_rate": nan, "lru_sequential_hit_rate": nan}
+    return offline_bounds(_references(cfg), max(0, num_gpu_blocks - 1))
+
+
+def _worker_facts() -> dict[str, Any]:
+    import socket
+
+    try:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    except ImportError:  # pragma: no cover
+        rss = float("nan")
+    return {"worker": f"{socket.gethostname()}:{os.getpid()}", "worker_peak_rss_mib": round(rss, 1)}
+
+
+def _parquet(df: Any) -> bytes:
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+def _json_bytes(data: Any) -> bytes:
+    return (json.dumps(_json_safe(data), indent=2, sort_keys=True) + "\n").encode()
+
+
+def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Run one point; returns ``(row, files)``. Never raises for a failing point."""
+    from sim.experiment.config import config_from_dict, config_to_dict
+
+    t0 = time.perf_counter()
+    row: dict[str, Any] = {"key": task["key"]}
+    try:
+        data = dict(task["config"])
+        data.setdefault("replay", {})
+        data["replay"] = {**data["replay"], "progress": False}
+        cfg = config_from_dict(data, task.get("source", "<sweep>"), task.get("base_dir", "."))
+        from sim.experiment.run import replay_experiment
+
+        facts = derived_facts(cfg)
+        result, workload = replay_experiment(cfg, progress=False)
+        wall = time.perf_counter() - t0
+        metrics: dict[str, Any] = {}
+        _flatten("", result.summary, metrics)
+        row.update(facts)
+        row.update(metrics)
+        tb = time.perf_counter()
+        if task.get("bounds", True):
+            row.update(point_bounds(cfg, facts["num_gpu_blocks"]))
+        row.update(status="ok", error=None, wall_time_s=wall, bounds_wall_time_s=time.perf_counter() - tb,
+                   **_worker_facts())
+        extra: dict[str, Any] = {"workload": workload.description, "sweep_point_key": task["key"]}
+        files = {
+            "requests.parquet": _parquet(result.requests),
+            "summary.json": _json_bytes(result.summary),
+            "config.resolved.yaml": yaml.safe_dump(config_to_dict(cfg), sort_keys=False).encode(),
+            "meta.json": _json_bytes(run_metadata(result.wall_time_s, extra)),
+        }
+        if task.get("keep_steps"):
+            files["steps.parquet"] = _parquet(result.steps)
+    except Exception as exc:  # a failing point is recorded, never fatal to the sweep
+        return error_result(task["key"], exc, time.perf_counter() - t0)
+    files[ROW_FILE] = _json_bytes(row)
+    return row, files
+
+
+def error_result(key: str, exc: BaseException, wall: float = 0.0, *, worker: bool = True) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The row and files of a failed point."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    row: dict[str, Any] = {"key": key, "status": "error",
+                           "error": f"{type(exc).__name__}: {first}" if first else type(exc).__name__,
+                           "wall_time_s": wall, "bounds_wall_time_s": 0.0}
+    if worker:
+        row.update(_worker_facts())
+    tb = "".join(traceback.format_exception(exc))
+    files = {"error.txt": f"{type(exc).__name__}: {exc}\n\n{tb}".encode(), ROW_FILE: _json_bytes(row)}
+    return row, files
+
+
+def read_row(folder: Path) -> dict[str, Any] | None:
+    """A committed point's row, or None when the folder holds none."""
+    try:
+        return json.loads((folder / ROW_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def commit_point(points_dir: Path, key: str, files: dict[str, bytes], *, replace: bool = False) -> Path:
+    """Write ``files`` as ``points_dir/<key>/`` atomically (temp folder + rename).
+
+    A finished (``ok``) folder already there is kept and the new files are dropped, so a point is
+    never stored twice, unless ``replace`` (``--no-resume``); an ``error`` folder is replaced."""
+    points_dir.mkdir(parents=True, exist_ok=True)
+    final = points_dir / key
+    tmp = points_dir / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        for name, blob in files.items():
+            (tmp / name).write_bytes(blob)
+        try:
+            os.rename(tmp, final)
+            return final
+        except OSError:  # the target exists (a retried error, or another writer got there first)
+            old = read_row(final)
+            if old is not None and old.get("status") == "ok" and not replace:
+                shutil.rmtree(tmp, ignore_errors=True)
+                return final
+            trash = points_dir / f".trash-{key}-{uuid.uuid4().hex[:8]}"
+            os.rename(final, trash)
+            os.rename(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+            return final
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def run_and_commit(task: dict[str, Any], points_dir: str) -> dict[str, Any]:
+    """Worker entry point of the local pool: compute, then commit from the worker itself (so a
+    finished point survives the death of the driver)."""
+    row, files = compute_point(task)
+    commit_point(Path(points_dir), task["key"], files, replace=bool(task.get("replace")))
+    return row

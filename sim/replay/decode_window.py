@@ -1,0 +1,328 @@
+"""Exact fast-forward over runs of steps whose schedule is predictable ("decode windows").
+
+Between admissions, preemptions and finishes, consecutive v1 scheduler steps are determined by the
+state at the first of them: every running request before the first prefilling one decodes one
+token (the *bulk*); the rest of ``running`` (the *tail*: prefill chunks, and decodes queued behind
+them) takes ``min(remaining, threshold, budget left)`` tokens in order; nothing is admitted. This
+module plays k such steps at once:
+
+* block operations (pops with lazy eviction, caching of newly full blocks, the waiting head's
+  refused lookup) are replayed one by one in exactly the order ``schedule()`` would do them --
+  step by step, in ``running`` order, allocation before caching -- so pool state, eviction order,
+  prefix-cache stats and KV events match the plain loop;
+* bulk decoders cost O(blocks) rather than O(tokens): their tokens are appended in one call and
+  their block boundaries are computed arithmetically; only tail requests are simulated per step.
+
+A window is allowed when (``plan_window``): the scheduler is synchronous; every bulk request is a
+true decode (it has output tokens and ``num_computed == num_tokens - 1``) and the bulk fits the
+token budget; no lookup can admit anything -- the waiting queue is empty, or ``max_num_seqs`` is
+reached, or (FCFS, full-sequence gate) the head's gate fails now and cannot pass later (no block
+is freed inside a window, so the free queue only shrinks; its hit chain can only be evicted, never
+re-extended, because generated blocks hold unique tokens and each tail prefill diverges from the
+head at its first uncached block); the blocks needed fit the free queue (no preemption); no request
+finishes before the window's last step; no arrival becomes visible inside it unless the waiting
+queue already blocks admissions. Equality with the plain step loop is a test.
+Imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sim.core.kv_cache_manager import KVCacheManager
+from sim.core.executor import StepShape
+from sim.core.request import Request, RequestStatus
+from sim.core.scheduler import Scheduler
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(slots=True)
+class _TailStep:
+    """What one tail request does in one window step."""
+
+    step: int
+    num_new: int
+    computed_before: int
+    cache_upto: int  # tokens to cache after allocating (min(computed + new, num_tokens then))
+    samples: bool
+
+
+@dataclass(slots=True)
+class Window:
+    """k predictable steps: per-step shapes and durations, and each tail request's schedule."""
+
+    bulk: list[Request]
+    tail: list[Request]
+    tail_steps: list[list[_TailStep]]
+    shapes: list[StepShape]
+    durations: list[float]
+    lookups: list[bool]  # whether the waiting head is looked up (and refused) in the step
+    first_tokens: list[list[Request]]  # requests sampling their first-ever token, per step
+    lookup_head: Request | None = None
+    per_step: list[tuple[int, int, int]] = field(default_factory=list)  # free, cached, finished
+
+    @property
+    def k(self) -> int:
+        return len(self.durations)
+
+
+def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | None | bool:
+    """The waiting head if it is refused at every window step, None if no lookup happens, False if
+    a lookup could admit something (no window then)."""
+    if not scheduler.waiting:
+        return None
+    cfg = scheduler.config
+    if len(scheduler.running) >= cfg.max_num_seqs:
+        return None  # the waiting loop stops before any lookup
+    if cfg.policy != "fcfs" or not cfg.scheduler_reserve_full_isl:
+        return False
+    if not all(r.unique_outputs for r in scheduler.running):
+        return False
+    head = scheduler.waiting.peek()
+    kvm = scheduler.kv_cache_manager
+    num_cached = kvm.num_cached_block
+    head_hashes = head.block_hashes
+    for r in tail:
+        c = num_cached.get(r.request_id, 0)
+        hashes = r.block_hashes
+        if c < len(hashes) and c < len(head_hashes) and hashes[c] == head_hashes[c]:
+            return False  # this prefill could cache the head's next missing block
+    # Refused now (full-sequence gate, as allocate_slots would compute it, without recording a
+    # lookup) => refused at every window step: the free queue only shrinks and the hit chain only
+    # loses blocks, which never lowers the need.
+    hits: list = []
+    if kvm.enable_caching and not head.skip_reading_prefix_cache:
+        get = kvm.block_pool.cached_block_hash_to_block.get_one_block
+        for h in head_hashes[: (head.num_tokens - 1) // kvm.block_size]:
+            b = get(h)
+            if b is None:
+                break
+            hits.append(b)
+        if kvm.use_eagle and hits:
+            hits.pop()
+    need = kvm._num_blocks_to_allocate(head.request_id, min(head.num_tokens, cfg.max_model_len), hits)
+    if need + kvm.watermark_blocks <= kvm.block_pool.get_num_free_blocks():
+        return False
+    return head
+
+
+def plan_window(
+    scheduler: Scheduler,
+    max_steps: int,
+    price: Callable[[StepShape], float],
+    now: float,
+    next_arrival: float,
+) -> Window | None:
+    """The longest allowed window of at least 2 steps, or None (then run a plain step)."""
+    if type(scheduler.kv_cache_manager) is not KVCacheManager:
+        return None  # sliding-window / hybrid managers (sim.core.hybrid_kv_cache_manager): plain steps only
+    cfg = scheduler.config
+    running = scheduler.running
+    if max_steps < 2 or not running:
+        return None
+    if (
+        scheduler.waiting
+        and len(running) < cfg.max_num_seqs
+        and (cfg.policy != "fcfs" or not cfg.scheduler_reserve_full_isl)
+    ):
+        return None  # a lookup could admit the head: no window (see _head_stays_refused)
+    n_bulk = 0
+    for r in running:
+        if r.num_computed_tokens == r.num_tokens - 1 and r.output_token_ids:
+            n_bulk += 1
+        else:
+            break
+    bulk, tail = running[:n_bulk], running[n_bulk:]
+    if n_bulk > cfg.max_num_batched_tokens:
+        return None
+    kvm = scheduler.kv_cache_manager
+    bs = kvm.block_size
+    max_len = cfg.max_model_len
+    # bulk: how long until one finishes; context sum
+    k_max = max_steps
+    bulk_ctx = 0
+    for r in bulk:
+        k_max = min(k_max, r.max_tokens - len(r.output_token_ids), max_len - r.num_tokens)
+        bulk_ctx += r.num_computed_tokens
+    if k_max < 2:
+        return None
+    head = _head_stays_refused(scheduler, tail)
+    if head is False:
+        return None
+    arrivals_harmless = bool(scheduler.waiting)
+    free = kvm.block_pool.get_num_free_blocks()
+    # a decoder at position p0 holding nb blocks allocates at step nb*bs - p0, then every bs steps
+    bulk_need = [0] * k_max
+    for r in bulk:
+        for j in range(max(0, len(kvm.req_to_blocks[r.request_id]) * bs - r.num_computed_tokens), k_max, bs):
+            bulk_need[j] += 1
+
+    # tail: simulate per step
+    t_comp = [r.num_computed_tokens for r in tail]
+    t_tokens = [r.num_tokens for r in tail]
+    t_outs = [len(r.output_token_ids) for r in tail]
+    t_blocks = [len(kvm.req_to_blocks.get(r.request_id, ())) for r in tail]
+    tail_steps: list[list[_TailStep]] = [[] for _ in tail]
+    shapes: list[StepShape] = []
+    durations: list[float] = []
+    lookups: list[bool] = []
+    first_tokens: list[list[Request]] = []
+    threshold = cfg.long_prefill_token_threshold
+    used = 0  # blocks popped so far in the window
+    start = now
+    for j in range(k_max):
+        if j and not arrivals_harmless and start >= next_arrival:  # next_arrival has the tolerance
+            break
+        need = bulk_need[j]
+        budget = cfg.max_num_batched_tokens - n_bulk
+        n_seqs, n_dec, new_tot, pf_tok = n_bulk, n_bulk, n_bulk, 0
+        ctx = bulk_ctx + j * n_bulk
+        pairs = ctx + n_bulk
+        step_plan: list[tuple[int, int, int, bool]] = []
+        firsts: list[Request] = []
+        step_finishes = False
+        for i, r in enumerate(tail):
+            if budget <= 0:
+                break
+            c, nt = t_comp[i], t_tokens[i]
+            n = nt - c
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget, max_len - c - 1)
+            if n <= 0:
+                continue
+            blocks_needed = max(0, _cdiv(c + n, bs) - t_blocks[i])
+            need += blocks_needed
+            samples = c + n >= nt
+            step_plan.append((i, n, blocks_needed, samples))
+            budget -= n
+            n_seqs += 1
+            new_tot += n
+            ctx += c
+            pairs += n * c + n * (n + 1) // 2
+            if n == 1 and t_outs[i] and c == nt - 1:
+                n_dec += 1
+            else:
+                pf_tok += n
+            if samples and (t_outs[i] + 1 >= r.max_tokens or nt + 1 >= max_len):
+                step_finishes = True
+        if used + need > free:
+            break
+        # commit step j
+        used += need
+        for i, n, nb_new, samples in step_plan:
+            c = t_comp[i]
+            tail_steps[i].append(_TailStep(j, n, c, min(c + n, t_tokens[i]), samples))
+            t_comp[i] = c + n
+            t_blocks[i] += nb_new
+            if samples:
+                if t_outs[i] == 0:
+                    firsts.append(tail[i])
+                t_outs[i] += 1
+                t_tokens[i] += 1
+        shape = StepShape(n_seqs, n_dec, new_tot, pf_tok, ctx, pairs)
+        d = price(shape)
+        shapes.append(shape)
+        durations.append(d)
+        lookups.append(head is not None and budget > 0)
+        first_tokens.append(firsts)
+        start = start + d  # the same float arithmetic as the plain loop
+        if step_finishes:
+            break
+    if len(durations) < 2:
+        return None
+    return Window(bulk, tail, tail_steps, shapes, durations, lookups, first_tokens,
+                  head if isinstance(head, Request) else None)
+
+
+def apply_window(scheduler: Scheduler, window: Window) -> None:
+    """Play the window's steps on the scheduler, KV manager and pool (see module docstring).
+
+    Fills ``window.per_step`` with ``(free_blocks, cached_blocks, finished)`` after each step.
+    Finished requests (last step only) are freed in ``running`` order, as ``update_from_output``.
+    """
+    k = window.k
+    kvm = scheduler.kv_cache_manager
+    pool = kvm.block_pool
+    bs = kvm.block_size
+    # events: (step, running index, kind, request, arg): kind 0 = allocate arg blocks, 1 = cache
+    # up to arg tokens. Tokens are appended first: hashes depend only on tokens, and caching reads
+    # only hashes step-by-step replay would already have computed at that point.
+    events: list[tuple[int, int, int, Request, int]] = []
+    for idx, r in enumerate(window.bulk):
+        p0 = r.num_computed_tokens
+        r.append_output_token_ids(r.planned_output_tokens(len(r.output_token_ids), k))
+        # allocation at step nb*bs - p0 (the first position past its blocks), then every bs steps
+        for j in range(max(0, len(kvm.req_to_blocks[r.request_id]) * bs - p0), k, bs):
+            events.append((j, idx, 0, r, 1))
+        # each step caches floor((p0 + j + 1) / bs) blocks; step 0 always (any lag is caught up
+        # where the plain path would), then at each block boundary
+        events.append((0, idx, 1, r, p0 + 1))
+        first = (-(p0 + 1)) % bs
+        for j in range(first if first else bs, k, bs):
+            events.append((j, idx, 1, r, p0 + j + 1))
+    n_bulk = len(window.bulk)
+    for t, (r, steps) in enumerate(zip(window.tail, window.tail_steps)):
+        n_samples = sum(1 for s in steps if s.samples)
+        if n_samples:
+            r.append_output_token_ids(r.planned_output_tokens(len(r.output_token_ids), n_samples))
+        n_blocks = len(kvm.req_to_blocks.get(r.request_id, ()))
+        for s in steps:
+            nb = _cdiv(s.computed_before + s.num_new, bs) - n_blocks
+            if nb > 0:
+                events.append((s.step, n_bulk + t, 0, r, nb))
+                n_blocks += nb
+            events.append((s.step, n_bulk + t, 1, r, s.cache_upto))
+    events.sort(key=lambda e: (e[0], e[1], e[2]))
+
+    per_step = window.per_step
+    ev = 0
+    n_ev = len(events)
+    base_step = scheduler.step_index
+    head = window.lookup_head
+    # The head's lookup (recorded in PrefixCacheStats, then refused -- see the module docstring)
+    # only changes when a block of its hit chain is handed out again; walk it again only then.
+    chain: set[int] = set()
+    head_hits = -1
+    for j in range(k):
+        scheduler.step_index = base_step + j  # KV events of step j are attributed to it
+        while ev < n_ev and events[ev][0] == j:
+            _, _, kind, r, arg = events[ev]
+            if kind == 0:
+                new_blocks = pool.get_new_blocks(arg)
+                kvm.req_to_blocks[r.request_id].extend(new_blocks)
+                if chain and any(id(b) in chain for b in new_blocks):
+                    head_hits = -1
+            else:
+                kvm.cache_blocks(r, arg)
+            ev += 1
+        if head is not None and window.lookups[j]:
+            if head_hits < 0:
+                blocks, head_hits = kvm.get_computed_blocks(head)
+                chain = {id(b) for b in blocks}
+            else:
+                kvm.repeat_lookup(head, head_hits)
+        per_step.append((pool.get_num_free_blocks(), pool.num_cached_blocks, 0))
+
+    for r in window.bulk:
+        r.num_computed_tokens += k
+    for r, steps in zip(window.tail, window.tail_steps):
+        if steps:
+            r.num_computed_tokens = steps[-1].computed_before + steps[-1].num_new
+        r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens
+    finished: list[Request] = []
+    max_len = scheduler.config.max_model_len
+    for r in window.bulk + window.tail:
+        if r.output_token_ids and (len(r.output_token_ids) >= r.max_tokens or r.num_tokens >= max_len):
+            r.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            scheduler._free_request(r)
+            finished.append(r)
+    if finished:
+        done = {id(r) for r in finished}
+        scheduler.running = [r for r in scheduler.running if id(r) not in done]
+        per_step[-1] = (pool.get_num_free_blocks(), pool.num_cached_blocks, len(finished))
+    scheduler.step_index = base_step + k

@@ -1,0 +1,98 @@
+"""What a replay records as it goes: one row per request, one row per step, prefix-cache totals.
+
+The engine calls ``new_request`` on arrival, ``admitted`` / ``first_token`` / ``finished`` as they
+happen, ``step`` once per engine step and ``add_stats`` with each step's drained PrefixCacheStats;
+``tables`` turns the rows into the result DataFrames (columns in ``sim.replay.metrics``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from sim.core.kv_cache_manager import PrefixCacheStats
+from sim.replay.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RecordTable, finalize_requests
+from sim.core.request import Request
+
+_COL = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
+_FIRST_SCHEDULED, _FIRST_TOKEN, _FINISH = _COL["first_scheduled"], _COL["first_token"], _COL["finish"]
+_HIT_TOKENS, _READMIT, _PREEMPTIONS = _COL["hit_tokens"], _COL["readmit_hit_tokens"], _COL["num_preemptions"]
+_OUTPUT_TOKENS = _COL["output_tokens"]
+
+
+class _Progress:
+    """A tqdm bar over finished requests, or nothing."""
+
+    def __init__(self, enabled: bool, total: int | None) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="req", desc="replay", mininterval=0.5, smoothing=0.05)
+
+    def update(self, n: int) -> None:
+        if self.bar is not None and n:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class ReplayRecorder:
+    """Per-request and per-step rows of one replay, plus the summed prefix-cache stats."""
+
+    def __init__(self, progress: bool = False, total: int | None = None) -> None:
+        self._rows: dict[str, list[Any]] = {}  # request id -> its (mutable) row
+        self._requests = RecordTable(REQUEST_COLUMNS)
+        self._steps = RecordTable(STEP_COLUMNS)
+        self.stats = PrefixCacheStats()
+        self._progress = _Progress(progress, total)
+
+    def new_request(
+        self, request_id: str, arrival: float, prompt_tokens: int, output_tokens: int, salt: str | None,
+        lora: str | None, tenant: str | None, session: str | None, prompt_logprobs: bool,
+    ) -> None:
+        if request_id in self._rows:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        self._rows[request_id] = self._requests.append_mutable(
+            request_id, arrival, None, None, None, prompt_tokens, output_tokens, None, 0, "",
+            salt, lora, tenant, session, prompt_logprobs,
+        )
+
+    def admitted(self, request: Request, hit_tokens: int, now: float) -> None:
+        """First admission sets ``first_scheduled``/``hit_tokens``; later ones add a re-admission hit."""
+        row = self._rows[request.request_id]
+        if row[_FIRST_SCHEDULED] is None:
+            row[_FIRST_SCHEDULED] = now
+            row[_HIT_TOKENS] = hit_tokens
+        else:
+            prev = row[_READMIT]
+            row[_READMIT] = f"{prev};{hit_tokens}" if prev else str(hit_tokens)
+            row[_PREEMPTIONS] = request.num_preemptions
+
+    def first_token(self, request: Request, now: float) -> None:
+        self._rows[request.request_id][_FIRST_TOKEN] = now
+
+    def finished(self, request: Request, now: float) -> None:
+        row = self._rows[request.request_id]
+        row[_FINISH] = now
+        row[_PREEMPTIONS] = request.num_preemptions
+        row[_OUTPUT_TOKENS] = len(request.output_token_ids)
+        self._progress.update(1)
+
+    def step(self, *values: Any) -> None:
+        """One step row, in ``STEP_COLUMNS`` order."""
+        self._steps.append(*values)
+
+    def add_stats(self, stats: PrefixCacheStats | None) -> None:
+        if stats is not None:
+            self.stats.add(stats)
+
+    def close(self) -> None:
+        self._progress.close()
+
+    def tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(requests with derived latency columns, steps)."""
+        return finalize_requests(self._requests.to_frame()), self._steps.to_frame()
