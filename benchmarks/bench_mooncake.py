@@ -21,9 +21,9 @@ import time
 
 def _one(block_size: int, gpu: str, limit: int | None, fast_forward: bool) -> dict:
     from sim.experiment.config import config_from_dict
+    from sim.experiment.run import build_latency, build_scheduler, build_workload
     from sim.replay.engine import Replay
     from sim.timing.simulated_executor import SimulatedExecutor
-    from sim.experiment.run import build_latency, build_scheduler, build_workload
 
     cfg = config_from_dict(
         {

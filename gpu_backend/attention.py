@@ -33,8 +33,9 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F

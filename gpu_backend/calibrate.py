@@ -57,23 +57,24 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from gpu_backend.attention import select_attention
 from gpu_backend.batch import SeqInput
-from sim.cli.calibrate import GRID_PRESETS, add_calibrate_arguments
 from gpu_backend.executor import TorchExecutor
 from gpu_backend.kv_cache import PagedKVCache
 from gpu_backend.model import DTYPES, LlamaModel
 from gpu_backend.shapes import resolve_model_shape
-from sim.timing.fitted_latency import FittedLatency, knee_feature
+from sim.cli.calibrate import GRID_PRESETS, add_calibrate_arguments
 from sim.core.executor import StepShape
+from sim.timing.fitted_latency import FittedLatency, knee_feature
 
 KINDS = ("prefill", "multi_prefill", "decode", "mixed", "random")
 
@@ -490,7 +491,7 @@ def calibrate(setup: CalibrationSetup, preset: GridPreset, *, holdout: float = 0
         "device_type": setup.device,
         "torch_version": torch.__version__,
         "git_commit": _git_commit(),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "python": platform.python_version(),
         "model_shape": spec.name,

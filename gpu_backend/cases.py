@@ -24,8 +24,9 @@ Shared by ``tests/test_gpu_backend_*.py`` (CPU, fp32) and ``gpu_backend/gpu_chec
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,8 +115,8 @@ class Harness:
         return Request(rid, np.asarray(prompt, dtype=np.int64), max_tokens, uid=next(self._uid), cache_salt=salt,
                        output_token_ids=outputs, hasher=self.scheduler.hasher)
 
-    def run(self, arrivals: dict[int, list[Request]], *, hooks: dict[int, Callable[["Harness"], None]] | None = None,
-            max_steps: int = 2000) -> "Harness":
+    def run(self, arrivals: dict[int, list[Request]], *, hooks: dict[int, Callable[[Harness], None]] | None = None,
+            max_steps: int = 2000) -> Harness:
         sched = self.scheduler
         hooks = hooks or {}
         last = max(list(arrivals) + list(hooks), default=0)

@@ -32,15 +32,14 @@ import torch
 from gpu_backend.batch import SeqInput, build_batch
 from gpu_backend.kv_cache import BlockTables, PagedKVCache
 from gpu_backend.model import LlamaModel
-from sim.core.executor import StepResult, step_shape
-from sim.core.executor import StepShape
+from sim.core.executor import StepResult, StepShape, step_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.core.kv_cache_manager import KVCacheManager
     from sim.core.scheduler import SchedulerOutput
 
 
-def step_kind(output: "SchedulerOutput") -> str:
+def step_kind(output: SchedulerOutput) -> str:
     """``decode`` (only decodes), ``prefill`` (no decodes) or ``mixed``."""
     shape = step_shape(output)
     if shape.num_decode_seqs == shape.num_seqs:
@@ -57,7 +56,7 @@ class TorchExecutor:
         cache: PagedKVCache,
         attention,
         *,
-        verify_with: "KVCacheManager | None" = None,
+        verify_with: KVCacheManager | None = None,
         keep_logits: bool = False,
         timing: Literal["wall", "cuda_events"] = "wall",
         attention_report: dict | None = None,
@@ -79,7 +78,7 @@ class TorchExecutor:
         self.step_shapes: list[StepShape] = []  # the StepShape of each logged step (validation, per-step error)
 
     # -- the Executor protocol ----------------------------------------------------------------
-    def execute(self, output: "SchedulerOutput") -> StepResult:
+    def execute(self, output: SchedulerOutput) -> StepResult:
         self.block_tables.apply(output)
         if self.verify_with is not None:
             self.block_tables.verify(self.verify_with)
@@ -103,7 +102,7 @@ class TorchExecutor:
         self.step_shapes.append(step_shape(output))
         return StepResult(duration, sampled)
 
-    def run_timed(self, seqs: list[SeqInput]) -> tuple[float, Any, "torch.Tensor | None"]:
+    def run_timed(self, seqs: list[SeqInput]) -> tuple[float, Any, torch.Tensor | None]:
         """The measured part of a step: batch preparation + forward + logits of the sampling rows.
 
         Returns ``(seconds, batch, logits)``. The calibration (:mod:`gpu_backend.calibrate`) times

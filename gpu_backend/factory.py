@@ -19,8 +19,8 @@ from gpu_backend.executor import TorchExecutor
 from gpu_backend.kv_cache import PagedKVCache
 from gpu_backend.model import DTYPES, LlamaModel
 from gpu_backend.shapes import resolve_model_shape
-from sim.experiment.config import ConfigError, ExperimentConfig
 from sim.core.scheduler import Scheduler
+from sim.experiment.config import ConfigError, ExperimentConfig
 
 GIB = 1 << 30
 

@@ -85,7 +85,7 @@ class BlockTables:
         self.tables: dict[str, list[int]] = {}
         self.computed: dict[str, int] = {}
 
-    def apply(self, output: "SchedulerOutput") -> None:
+    def apply(self, output: SchedulerOutput) -> None:
         """Update from one step's output (before its forward pass); raises on an inconsistent stream."""
         for rid in output.finished_req_ids:
             self.tables.pop(rid, None)
@@ -111,7 +111,7 @@ class BlockTables:
                 self.tables[rid].extend(s.new_block_ids)
             self.computed[rid] = s.num_computed_before + s.num_new_tokens
 
-    def verify(self, kv_manager: "KVCacheManager") -> None:
+    def verify(self, kv_manager: KVCacheManager) -> None:
         """Assert the mirror equals the KV-cache manager's allocation, request by request."""
         expected = {rid: kv_manager.get_block_ids(rid) for rid in kv_manager.req_to_blocks}
         if expected != self.tables:

@@ -44,23 +44,24 @@ import argparse
 import gc
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
 from gpu_backend.batch import SeqInput
-from sim.cli.calibrate import add_validate_arguments
 from gpu_backend.executor import TorchExecutor
 from gpu_backend.factory import make_torch_executor
+from sim.cli.calibrate import add_validate_arguments
+from sim.core.scheduler import Scheduler
 from sim.experiment.config import ConfigError, ExperimentConfig, config_to_dict, load_config
-from sim.timing.fitted_latency import FittedLatency
 from sim.experiment.results import git_commit, package_versions, write_json
 from sim.experiment.run import build_latency, replay_experiment
-from sim.core.scheduler import Scheduler
+from sim.timing.fitted_latency import FittedLatency
 
 METRICS = ("ttft", "tpot", "e2e")
 EXCELLENT = (0.10, 0.95)

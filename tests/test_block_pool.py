@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import EventLog, make_request, toks
+
 from sim.core.block_pool import BlockPool
 from sim.core.hashing import external_block_hash, make_block_hasher
 from sim.core.kv_cache_manager import KVCacheManager

@@ -22,10 +22,10 @@ pytest.importorskip("scipy")
 
 from gpu_backend import calibrate as cal  # noqa: E402
 from gpu_backend import validate as val  # noqa: E402
-from sim.experiment.config import load_config  # noqa: E402
-from sim.timing.fitted_latency import FittedLatency, knee_feature  # noqa: E402
 from sim.core.executor import StepShape  # noqa: E402
+from sim.experiment.config import load_config  # noqa: E402
 from sim.experiment.run import replay_experiment  # noqa: E402
+from sim.timing.fitted_latency import FittedLatency, knee_feature  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.replay.engine import Replay, ReplayError
-from sim.timing.simulated_executor import SimulatedExecutor
-from sim.core.hashing import make_block_hasher
 from sim.core.executor import StepShape
-from sim.timing.latency import FixedLatency, LatencyModel
+from sim.core.hashing import make_block_hasher
 from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig
+from sim.replay.engine import Replay, ReplayError
+from sim.timing.latency import FixedLatency, LatencyModel
+from sim.timing.simulated_executor import SimulatedExecutor
 from workloads.trace_format import TraceRequest
 
 

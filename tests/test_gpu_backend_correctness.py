@@ -21,8 +21,6 @@ from gpu_backend.model import LlamaModel  # noqa: E402
 from gpu_backend.shapes import TINY  # noqa: E402
 
 
-
-
 def _check(r: cases.CaseResult) -> None:
     assert r.facts["ok_scenario"], f"scenario did not happen: {r.facts}"
     assert r.num_compared > 0

@@ -7,10 +7,10 @@ import hashlib
 import pickle
 
 import pytest
+from conftest import make_request, toks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import make_request, toks
 from sim.core.hashing import (
     ExactBlockHasher,
     FastBlockHasher,

@@ -12,15 +12,11 @@ import random
 
 import numpy as np
 import pytest
+from conftest import EventLog, drive, make_request, make_scheduler, toks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import EventLog, drive, make_request, make_scheduler, toks
 from sim.core.block_pool import make_block_key
-from sim.experiment.config import ConfigError, config_from_dict
-from sim.replay.decode_window import plan_window
-from sim.replay.engine import Replay
-from sim.timing.simulated_executor import SimulatedExecutor
 from sim.core.hashing import make_block_hasher
 from sim.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from sim.core.kv_events import BlockStored
@@ -31,10 +27,14 @@ from sim.core.kv_groups import (
     blocks_for_one_sequence,
     resolve_block_sizes,
 )
-from sim.timing.latency import FixedLatency
 from sim.core.request import Request, RequestStatus
-from sim.experiment.run import build_scheduler, replay_experiment
 from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig
+from sim.experiment.config import ConfigError, config_from_dict
+from sim.experiment.run import build_scheduler, replay_experiment
+from sim.replay.decode_window import plan_window
+from sim.replay.engine import Replay
+from sim.timing.latency import FixedLatency
+from sim.timing.simulated_executor import SimulatedExecutor
 from workloads.trace_format import TraceRequest
 
 

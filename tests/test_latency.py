@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from sim.timing.fitted_latency import FEATURES, MIN_STEP_TIME_S, FittedLatency
 from sim.core.executor import StepShape
+from sim.timing.fitted_latency import FEATURES, MIN_STEP_TIME_S, FittedLatency
 from sim.timing.latency import FixedLatency, LatencyModel
 from sim.timing.roofline import (
     GPUSpec,

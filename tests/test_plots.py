@@ -8,8 +8,8 @@ import matplotlib.image as mpimg
 import pytest
 import yaml
 
-from sim.cli.main import main
 from sim.analysis.plots import FIGURES, SweepData
+from sim.cli.main import main
 from sim.experiment.sweep import run_sweep
 
 

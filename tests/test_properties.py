@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conftest import StepLog, drive, make_request, make_scheduler
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import StepLog, drive, make_request, make_scheduler
 from sim.core.block_pool import BlockPool
 from sim.core.hashing import make_block_hasher
 from sim.core.request import Request

@@ -9,8 +9,8 @@ extra numbers follow from vLLM 0.25.1's source and are explained inline.
 from __future__ import annotations
 
 import pytest
-
 from conftest import drive, make_request, make_scheduler, stats_tuple, toks
+
 from sim.core.block_pool import BlockPool, make_block_key
 from sim.core.hashing import external_block_hash, make_block_hasher
 from sim.core.kv_cache_manager import KVCacheManager

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from sim.cli.main import main
-from sim.experiment.config import ConfigError, config_from_dict, load_config
 from sim.core.request import token_array
+from sim.experiment.config import ConfigError, config_from_dict, load_config
 from sim.experiment.run import replay_experiment, run_experiment
 from workloads.bounds import infinite_cache_hit_bound
 from workloads.paths import shared_traces_dir

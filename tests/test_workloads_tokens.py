@@ -6,7 +6,15 @@ import pytest
 from sim.core.request import LazyTokens, token_array
 from workloads.dists import Dist, lognormal, rng_for
 from workloads.tokens import (
-    K_AZURE, K_TEMPLATE, REGION_BITS, RunTokens, TaggedTokens, TokenSpace, header, region, run_ids,
+    K_AZURE,
+    K_TEMPLATE,
+    REGION_BITS,
+    RunTokens,
+    TaggedTokens,
+    TokenSpace,
+    header,
+    region,
+    run_ids,
 )
 
 

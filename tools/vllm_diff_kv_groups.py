@@ -26,6 +26,7 @@ sys.path[:0] = [str(_ROOT), str(_ROOT / "tests"), os.environ.get("VLLM_SRC", "/t
 sys.path.insert(3, os.environ.get("VLLM_DEPS", "/tmp/vdeps"))
 
 import torch  # noqa: E402
+from conftest import make_request, toks  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmKVCacheManager  # noqa: E402
 from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
@@ -36,7 +37,6 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 )
 from vllm.v1.request import RequestStatus as VllmStatus  # noqa: E402
 
-from conftest import make_request, toks  # noqa: E402
 from sim.core.hashing import make_block_hasher  # noqa: E402
 from sim.core.kv_groups import KVGroupSpec, blocks_for_one_sequence, resolve_block_sizes  # noqa: E402
 from sim.core.request import RequestStatus  # noqa: E402
@@ -81,7 +81,7 @@ class _PoolView:
 class VllmAdapter:
     """vLLM's KVCacheManager behind the interface sim.core.scheduler.Scheduler uses."""
 
-    def __init__(self, groups, num_blocks, max_model_len, max_num_batched_tokens, use_eagle, caching):  # noqa: ANN001
+    def __init__(self, groups, num_blocks, max_model_len, max_num_batched_tokens, use_eagle, caching):
         specs = []
         for i, g in enumerate(groups):
             kw = dict(block_size=g.block_size, num_kv_heads=1, head_size=8, dtype=torch.float16)
@@ -102,29 +102,29 @@ class VllmAdapter:
         self.block_pool = _PoolView(self.m.block_pool)
         self.block_size = sched_bs
 
-    def get_computed_blocks(self, r):  # noqa: ANN001, ANN201
+    def get_computed_blocks(self, r):
         return self.m.get_computed_blocks(_VllmRequestView(r))
 
-    def allocate_slots(self, r, n, n_hit=0, hits=None, lookahead=0, full_sequence_must_fit=False,  # noqa: ANN001, ANN201
+    def allocate_slots(self, r, n, n_hit=0, hits=None, lookahead=0, full_sequence_must_fit=False,
                        has_scheduled_reqs=True):
         out = self.m.allocate_slots(_VllmRequestView(r), n, n_hit, hits, lookahead,
                                     full_sequence_must_fit=full_sequence_must_fit, has_scheduled_reqs=has_scheduled_reqs)
         return None if out is None else [b for g in out.blocks for b in g]
 
-    def get_blocks(self, rid):  # noqa: ANN001, ANN201
+    def get_blocks(self, rid):
         return [b for g in self.m.get_blocks(rid).blocks for b in g]
 
-    def get_block_ids_by_group(self, rid):  # noqa: ANN001, ANN201
+    def get_block_ids_by_group(self, rid):
         blocks = self.m.get_blocks(rid).blocks
         return tuple([b.block_id for b in g] for g in blocks) if any(blocks) else ()
 
-    def free(self, r):  # noqa: ANN001, ANN201
+    def free(self, r):
         self.m.free(_VllmRequestView(r))
 
-    def cache_blocks(self, r, n):  # noqa: ANN001, ANN201
+    def cache_blocks(self, r, n):
         self.m.cache_blocks(_VllmRequestView(r), n)
 
-    def make_prefix_cache_stats(self):  # noqa: ANN201
+    def make_prefix_cache_stats(self):
         return self.m.make_prefix_cache_stats()
 
 
@@ -138,7 +138,7 @@ def _event(e: Any) -> dict[str, Any]:
     return d
 
 
-def run(groups, seed, extra_blocks, budget, threshold, policy, extra, vllm):  # noqa: ANN001, ANN201
+def run(groups, seed, extra_blocks, budget, threshold, policy, extra, vllm):
     rng = random.Random(seed)
     caching = extra.get("enable_prefix_caching", True)
     use_eagle = extra.get("use_eagle", False)

@@ -119,7 +119,7 @@ class AgentTraceLoader:
         return int(self.shared_prompt_fraction * total), total
 
     def _walk(self, records: list[Any], where: str, t0: float, prompt: tuple[int, int], prefix: str,
-              ctx: "_Ctx", out: list[tuple[float, int, TraceRequest]]) -> None:
+              ctx: _Ctx, out: list[tuple[float, int, TraceRequest]]) -> None:
         last_t = t0
         n_sub = 0
         for i, rec in enumerate(records):
@@ -146,7 +146,7 @@ class AgentTraceLoader:
             out.append((req.arrival, len(out), req))
 
     def _request(self, rec: dict[str, Any], at: str, t0: float, prompt: tuple[int, int], prefix: str,
-                 ctx: "_Ctx") -> TraceRequest:
+                 ctx: _Ctx) -> TraceRequest:
         def bad(key: str, problem: str) -> TraceFormatError:
             return TraceFormatError(ctx.name, 1, f"{at}.{key}", problem)
 

@@ -62,7 +62,7 @@ class Dist:
             raise ValueError("min must be <= max")
 
     @classmethod
-    def fixed(cls, value: float) -> "Dist":
+    def fixed(cls, value: float) -> Dist:
         return cls("fixed", mean=float(value))
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -85,13 +85,13 @@ class _Source:
     loader: Any = None
 
 
-def _error(cfg: "ExperimentConfig", key: str, problem: str) -> Exception:
+def _error(cfg: ExperimentConfig, key: str, problem: str) -> Exception:
     from sim.experiment.config import ConfigError
 
     return ConfigError(f"{cfg.source}: workload.{key}: {problem}")
 
 
-def _path(cfg: "ExperimentConfig", given: str | None, default: Path, *, folder: bool = False) -> Path:
+def _path(cfg: ExperimentConfig, given: str | None, default: Path, *, folder: bool = False) -> Path:
     p = cfg.resolve_path(given) if given else default
     if not (p.is_dir() if folder else p.is_file()):
         raise _error(cfg, "path", f"no such {'folder' if folder else 'file'} {p}")
@@ -111,7 +111,7 @@ def _lower_bound_note(native: int) -> str:
 
 
 # -- sources ----------------------------------------------------------------------------------
-def _mooncake(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
+def _mooncake(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
     path = _path(cfg, w.path, shared_traces_dir() / "mooncake" / "conversation_trace.jsonl")
     log = SkipLog()
     reqs = load_mooncake(path, tokens_per_id=w.tokens_per_id, time_scale=w.time_scale, start=w.start,
@@ -122,13 +122,13 @@ def _mooncake(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
                    log, w.tokens_per_id, notes=[_lower_bound_note(w.tokens_per_id)], loader=path)
 
 
-def _trace(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
+def _trace(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
     path = _path(cfg, w.path, Path())
     reader = read_trace(path, skip_bad_lines=w.skip_bad_lines)
     return _Source(reader, False, _count_lines(path), f"trace {path.name}", reader)
 
 
-def _ragpulse(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
+def _ragpulse(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
     folder = _path(cfg, w.path, shared_traces_dir() / "ragpulse", folder=True)
     log = SkipLog(with_file=True)
     reqs = list(load_ragpulse(folder, limit=w.limit, max_output_tokens=w.max_output_tokens,
@@ -138,7 +138,7 @@ def _ragpulse(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
                           "assuming distinct component ids are distinct content"])
 
 
-def _agent_trace(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
+def _agent_trace(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
     folder = _path(cfg, w.path, shared_traces_dir() / "weka_agent_sample", folder=True)
     n = len(session_files(folder)[: w.sessions])
     loader = AgentTraceLoader(w.shared_prompt_fraction, w.max_output_tokens, w.skip_bad_lines)
@@ -148,7 +148,7 @@ def _agent_trace(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
                    notes=[_lower_bound_note(64)], loader=loader)
 
 
-def _azure(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
+def _azure(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
     path = _path(cfg, w.path, _azure_default(w.trace))
     log = SkipLog()
     reqs = load_azure(path, limit=w.limit, max_output_tokens=w.max_output_tokens,
@@ -157,33 +157,33 @@ def _azure(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
                    notes=["Azure 2023 has no content information: every prompt is unique (no hits possible)"])
 
 
-def _shared_prefix(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
+def _shared_prefix(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
     reqs = shared_prefix(w.num_requests, num_prefixes=w.num_prefixes, prefix_tokens=w.prefix_tokens,
                          suffix_tokens=w.suffix_tokens, output_tokens=w.output_tokens, rate=w.rate,
                          zipf=w.zipf, seed=seed)
     return _Source(reqs, False, len(reqs), f"synthetic shared-prefix x{w.num_requests}")
 
 
-def _rag(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
+def _rag(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
     p = generator_params(w)
     return _Source(rag_requests(p, seed), False, p.requests, f"rag x{p.requests} (corpus {p.corpus_size}, "
                    f"top-{p.top_k}, zipf {p.zipf}, {p.doc_order} order)", timestamps=False,
                    default_arrival=PoissonArrivals(kind="poisson", rate=2.0))
 
 
-def _chat(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
+def _chat(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
     p = generator_params(w)
     return _Source(chat_sessions(p, seed), True, None, f"chat x{p.sessions} sessions", timestamps=False,
                    default_arrival=PoissonArrivals(kind="poisson", rate=0.2))
 
 
-def _agent(cfg: "ExperimentConfig", w: Any, seed: int) -> _Source:
+def _agent(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
     p = generator_params(w)
     return _Source(agent_sessions(p, seed), True, None, f"agent x{p.sessions} sessions", timestamps=False,
                    default_arrival=PoissonArrivals(kind="poisson", rate=0.02))
 
 
-SOURCES: dict[str, Callable[["ExperimentConfig", Any, int], _Source]] = {
+SOURCES: dict[str, Callable[[ExperimentConfig, Any, int], _Source]] = {
     "mooncake": _mooncake, "trace": _trace, "ragpulse": _ragpulse, "agent_trace": _agent_trace,
     "azure": _azure, "synthetic_shared_prefix": _shared_prefix, "rag": _rag, "chat": _chat, "agent": _agent,
 }
@@ -194,7 +194,7 @@ def _azure_default(trace: str) -> Path:
 
 
 # -- composition ------------------------------------------------------------------------------
-def _times(cfg: "ExperimentConfig", spec: Any, seed: int) -> Iterator[float]:
+def _times(cfg: ExperimentConfig, spec: Any, seed: int) -> Iterator[float]:
     if spec.kind == "azure":
         path = _path(cfg, spec.path, _azure_default(spec.trace))
         times = arr.cycled(azure_times(path, skip_bad_lines=spec.skip_bad_lines))
@@ -204,7 +204,7 @@ def _times(cfg: "ExperimentConfig", spec: Any, seed: int) -> Iterator[float]:
     return arr.scaled(times, spec.rate_scale)
 
 
-def build_workload(cfg: "ExperimentConfig") -> Workload:
+def build_workload(cfg: ExperimentConfig) -> Workload:
     """The workload of ``cfg`` (see the module docstring); config problems raise ``ConfigError``."""
     w = cfg.workload
     seed = w.seed if w.seed is not None else cfg.seed

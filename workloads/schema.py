@@ -45,7 +45,7 @@ class DistSpec(_Strict):
     max: float | None = None
 
     @model_validator(mode="after")
-    def _check(self) -> "DistSpec":
+    def _check(self) -> DistSpec:
         self.to_dist()
         return self
 
@@ -53,7 +53,7 @@ class DistSpec(_Strict):
         return Dist(**self.model_dump())
 
     @classmethod
-    def of(cls, d: Dist) -> "DistSpec":
+    def of(cls, d: Dist) -> DistSpec:
         return cls(dist=d.dist, mean=d.mean, median=d.median, sigma=d.sigma, low=d.low, high=d.high,
                    min=d.min, max=d.max)
 
@@ -188,7 +188,7 @@ class SharedPrefixWorkload(_Common):
 
 class _Generator(_Common):
     @model_validator(mode="after")
-    def _params_consistent(self) -> "_Generator":
+    def _params_consistent(self) -> _Generator:
         generator_params(self)  # type: ignore[arg-type]  # raises ValueError on inconsistent knobs
         return self
 

@@ -36,9 +36,9 @@ source gave them.
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np

@@ -90,7 +90,7 @@ class RunTokens:
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
-    def of(cls, *parts: "RunTokens | tuple[int, int] | Sequence[int] | np.ndarray") -> "RunTokens":
+    def of(cls, *parts: RunTokens | tuple[int, int] | Sequence[int] | np.ndarray) -> RunTokens:
         """Concatenate parts: ``RunTokens``, ``(start, length)`` runs or explicit id lists."""
         starts: list[np.ndarray] = []
         lengths: list[np.ndarray] = []
@@ -111,7 +111,7 @@ class RunTokens:
         return cls(*_merge(np.concatenate(starts), np.concatenate(lengths)))
 
     @classmethod
-    def from_ids(cls, ids: np.ndarray, tokens_per_id: int, base: int, length: int | None = None) -> "RunTokens":
+    def from_ids(cls, ids: np.ndarray, tokens_per_id: int, base: int, length: int | None = None) -> RunTokens:
         """Id ``h`` expands to ``base + h * tokens_per_id + k``, k < tokens_per_id; cut to ``length``."""
         ids = np.asarray(ids, dtype=np.int64)
         starts = base + ids * tokens_per_id
@@ -130,7 +130,7 @@ class RunTokens:
         offsets = np.cumsum(self.lengths) - self.lengths
         return np.repeat(self.starts - offsets, self.lengths) + np.arange(self._len, dtype=np.int64)
 
-    def prefix(self, n: int) -> "RunTokens":
+    def prefix(self, n: int) -> RunTokens:
         """The first ``n`` tokens (all of them if ``n >= len``)."""
         if n >= self._len:
             return self
@@ -142,7 +142,7 @@ class RunTokens:
         lengths[k] -= int(ends[k]) - n
         return RunTokens(self.starts[: k + 1].copy(), lengths)
 
-    def slice(self, start: int, end: int) -> "RunTokens":
+    def slice(self, start: int, end: int) -> RunTokens:
         """Tokens ``[start, end)`` (clipped to the prompt)."""
         head = self.prefix(end)
         start = max(0, start)

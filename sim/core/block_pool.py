@@ -201,7 +201,7 @@ class BlockPool:
     # -- caching ------------------------------------------------------------------------------
     def cache_full_blocks(
         self,
-        request: "Request",
+        request: Request,
         blocks: Sequence[KVCacheBlock],
         num_cached_blocks: int,
         num_full_blocks: int,

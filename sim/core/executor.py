@@ -49,12 +49,12 @@ class StepShape:
         return self.context_tokens + self.num_new_tokens
 
     @staticmethod
-    def decode_only(num_seqs: int, context_tokens: int) -> "StepShape":
+    def decode_only(num_seqs: int, context_tokens: int) -> StepShape:
         """A pure decode step of ``num_seqs`` requests whose contexts sum to ``context_tokens``."""
         return StepShape(num_seqs, num_seqs, num_seqs, 0, context_tokens, context_tokens + num_seqs)
 
     @staticmethod
-    def prefill_only(num_tokens: int, context_tokens: int = 0) -> "StepShape":
+    def prefill_only(num_tokens: int, context_tokens: int = 0) -> StepShape:
         """One request prefilling ``num_tokens`` new tokens after ``context_tokens`` cached ones."""
         pairs = num_tokens * context_tokens + num_tokens * (num_tokens + 1) // 2
         return StepShape(1, 0, num_tokens, num_tokens, context_tokens, pairs)

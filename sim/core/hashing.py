@@ -140,7 +140,7 @@ def _mm_extra_keys(
 
 
 def block_extra_keys(
-    request: "Request", start: int, end: int, start_mm_idx: int
+    request: Request, start: int, end: int, start_mm_idx: int
 ) -> tuple[tuple[Any, ...] | None, int]:
     """Extra keys of the block ``[start, end)``: LoRA name, MM items, then salt on block 0 only."""
     mm_keys, next_idx = _mm_extra_keys(request.mm_features, start, end, start_mm_idx)
@@ -151,7 +151,7 @@ def block_extra_keys(
     return (tuple(keys) if keys else None), next_idx
 
 
-def has_extra_keys(request: "Request") -> bool:
+def has_extra_keys(request: Request) -> bool:
     """True if any block of ``request`` can carry extra keys (vLLM's ``need_extra_keys``)."""
     return bool(request.mm_features) or request.lora_name is not None or bool(request.cache_salt)
 
@@ -172,7 +172,7 @@ class BlockHasher:
     algo: str
     block_size: int
 
-    def hash_new_blocks(self, request: "Request") -> list[BlockHash]:  # pragma: no cover
+    def hash_new_blocks(self, request: Request) -> list[BlockHash]:  # pragma: no cover
         raise NotImplementedError
 
     def hash_token_blocks(
@@ -195,7 +195,7 @@ class ExactBlockHasher(BlockHasher):
     def _chain(self, parent: bytes | None, tokens: Sequence[int], extra: Any) -> bytes:
         return self.fn((parent or self.none_hash, tuple(tokens), extra))
 
-    def hash_new_blocks(self, request: "Request") -> list[BlockHash]:
+    def hash_new_blocks(self, request: Request) -> list[BlockHash]:
         bs = self.block_size
         start = len(request.block_hashes) * bs
         num_tokens = request.num_tokens
@@ -315,7 +315,7 @@ class FastBlockHasher(BlockHasher):
         new_state = (int(raw[0, -1]), int(raw[1, -1])) if n else state
         return keys, new_state
 
-    def hash_new_blocks(self, request: "Request") -> list[BlockHash]:
+    def hash_new_blocks(self, request: Request) -> list[BlockHash]:
         bs = self.block_size
         start = len(request.block_hashes) * bs
         num_tokens = request.num_tokens

@@ -155,13 +155,13 @@ class HybridKVCacheManager(PrefixCacheAccounting):
     @classmethod
     def from_configs(
         cls,
-        scheduler_config: "SchedulerConfig",
-        cache_config: "CacheConfig",
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
         *,
         log_stats: bool = True,
         event_sink: EventSink | None = None,
         retention_interval: int | None = None,
-    ) -> "HybridKVCacheManager":
+    ) -> HybridKVCacheManager:
         """The manager for ``cache_config.kv_groups``; ``cache_config.block_size`` must be the
         scheduler block size (the LCM of the group sizes)."""
         groups = tuple(cache_config.kv_groups)

@@ -57,7 +57,7 @@ class PrefixCacheStats:
             self.queries += num_tokens
             self.hits += num_hits
 
-    def add(self, other: "PrefixCacheStats") -> None:
+    def add(self, other: PrefixCacheStats) -> None:
         self.requests += other.requests
         self.queries += other.queries
         self.hits += other.hits

@@ -336,7 +336,7 @@ class SingleTypeManager:
             self.pool.free_blocks(freed)
 
     # -- caching / freeing ----------------------------------------------------------------------
-    def cache_blocks(self, request: "Request", num_tokens: int, retention_interval: int | None = None) -> None:
+    def cache_blocks(self, request: Request, num_tokens: int, retention_interval: int | None = None) -> None:
         """Cache the request's blocks that are full within its first ``num_tokens`` tokens."""
         rid = request.request_id
         num_cached = self.num_cached_block.get(rid, 0)

@@ -46,7 +46,7 @@ class LazyTokens(Protocol):
     def materialize(self) -> np.ndarray: ...
 
 
-def token_array(tokens: "Sequence[int] | np.ndarray | LazyTokens") -> np.ndarray:
+def token_array(tokens: Sequence[int] | np.ndarray | LazyTokens) -> np.ndarray:
     """Token ids as an int64 array, expanding a :class:`LazyTokens`."""
     if not isinstance(tokens, np.ndarray) and hasattr(tokens, "materialize"):  # a LazyTokens
         return tokens.materialize()  # type: ignore[union-attr]
@@ -71,7 +71,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_ABORTED = enum.auto()
 
     @staticmethod
-    def is_finished(status: "RequestStatus") -> bool:
+    def is_finished(status: RequestStatus) -> bool:
         return status > RequestStatus.PREEMPTED
 
 
@@ -110,7 +110,7 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: "Sequence[int] | np.ndarray | LazyTokens",
+        prompt_token_ids: Sequence[int] | np.ndarray | LazyTokens,
         max_tokens: int,
         *,
         uid: int = 0,
@@ -122,7 +122,7 @@ class Request:
         prompt_logprobs: bool = False,
         mm_features: Sequence[MMFeature] = (),
         output_token_ids: Sequence[int] | np.ndarray | None = None,
-        hasher: "BlockHasher | None" = None,
+        hasher: BlockHasher | None = None,
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id}: output_tokens must be >= 1, got {max_tokens}")
@@ -246,7 +246,7 @@ class Request:
         self._block_hashes = []
         self.num_prompt_tokens = self.num_tokens = 0
 
-    def __lt__(self, other: "Request") -> bool:
+    def __lt__(self, other: Request) -> bool:
         """Priority-queue order, as vLLM: (priority, arrival_time, request_id)."""
         if self.priority != other.priority:
             return self.priority < other.priority

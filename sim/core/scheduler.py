@@ -29,15 +29,15 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from sim.core.hashing import BlockHasher
 from sim.core.block_pool import KVCacheBlock
-from sim.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
+from sim.core.hashing import BlockHasher
 from sim.core.hybrid_kv_cache_manager import HybridKVCacheManager
-from sim.core.kv_groups import KVGroupSpec, resolve_block_sizes
+from sim.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from sim.core.kv_events import EventSink
+from sim.core.kv_groups import KVGroupSpec, resolve_block_sizes
 from sim.core.request import Request, RequestStatus
 
 

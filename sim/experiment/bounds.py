@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _KEY_BYTES = 16  # FastBlockHasher keys are 128-bit
 
 
-def _extra_keys(req: "TraceRequest", n_blocks: int) -> list[tuple[Any, ...] | None] | None:
+def _extra_keys(req: TraceRequest, n_blocks: int) -> list[tuple[Any, ...] | None] | None:
     """vLLM's per-block extra keys: the LoRA name on every block, the cache salt on block 0."""
     if req.lora is None and not req.salt:
         return None
@@ -125,7 +125,7 @@ class BlockReferences:
 
 
 def block_references(
-    requests: Iterable["TraceRequest"], block_size: int, *, include_outputs: bool = True
+    requests: Iterable[TraceRequest], block_size: int, *, include_outputs: bool = True
 ) -> BlockReferences:
     """Hash every request's blocks (see the module docstring) into a :class:`BlockReferences`."""
     if block_size < 1:

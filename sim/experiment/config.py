@@ -49,7 +49,7 @@ class KVCacheGroupConfig(_Strict):
     sliding_window: Annotated[int, Field(gt=0)] | None = None
 
     @model_validator(mode="after")
-    def _window_matches_kind(self) -> "KVCacheGroupConfig":
+    def _window_matches_kind(self) -> KVCacheGroupConfig:
         if self.kind == "sliding_window" and self.sliding_window is None:
             raise ValueError("a sliding_window group needs sliding_window (tokens, > 0)")
         if self.kind == "full" and self.sliding_window is not None:
@@ -86,7 +86,7 @@ class EngineConfig(_Strict):
     hash_block_size: Annotated[int, Field(gt=0)] | None = None  # hybrid only; default: GCD of group sizes
 
     @model_validator(mode="after")
-    def _kv_cache_groups_valid(self) -> "EngineConfig":
+    def _kv_cache_groups_valid(self) -> EngineConfig:
         if self.kv_cache_groups is None:
             if self.hash_block_size is not None:
                 raise ValueError("hash_block_size applies only with kv_cache_groups")
@@ -103,7 +103,7 @@ class EngineConfig(_Strict):
         return tuple(KVGroupSpec(g.kind, g.block_size, g.sliding_window) for g in self.kv_cache_groups or ())
 
     @model_validator(mode="after")
-    def _one_capacity(self) -> "EngineConfig":
+    def _one_capacity(self) -> EngineConfig:
         if self.num_gpu_blocks is not None and self.kv_cache_gib is not None:
             raise ValueError("set num_gpu_blocks or kv_cache_gib, not both")
         if self.max_num_batched_tokens < self.max_num_seqs:

@@ -20,7 +20,7 @@ import os
 import platform
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,7 @@ def run_metadata(wall_time_s: float, extra: dict[str, Any] | None = None) -> dic
         "versions": package_versions(),
         "platform": platform.platform(),
         "argv": sys.argv,
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "wall_time_s": wall_time_s,
     }
     if extra:

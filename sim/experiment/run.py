@@ -13,19 +13,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sim.experiment.config import ConfigError, ExperimentConfig, config_to_dict
-from sim.replay.engine import Replay, ReplayResult
 from sim.core.executor import Executor
-from sim.timing.simulated_executor import SimulatedExecutor
-from sim.timing.fitted_latency import FittedLatency
 from sim.core.hashing import make_block_hasher
 from sim.core.kv_cache_manager import cdiv
 from sim.core.kv_groups import blocks_for_one_sequence, resolve_block_sizes
-from sim.timing.latency import FixedLatency, LatencyModel
-from sim.experiment.results import run_metadata, write_results
-from sim.timing.roofline import ModelSpec, RooflineLatency, kv_cache_blocks, load_gpu_spec, load_model_spec
 from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig
-from workloads.registry import Workload, build_workload  # noqa: F401  (the workload branch lives there)
+from sim.experiment.config import ConfigError, ExperimentConfig, config_to_dict
+from sim.experiment.results import run_metadata, write_results
+from sim.replay.engine import Replay, ReplayResult
+from sim.timing.fitted_latency import FittedLatency
+from sim.timing.latency import FixedLatency, LatencyModel
+from sim.timing.roofline import ModelSpec, RooflineLatency, kv_cache_blocks, load_gpu_spec, load_model_spec
+from sim.timing.simulated_executor import SimulatedExecutor
+from workloads.registry import Workload, build_workload
 
 
 def _source(cfg: ExperimentConfig) -> str:

@@ -75,7 +75,7 @@ class SweepLock:
         self.path = folder / ".lock"
         self.fd: int | None = None
 
-    def __enter__(self) -> "SweepLock":
+    def __enter__(self) -> SweepLock:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             import fcntl

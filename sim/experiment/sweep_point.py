@@ -56,8 +56,8 @@ def _flatten(prefix: str, data: dict[str, Any], out: dict[str, Any]) -> None:
 
 def derived_facts(cfg: Any) -> dict[str, Any]:
     """Config facts every row carries whatever was swept (resolved pool size, capacity, ...)."""
-    from sim.timing.roofline import GIB
     from sim.experiment.run import model_spec, resolve_num_gpu_blocks
+    from sim.timing.roofline import GIB
 
     e = cfg.engine
     w = cfg.workload

@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sim.core.kv_cache_manager import KVCacheManager
 from sim.core.executor import StepShape
+from sim.core.kv_cache_manager import KVCacheManager
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler import Scheduler
 

@@ -34,13 +34,13 @@ from typing import Any
 import pandas as pd
 import simpy
 
-from sim.replay.decode_window import Window, apply_window, plan_window
 from sim.core.executor import Executor, StepResult, step_shape
 from sim.core.kv_cache_manager import PrefixCacheStats, cdiv
-from sim.replay.metrics import summarize
-from sim.replay.recorder import ReplayRecorder
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler, SchedulerOutput
+from sim.replay.decode_window import Window, apply_window, plan_window
+from sim.replay.metrics import summarize
+from sim.replay.recorder import ReplayRecorder
 from workloads.trace_format import TraceRequest
 
 ARRIVAL_EPS_S = 1e-9

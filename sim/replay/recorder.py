@@ -12,8 +12,8 @@ from typing import Any
 import pandas as pd
 
 from sim.core.kv_cache_manager import PrefixCacheStats
-from sim.replay.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RecordTable, finalize_requests
 from sim.core.request import Request
+from sim.replay.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RecordTable, finalize_requests
 
 _COL = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
 _FIRST_SCHEDULED, _FIRST_TOKEN, _FINISH = _COL["first_scheduled"], _COL["first_token"], _COL["finish"]

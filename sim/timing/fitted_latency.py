@@ -146,7 +146,7 @@ class FittedLatency(LatencyModel):
     # ------------------------------------------------------------------ files
 
     @classmethod
-    def from_dict(cls, data: Any, source: str | None = None) -> "FittedLatency":
+    def from_dict(cls, data: Any, source: str | None = None) -> FittedLatency:
         where = f" in {source}" if source else ""
         if not isinstance(data, Mapping):
             raise ValueError(f"fitted latency{where}: expected a mapping at top level")
@@ -158,7 +158,7 @@ class FittedLatency(LatencyModel):
                    source=source)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "FittedLatency":
+    def from_file(cls, path: str | Path) -> FittedLatency:
         path = Path(path)
         try:
             data = _read(path)

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 
 from sim.core.executor import StepShape
 
+
 class LatencyModel(ABC):
     """Maps a step's shape to its duration in seconds (must be > 0)."""
 

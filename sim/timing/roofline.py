@@ -343,7 +343,7 @@ class RooflineLatency(LatencyModel):
         self._kv = float(m.kv_bytes_per_token)
 
     @classmethod
-    def from_names(cls, model: str, gpu: str, overhead_s: float | None = None) -> "RooflineLatency":
+    def from_names(cls, model: str, gpu: str, overhead_s: float | None = None) -> RooflineLatency:
         return cls(load_model_spec(model), load_gpu_spec(gpu), overhead_s)
 
     def compute_time(self, s: StepShape) -> float:

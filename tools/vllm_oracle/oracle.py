@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import logging
 import os
 import sys
 import time
@@ -174,17 +173,13 @@ def build_engine(args, max_model_len: int) -> Engine:
     os.environ["PYTHONHASHSEED"] = str(args.hash_seed)
 
     import torch
-    from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig,
-                             ModelConfig, SchedulerConfig, VllmConfig)
-    from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,
-                                             init_none_hash,
-                                             resolve_kv_cache_block_sizes)
+    from vllm.config import CacheConfig, DeviceConfig, KVEventsConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
-                                            KVCacheGroupSpec, KVCacheTensor)
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
     from vllm.v1.structured_output import StructuredOutputManager
-    from vllm.utils.hashing import get_hash_fn_by_name
 
     ensure_tiny_model(max_model_len)
     model_config = ModelConfig(
