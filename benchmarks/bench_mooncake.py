@@ -21,7 +21,8 @@ import time
 
 def _one(block_size: int, gpu: str, limit: int | None, fast_forward: bool) -> dict:
     from sim.experiment.config import config_from_dict
-    from sim.experiment.run import build_latency, build_scheduler, build_workload
+    from sim.experiment.run import build_latency, build_scheduler
+    from sim.experiment.workload import build_workload
     from sim.replay.engine import Replay
     from sim.timing.simulated_executor import SimulatedExecutor
 

@@ -46,7 +46,7 @@ def main() -> None:
     print(f"{sweep.name}: {len(sweep.points)} points, trace limit {args.limit or 'none (whole trace)'}, "
           f"{workers} worker(s), cpu_count {os.cpu_count()}")
     t0 = time.perf_counter()
-    rep = run_sweep(sweep, workers=workers, resume=False, plots=False, progress=True)
+    rep = run_sweep(sweep, workers=workers, resume=False, progress=True)
     wall = time.perf_counter() - t0
     df = rep.table
     ok = df[df["status"] == "ok"]

@@ -16,7 +16,7 @@ def test_notebook_runs_on_smoke_sweep(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
-    rep = run_sweep(ROOT / "configs" / "sweeps" / "smoke.yaml", workers=2, progress=False, plots=False,
+    rep = run_sweep(ROOT / "configs" / "sweeps" / "smoke.yaml", workers=2, progress=False,
                     output_dir=str(tmp_path))
     assert not rep.errors
     monkeypatch.setenv("APCSIM_SWEEP_DIR", str(rep.folder))

@@ -8,7 +8,7 @@ import matplotlib.image as mpimg
 import pytest
 import yaml
 
-from sim.analysis.plots import FIGURES, SweepData
+from sim.analysis.plots import FIGURES, SweepData, plot_sweep
 from sim.cli.main import main
 from sim.experiment.sweep import run_sweep
 
@@ -35,13 +35,15 @@ def headline_like(tmp_path_factory):
     p = _sweep(tmp, {"workload": {"short": _workload(30, 100), "long": _workload(30, 300)},
                      "engine.block_size": [16, 64], "engine.kv_cache_gib": [0.03, 0.25],
                      "workload.tenants.salt": ["none", "per_tenant"]})
-    return run_sweep(p, workers=2, progress=False, plots=True)
+    rep = run_sweep(p, workers=2, progress=False)
+    plot_sweep(rep.folder)  # what `apcsim sweep` draws once the table is written (sim.cli.sweep)
+    return rep
 
 
 def test_every_figure_written(headline_like):
     rep = headline_like
     assert not rep.errors and len(rep.table) == 16
-    names = {p.name for p in rep.plots}
+    names = {p.name for p in rep.folder.iterdir()}
     for stem in FIGURES:
         for ext in ("png", "svg"):
             assert f"{stem}.{ext}" in names
@@ -60,7 +62,7 @@ def test_roles_and_config_labels(headline_like):
 
 def test_plot_command_and_tenant_sweep(tmp_path, capsys):
     p = _sweep(tmp_path, {"workload.tenants.num_tenants": [1, 2, 4], "workload.tenants.salt": ["none", "per_tenant"]})
-    rep = run_sweep(p, workers=1, progress=False, plots=False)
+    rep = run_sweep(p, workers=1, progress=False)
     assert main(["plot", str(rep.folder)]) == 0
     out = capsys.readouterr().out.split()
     # no block size / capacity axes: only the CDF and the salt-vs-tenants figure apply

@@ -45,7 +45,7 @@ def _stable(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_table_has_axes_metrics_bounds(tmp_path):
-    rep = run_sweep(_sweep(tmp_path), workers=1, progress=False, plots=False)
+    rep = run_sweep(_sweep(tmp_path), workers=1, progress=False)
     df = pd.read_parquet(rep.folder / "table.parquet")
     csv = pd.read_csv(rep.folder / "table.csv")
     assert len(df) == len(csv) == 4 and rep.ran == 4 and not rep.errors
@@ -70,18 +70,18 @@ def test_table_has_axes_metrics_bounds(tmp_path):
 
 def test_resume_skips_finished_points(tmp_path):
     p = _sweep(tmp_path)
-    first = run_sweep(p, workers=1, progress=False, plots=False)
+    first = run_sweep(p, workers=1, progress=False)
     rows = {k: (first.folder / "points" / k / "row.json").stat().st_mtime_ns for k in first.table["key"]}
-    again = run_sweep(p, workers=1, progress=False, plots=False)
+    again = run_sweep(p, workers=1, progress=False)
     assert (again.ran, again.skipped) == (0, 4)
     assert rows == {k: (first.folder / "points" / k / "row.json").stat().st_mtime_ns for k in first.table["key"]}
     pd.testing.assert_frame_equal(_stable(first.table), _stable(again.table))
     # a grown sweep runs only the new points
     grown = _sweep(tmp_path, grid={"engine.block_size": [16, 64, 128], "engine.num_gpu_blocks": [40, 400]})
-    third = run_sweep(grown, workers=1, progress=False, plots=False)
+    third = run_sweep(grown, workers=1, progress=False)
     assert (third.ran, third.skipped) == (2, 4)
     before = (first.folder / "points" / first.table["key"][0] / "row.json").stat().st_mtime_ns
-    forced = run_sweep(grown, workers=1, progress=False, plots=False, resume=False)
+    forced = run_sweep(grown, workers=1, progress=False, resume=False)
     assert forced.ran == 6
     assert (first.folder / "points" / first.table["key"][0] / "row.json").stat().st_mtime_ns != before  # rewritten
 
@@ -89,7 +89,7 @@ def test_resume_skips_finished_points(tmp_path):
 def test_failing_point_is_recorded_and_others_run(tmp_path):
     # 4 blocks of 16 tokens cannot hold one max_model_len=512 sequence: vLLM refuses to start
     p = _sweep(tmp_path, grid={"engine.num_gpu_blocks": [400, 4, 800]})
-    rep = run_sweep(p, workers=2, progress=False, plots=False)
+    rep = run_sweep(p, workers=2, progress=False)
     df = rep.table
     assert df["status"].tolist() == ["ok", "error", "ok"]
     assert "cannot hold one max_model_len=512 sequence" in df.loc[1, "error"]
@@ -98,7 +98,7 @@ def test_failing_point_is_recorded_and_others_run(tmp_path):
     assert "ConfigError" in (err_dir / "error.txt").read_text()
     assert json.loads((err_dir / "row.json").read_text())["status"] == "error"
     # a re-run retries the failed point only
-    again = run_sweep(p, workers=1, progress=False, plots=False)
+    again = run_sweep(p, workers=1, progress=False)
     assert (again.ran, again.skipped, len(again.errors)) == (1, 2, 1)
 
 
@@ -142,21 +142,22 @@ def test_kill_9_mid_sweep_then_resume(tmp_path):
         row = json.loads((points / name / "row.json").read_text())
         assert row["status"] == "ok" and (points / name / "requests.parquet").is_file()
     stamps = {n: (points / n / "row.json").stat().st_mtime_ns for n in finished}
-    resumed = run_sweep(p, workers=2, progress=False, plots=False)
+    resumed = run_sweep(p, workers=2, progress=False)
     assert resumed.skipped == len(finished)
     assert resumed.ran == len(sweep.points) - len(finished)
     assert stamps == {n: (points / n / "row.json").stat().st_mtime_ns for n in finished}  # not recomputed
     assert not [d for d in points.iterdir() if d.name.startswith(".")]  # leftovers cleaned
     assert sorted(d.name for d in points.iterdir()) == sorted(pt.key for pt in sweep.points)  # no duplicates
-    clean = run_sweep(p, workers=1, progress=False, plots=False, output_dir=str(tmp_path / "clean"))
+    clean = run_sweep(p, workers=1, progress=False, output_dir=str(tmp_path / "clean"))
     pd.testing.assert_frame_equal(_stable(resumed.table), _stable(clean.table))
 
 
 def test_local_and_ray_give_the_same_table(tmp_path):
     pytest.importorskip("ray")
-    p = _sweep(tmp_path, name="r", requests=20, grid={"engine.block_size": [16, 64], "workload.tenants.salt": ["none", "per_tenant"]})
-    local = run_sweep(p, workers=2, progress=False, plots=False, output_dir=str(tmp_path / "local"))
-    ray_rep = run_sweep(p, workers=2, ray=True, progress=False, plots=False, output_dir=str(tmp_path / "ray"))
+    p = _sweep(tmp_path, name="r", requests=20,
+               grid={"engine.block_size": [16, 64], "workload.tenants.salt": ["none", "per_tenant"]})
+    local = run_sweep(p, workers=2, progress=False, output_dir=str(tmp_path / "local"))
+    ray_rep = run_sweep(p, workers=2, ray=True, progress=False, output_dir=str(tmp_path / "ray"))
     assert ray_rep.ran == 4 and not ray_rep.errors
     pd.testing.assert_frame_equal(_stable(local.table), _stable(ray_rep.table))
     for key in local.table["key"]:  # the per-request tables too
@@ -166,6 +167,6 @@ def test_local_and_ray_give_the_same_table(tmp_path):
 
 
 def test_keep_steps(tmp_path):
-    rep = run_sweep(_sweep(tmp_path, grid={"seed": [0]}, keep_steps=True), workers=1, progress=False, plots=False)
+    rep = run_sweep(_sweep(tmp_path, grid={"seed": [0]}, keep_steps=True), workers=1, progress=False)
     steps = pd.read_parquet(rep.folder / "points" / rep.table["key"][0] / "steps.parquet")
     assert len(steps) == rep.table["num_steps"][0]

@@ -1,4 +1,4 @@
-"""Offline bounds (sim.experiment.bounds): Belady between the sequential LRU and the infinite cache."""
+"""Offline bounds (workloads.bounds): Belady between the sequential LRU and the infinite cache."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.experiment.bounds import (
+from workloads.bounds import (
     belady_hit_rate,
     block_references,
+    infinite_cache_hit_bound,
     infinite_hit_rate,
     lru_hit_rate,
     offline_bounds,
 )
-from workloads.bounds import infinite_cache_hit_bound
 from workloads.trace_format import TraceRequest
 
 
@@ -32,7 +32,8 @@ def _random_trace(seed: int, n: int, *, salts: bool, outputs: bool) -> list[Trac
         out_n = int(rng.integers(1, 6))
         reqs.append(TraceRequest(
             id=f"r{i}", arrival=float(i), tokens=tokens, output_tokens=out_n,
-            output_token_ids=rng.integers(0, 6, size=out_n).astype(np.int64) if outputs and rng.random() < 0.5 else None,
+            output_token_ids=(rng.integers(0, 6, size=out_n).astype(np.int64)
+                              if outputs and rng.random() < 0.5 else None),
             salt=(f"s{int(rng.integers(2))}" if salts and rng.random() < 0.5 else None),
             lora=("a" if salts and rng.random() < 0.2 else None),
             prompt_logprobs=bool(rng.random() < 0.1),
@@ -103,5 +104,5 @@ def test_bounds_and_sweep_config_import_neither_simpy_nor_torch():
     import sys
 
     code = ("import sys; sys.modules['simpy'] = None; sys.modules['torch'] = None\n"
-            "import sim.experiment.bounds, sim.experiment.sweep_config, sim.experiment.sweep_point\n")
+            "import workloads.bounds, sim.experiment.sweep_config, sim.experiment.sweep_point\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=__import__("pathlib").Path(__file__).parents[1])

@@ -10,10 +10,9 @@ from sim.cli.main import main
 from sim.core.request import token_array
 from sim.experiment.config import ConfigError, config_from_dict, load_config
 from sim.experiment.run import replay_experiment, run_experiment
+from sim.experiment.workload import build_workload, workload_stats
 from workloads.bounds import infinite_cache_hit_bound
 from workloads.paths import shared_traces_dir
-from workloads.registry import build_workload
-from workloads.stats import workload_stats
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 NEW_CONFIGS = ["chat_mooncake", "chat_synthetic", "rag_ragpulse", "rag_synthetic", "agent_trace",

@@ -123,8 +123,9 @@ def test_no_tenants_section_leaves_requests_alone():
 
 
 def test_bound_extra_keys_have_vllm_equality_structure():
-    """The bound puts the LoRA on blocks 0 and 1 only; per request hits equal a reference that
-    keys every block as vLLM does (LoRA on every block, salt on block 0), corner cases included."""
+    """The bound's keys (sim.core.hashing.blocks_extra_keys, the engine's own) give per-request
+    hits equal to a reference that keys every block as vLLM does, written out here (LoRA on every
+    block, salt on block 0), corner cases included."""
     from sim.core.hashing import FastBlockHasher
 
     def reference(reqs, bs=4):

@@ -43,14 +43,11 @@ import numpy as np
 
 from workloads.errors import SkipLog
 from workloads.tokens import K_AGENT_TRACE_GLOBAL, K_AGENT_TRACE_SESSION, K_AGENT_TRACE_SHARED, RunTokens, region
-from workloads.trace_format import TraceFormatError, TraceRequest
+from workloads.trace_format import TraceFormatError, TraceRequest, is_int
 
 _TAIL_OFFSET = 1 << 31  # tails live in the upper half of a session's region
 _SHARED = region(K_AGENT_TRACE_SHARED, 0)
 
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _num(v: Any) -> bool:
@@ -85,11 +82,13 @@ class AgentTraceLoader:
             try:
                 doc = json.loads(path.read_text(encoding="utf-8"))
             except json.JSONDecodeError as exc:
-                raise TraceFormatError(name, exc.lineno, None, f"malformed JSON: {exc.msg} (column {exc.colno})") from None
+                raise TraceFormatError(
+                    name, exc.lineno, None, f"malformed JSON: {exc.msg} (column {exc.colno})"
+                ) from None
             if not isinstance(doc, dict):
                 raise TraceFormatError(name, 1, None, f"expected a JSON object, got {type(doc).__name__}")
             bs = doc.get("block_size")
-            if not _is_int(bs) or bs < 1:
+            if not is_int(bs) or bs < 1:
                 raise TraceFormatError(name, 1, "block_size", f"expected int >= 1, got {bs!r}")
             scope = doc.get("hash_id_scope", "local")
             if scope not in ("local", "global"):
@@ -100,7 +99,8 @@ class AgentTraceLoader:
         except TraceFormatError as err:
             self.log.handle(err, self.skip_bad_lines)
             return []
-        sid = doc.get("id") if isinstance(doc.get("id"), str) else path.stem
+        raw_id = doc.get("id")
+        sid = raw_id if isinstance(raw_id, str) else path.stem
         local = region(K_AGENT_TRACE_GLOBAL, 0) if scope == "global" else region(K_AGENT_TRACE_SESSION, file_index)
         ctx = _Ctx(name, sid, bs, local, region(K_AGENT_TRACE_SESSION, file_index) + _TAIL_OFFSET)
         out: list[tuple[float, int, TraceRequest]] = []
@@ -113,7 +113,7 @@ class AgentTraceLoader:
         total = 0
         for key in ("tool_tokens", "system_tokens"):
             v = obj.get(key, 0)
-            if not _is_int(v) or v < 0:
+            if not is_int(v) or v < 0:
                 raise TraceFormatError(name, 1, f"{where}{key}", f"expected int >= 0, got {v!r}")
             total += v
         return int(self.shared_prompt_fraction * total), total
@@ -156,9 +156,9 @@ class AgentTraceLoader:
         t, n_in, n_out, ids = rec["t"], rec["in"], rec["out"], rec["hash_ids"]
         if not _num(t):
             raise bad("t", f"expected a number >= 0, got {t!r}")
-        if not _is_int(n_in) or n_in < 1:
+        if not is_int(n_in) or n_in < 1:
             raise bad("in", f"expected int >= 1, got {n_in!r}")
-        if not _is_int(n_out) or n_out < 0:
+        if not is_int(n_out) or n_out < 0:
             raise bad("out", f"expected int >= 0, got {n_out!r}")
         if not isinstance(ids, list):
             raise bad("hash_ids", f"expected a list of ints, got {type(ids).__name__}")
@@ -167,7 +167,7 @@ class AgentTraceLoader:
             raise bad("hash_ids", f"expected in // block_size = {n_in // bs} ids, got {len(ids)}")
         arr = np.asarray(ids) if ids else np.empty(0, dtype=np.int64)
         if arr.ndim != 1 or (arr.size and arr.dtype.kind != "i"):
-            j = next((j for j, v in enumerate(ids) if not _is_int(v)), 0)
+            j = next((j for j, v in enumerate(ids) if not is_int(v)), 0)
             raise bad("hash_ids", f"id at index {j}: expected int, got {ids[j]!r}")
         limit = _TAIL_OFFSET // bs
         if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= limit):

@@ -1,17 +1,39 @@
-"""Bad-input policy shared by every loader: stop with file, line and field, or skip and count.
+"""Workloads' errors: a bad ``workload:`` setting (:class:`WorkloadConfigError`), and the bad-input
+policy shared by every loader: stop with file, line and field, or skip and count.
+
+A setting that passes the schema (``workloads.schema``) but fails once the workload is built (a
+missing trace file, ``arrival.kind: trace`` on a source without timestamps) raises
+``WorkloadConfigError(key, problem)``, with ``key`` relative to the ``workload:`` section;
+``sim.experiment`` turns it into its ``ConfigError`` naming the config file
+(``x.yaml: workload.path: no such file ...``).
 
 Every loader takes ``skip_bad_lines``. Without it, the first bad record raises
 :class:`~workloads.trace_format.TraceFormatError` (``file:line: field 'x': problem``). With it, the
 loader calls :meth:`SkipLog.skip` instead and continues; the log keeps the total count, the first
 :data:`MAX_KEPT` locations and the first message, and ``sim.experiment.run`` writes them to ``meta.json``
 (``skipped_bad_lines`` / ``skipped_line_numbers``). Nothing is dropped without being counted.
+
+Imports sim.core only (neither simpy nor torch).
 """
 
 from __future__ import annotations
 
+from sim.core.errors import ApcsimError
 from workloads.trace_format import MAX_SKIPPED_LINES_KEPT, TraceFormatError
 
 MAX_KEPT = MAX_SKIPPED_LINES_KEPT
+
+
+class WorkloadConfigError(ApcsimError, ValueError):
+    """A ``workload:`` setting that cannot be built; ``str()`` is ``workload.<key>: <problem>``."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        self.problem = problem
+        super().__init__(f"workload.{key}: {problem}")
+
+    def __reduce__(self) -> tuple[type[WorkloadConfigError], tuple[str, str]]:
+        return (type(self), (self.key, self.problem))
 
 
 class SkipLog:

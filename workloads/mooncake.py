@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from workloads.errors import SkipLog
-from workloads.trace_format import TOKEN_ID_LIMIT, TraceFormatError, TraceRequest
+from workloads.trace_format import TOKEN_ID_LIMIT, TraceFormatError, TraceRequest, is_int
 
 TRACE_BLOCK_SIZE = 512
 """Tokens per hash id in the Mooncake traces."""
@@ -40,9 +40,6 @@ _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 def _bad(path: str, lineno: int, field: str | None, problem: str) -> TraceFormatError:
     return TraceFormatError(path, lineno, field, problem)
 
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _parse_line(
@@ -65,10 +62,10 @@ def _parse_line(
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
         raise _bad(path, lineno, "timestamp", f"expected finite number >= 0 (ms), got {ts!r}")
     n_in = obj["input_length"]
-    if not _is_int(n_in) or n_in < 1:
+    if not is_int(n_in) or n_in < 1:
         raise _bad(path, lineno, "input_length", f"expected int >= 1, got {n_in!r}")
     n_out = obj["output_length"]
-    if not _is_int(n_out) or n_out < 1:
+    if not is_int(n_out) or n_out < 1:
         raise _bad(
             path, lineno, "output_length", f"expected int >= 1 (vLLM needs max_tokens >= 1), got {n_out!r}"
         )
@@ -86,7 +83,7 @@ def _parse_line(
     arr = np.asarray(ids)
     if arr.ndim != 1 or arr.dtype.kind != "i":
         for i, v in enumerate(ids):
-            if not _is_int(v):
+            if not is_int(v):
                 raise _bad(path, lineno, "hash_ids", f"id at index {i}: expected int, got {v!r}")
         raise _bad(path, lineno, "hash_ids", "id out of range")  # ints too large for int64
     arr = arr.astype(np.int64, copy=False)
@@ -128,8 +125,7 @@ class BlockIdTokens:
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            yield lineno, line
+        yield from enumerate(fh, start=1)
 
 
 def load_mooncake(
@@ -150,15 +146,15 @@ def load_mooncake(
     the first ``start`` lines unparsed; ``limit`` caps the number of requests yielded. With
     ``skip_bad_lines`` a bad line is counted in ``skip_log`` (created if not given) and skipped.
     """
-    if not _is_int(tokens_per_id) or tokens_per_id < 1:
+    if not is_int(tokens_per_id) or tokens_per_id < 1:
         raise ValueError(f"tokens_per_id must be an int >= 1, got {tokens_per_id!r}")
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time_scale must be finite and > 0, got {time_scale!r}")
-    if not _is_int(start) or start < 0:
+    if not is_int(start) or start < 0:
         raise ValueError(f"start must be an int >= 0, got {start!r}")
-    if limit is not None and (not _is_int(limit) or limit < 0):
+    if limit is not None and (not is_int(limit) or limit < 0):
         raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
-    if max_output_tokens is not None and (not _is_int(max_output_tokens) or max_output_tokens < 1):
+    if max_output_tokens is not None and (not is_int(max_output_tokens) or max_output_tokens < 1):
         raise ValueError(f"max_output_tokens must be None or an int >= 1, got {max_output_tokens!r}")
     p = Path(path)
     if not p.is_file():
@@ -215,7 +211,8 @@ def mooncake_stats(path: str | os.PathLike[str], *, tokens_per_id: int = TRACE_B
     p = Path(path)
     name = os.fspath(p)
     n_req = prompt = output = 0
-    first_ts = last_ts = None
+    first_ts: float | None = None
+    last_ts: float | None = None
     max_in = 0
     chunks: list[np.ndarray] = []
     for lineno, line in _lines(p):
@@ -240,7 +237,7 @@ def mooncake_stats(path: str | os.PathLike[str], *, tokens_per_id: int = TRACE_B
         "prompt_tokens": prompt,
         "output_tokens": output,
         "max_input_length": max_in,
-        "duration_s": ((last_ts - first_ts) / 1000.0) if n_req else 0.0,
+        "duration_s": ((last_ts - first_ts) / 1000.0) if first_ts is not None and last_ts is not None else 0.0,
         "block_ids": total,
         "unique_block_ids": unique,
         "block_hit_bound": (total - unique) / total if total else 0.0,
@@ -254,7 +251,7 @@ def derive_sample(src: str | os.PathLike[str], dst: str | os.PathLike[str], num_
     workload, Apache-2.0 like its source) was made:
     ``python -m workloads.mooncake SRC DST 1000``.
     """
-    src_p, out_lines = Path(src), []
+    src_p, out_lines = Path(src), list[str]()
     for lineno, line in _lines(src_p):
         if len(out_lines) == num_requests:
             break

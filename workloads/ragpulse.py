@@ -37,7 +37,7 @@ import numpy as np
 
 from workloads.errors import SkipLog
 from workloads.tokens import K_RAGPULSE, RAG_TEMPLATE, RunTokens, region
-from workloads.trace_format import TraceFormatError, TraceRequest
+from workloads.trace_format import TraceFormatError, TraceRequest, is_int
 
 COMPONENTS = ("sys_prompt", "passages_ids", "history", "web_search", "user_input")
 TABLES = {
@@ -53,9 +53,6 @@ _FIELDS = ("timestamp", "input_length", "output_length", "session_id", "hash_ids
 _BASE = region(K_RAGPULSE, 0)
 _MAX_ID = ((1 << 32) // MAX_COMPONENT_TOKENS) - 1
 
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -79,12 +76,8 @@ def load_tables(folder: Path, skip_bad_lines: bool, log: SkipLog) -> dict[str, d
                 for k in obj:
                     if k not in (key, "token_length"):
                         raise TraceFormatError(str(path), lineno, k, "unknown field")
-                cid, n = obj.get(key), obj.get("token_length")
-                for name, v, lo, hi in ((key, cid, 0, _MAX_ID), ("token_length", n, 1, MAX_COMPONENT_TOKENS)):
-                    if v is None:
-                        raise TraceFormatError(str(path), lineno, name, "missing required field")
-                    if not _is_int(v) or not lo <= v <= hi:
-                        raise TraceFormatError(str(path), lineno, name, f"expected int in [{lo}, {hi}], got {v!r}")
+                cid = _bounded_int(obj, key, 0, _MAX_ID, str(path), lineno)
+                n = _bounded_int(obj, "token_length", 1, MAX_COMPONENT_TOKENS, str(path), lineno)
                 if cid in table:
                     raise TraceFormatError(str(path), lineno, key, f"duplicate id {cid}")
             except TraceFormatError as err:
@@ -93,6 +86,16 @@ def load_tables(folder: Path, skip_bad_lines: bool, log: SkipLog) -> dict[str, d
             table[cid] = n
         tables[comp] = table
     return tables
+
+
+def _bounded_int(obj: dict[str, Any], name: str, lo: int, hi: int, path: str, lineno: int) -> int:
+    """``obj[name]``, an int in ``[lo, hi]``, or a TraceFormatError naming the field."""
+    v = obj.get(name)
+    if v is None:
+        raise TraceFormatError(path, lineno, name, "missing required field")
+    if not is_int(v) or not lo <= v <= hi:
+        raise TraceFormatError(path, lineno, name, f"expected int in [{lo}, {hi}], got {v!r}")
+    return v
 
 
 def _json(line: str, path: str, lineno: int) -> dict[str, Any]:
@@ -133,15 +136,16 @@ def _parse(line: str, path: str, lineno: int, tables: dict[str, dict[int, int]])
             raise bad(k, "missing required field")
     raw_ts = obj["timestamp"]
     try:
-        ts = float(raw_ts) if isinstance(raw_ts, str) or (not isinstance(raw_ts, bool) and isinstance(raw_ts, (int, float))) else math.nan
+        numeric = not isinstance(raw_ts, bool) and isinstance(raw_ts, (int, float))
+        ts = float(raw_ts) if isinstance(raw_ts, str) or numeric else math.nan
     except ValueError:
         ts = math.nan
     if not (math.isfinite(ts) and ts >= 0):
         raise bad("timestamp", f"expected a finite number >= 0 (seconds, may be a string), got {raw_ts!r}")
     n_in, n_out = obj["input_length"], obj["output_length"]
-    if not _is_int(n_in) or n_in < 1:
+    if not is_int(n_in) or n_in < 1:
         raise bad("input_length", f"expected int >= 1, got {n_in!r}")
-    if not _is_int(n_out) or n_out < 1:
+    if not is_int(n_out) or n_out < 1:
         raise bad("output_length", f"expected int >= 1 (vLLM needs max_tokens >= 1), got {n_out!r}")
     if not isinstance(obj["session_id"], str):
         raise bad("session_id", f"expected str, got {obj['session_id']!r}")
@@ -163,7 +167,7 @@ def _parse(line: str, path: str, lineno: int, tables: dict[str, dict[int, int]])
             raise bad(field, f"expected a list of ints, got {type(values).__name__}")
         table = tables[comp]
         for i, v in enumerate(values):
-            if not _is_int(v):
+            if not is_int(v):
                 raise bad(field, f"id at index {i}: expected int, got {v!r}")
             n = table.get(v)
             if n is None:

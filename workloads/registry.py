@@ -17,6 +17,10 @@ Seeds: the workload ``seed`` (default: the experiment ``seed``) drives content; 
 uses its own ``seed`` or a stream derived from the workload seed; tenants likewise. The same
 config therefore yields the identical stream, and changing only the arrival rate leaves every
 prompt unchanged. Nothing is materialised here: streams are lazy.
+
+Input paths resolve against the config file's folder (``base_dir``). A setting that cannot be
+built raises :class:`~workloads.errors.WorkloadConfigError` (``sim.experiment`` adds the file
+name). Imports sim.core only (neither simpy nor torch).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from workloads import arrivals as arr
 from workloads.agent import agent_sessions
@@ -33,18 +37,15 @@ from workloads.agent_sessions import AgentTraceLoader, iter_sessions, session_fi
 from workloads.azure import azure_times, load_azure
 from workloads.chat import chat_sessions
 from workloads.dists import rng_for
-from workloads.errors import SkipLog
+from workloads.errors import SkipLog, WorkloadConfigError
 from workloads.mooncake import load_mooncake
-from workloads.paths import shared_traces_dir
+from workloads.paths import input_path, shared_traces_dir
 from workloads.rag import rag_requests
 from workloads.ragpulse import load_ragpulse
-from workloads.schema import PoissonArrivals, TraceArrivals, generator_params
+from workloads.schema import PoissonArrivals, TraceArrivals, WorkloadConfig, generator_params
 from workloads.synthetic import shared_prefix
 from workloads.tenants import TenantModel
 from workloads.trace_format import TraceRequest, read_trace
-
-if TYPE_CHECKING:  # pragma: no cover
-    from sim.experiment.config import ExperimentConfig
 
 ARRIVAL_TAG = 100
 """Purpose tag of the arrival-process random stream (``rng_for(seed, ARRIVAL_TAG)``)."""
@@ -85,16 +86,10 @@ class _Source:
     loader: Any = None
 
 
-def _error(cfg: ExperimentConfig, key: str, problem: str) -> Exception:
-    from sim.experiment.config import ConfigError
-
-    return ConfigError(f"{cfg.source}: workload.{key}: {problem}")
-
-
-def _path(cfg: ExperimentConfig, given: str | None, default: Path, *, folder: bool = False) -> Path:
-    p = cfg.resolve_path(given) if given else default
+def _path(base_dir: Path, given: str | None, default: Path, *, folder: bool = False) -> Path:
+    p = input_path(given, base_dir) if given else default
     if not (p.is_dir() if folder else p.is_file()):
-        raise _error(cfg, "path", f"no such {'folder' if folder else 'file'} {p}")
+        raise WorkloadConfigError("path", f"no such {'folder' if folder else 'file'} {p}")
     return p
 
 
@@ -111,8 +106,8 @@ def _lower_bound_note(native: int) -> str:
 
 
 # -- sources ----------------------------------------------------------------------------------
-def _mooncake(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
-    path = _path(cfg, w.path, shared_traces_dir() / "mooncake" / "conversation_trace.jsonl")
+def _mooncake(w: Any, seed: int, base_dir: Path) -> _Source:
+    path = _path(base_dir, w.path, shared_traces_dir() / "mooncake" / "conversation_trace.jsonl")
     log = SkipLog()
     reqs = load_mooncake(path, tokens_per_id=w.tokens_per_id, time_scale=w.time_scale, start=w.start,
                          limit=w.limit, max_output_tokens=w.max_output_tokens,
@@ -122,14 +117,14 @@ def _mooncake(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
                    log, w.tokens_per_id, notes=[_lower_bound_note(w.tokens_per_id)], loader=path)
 
 
-def _trace(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
-    path = _path(cfg, w.path, Path())
+def _trace(w: Any, seed: int, base_dir: Path) -> _Source:
+    path = _path(base_dir, w.path, Path())
     reader = read_trace(path, skip_bad_lines=w.skip_bad_lines)
     return _Source(reader, False, _count_lines(path), f"trace {path.name}", reader)
 
 
-def _ragpulse(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
-    folder = _path(cfg, w.path, shared_traces_dir() / "ragpulse", folder=True)
+def _ragpulse(w: Any, seed: int, base_dir: Path) -> _Source:
+    folder = _path(base_dir, w.path, shared_traces_dir() / "ragpulse", folder=True)
     log = SkipLog(with_file=True)
     reqs = list(load_ragpulse(folder, limit=w.limit, max_output_tokens=w.max_output_tokens,
                               skip_bad_lines=w.skip_bad_lines, skip_log=log))
@@ -138,8 +133,8 @@ def _ragpulse(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
                           "assuming distinct component ids are distinct content"])
 
 
-def _agent_trace(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
-    folder = _path(cfg, w.path, shared_traces_dir() / "weka_agent_sample", folder=True)
+def _agent_trace(w: Any, seed: int, base_dir: Path) -> _Source:
+    folder = _path(base_dir, w.path, shared_traces_dir() / "weka_agent_sample", folder=True)
     n = len(session_files(folder)[: w.sessions])
     loader = AgentTraceLoader(w.shared_prompt_fraction, w.max_output_tokens, w.skip_bad_lines)
     return _Source(iter_sessions(folder, loader, w.sessions), True, None,
@@ -148,8 +143,8 @@ def _agent_trace(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
                    notes=[_lower_bound_note(64)], loader=loader)
 
 
-def _azure(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
-    path = _path(cfg, w.path, _azure_default(w.trace))
+def _azure(w: Any, seed: int, base_dir: Path) -> _Source:
+    path = _path(base_dir, w.path, _azure_default(w.trace))
     log = SkipLog()
     reqs = load_azure(path, limit=w.limit, max_output_tokens=w.max_output_tokens,
                       skip_bad_lines=w.skip_bad_lines, skip_log=log)
@@ -157,33 +152,33 @@ def _azure(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
                    notes=["Azure 2023 has no content information: every prompt is unique (no hits possible)"])
 
 
-def _shared_prefix(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
+def _shared_prefix(w: Any, seed: int, base_dir: Path) -> _Source:
     reqs = shared_prefix(w.num_requests, num_prefixes=w.num_prefixes, prefix_tokens=w.prefix_tokens,
                          suffix_tokens=w.suffix_tokens, output_tokens=w.output_tokens, rate=w.rate,
                          zipf=w.zipf, seed=seed)
     return _Source(reqs, False, len(reqs), f"synthetic shared-prefix x{w.num_requests}")
 
 
-def _rag(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
+def _rag(w: Any, seed: int, base_dir: Path) -> _Source:
     p = generator_params(w)
     return _Source(rag_requests(p, seed), False, p.requests, f"rag x{p.requests} (corpus {p.corpus_size}, "
                    f"top-{p.top_k}, zipf {p.zipf}, {p.doc_order} order)", timestamps=False,
                    default_arrival=PoissonArrivals(kind="poisson", rate=2.0))
 
 
-def _chat(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
+def _chat(w: Any, seed: int, base_dir: Path) -> _Source:
     p = generator_params(w)
     return _Source(chat_sessions(p, seed), True, None, f"chat x{p.sessions} sessions", timestamps=False,
                    default_arrival=PoissonArrivals(kind="poisson", rate=0.2))
 
 
-def _agent(cfg: ExperimentConfig, w: Any, seed: int) -> _Source:
+def _agent(w: Any, seed: int, base_dir: Path) -> _Source:
     p = generator_params(w)
     return _Source(agent_sessions(p, seed), True, None, f"agent x{p.sessions} sessions", timestamps=False,
                    default_arrival=PoissonArrivals(kind="poisson", rate=0.02))
 
 
-SOURCES: dict[str, Callable[[ExperimentConfig, Any, int], _Source]] = {
+SOURCES: dict[str, Callable[[Any, int, Path], _Source]] = {
     "mooncake": _mooncake, "trace": _trace, "ragpulse": _ragpulse, "agent_trace": _agent_trace,
     "azure": _azure, "synthetic_shared_prefix": _shared_prefix, "rag": _rag, "chat": _chat, "agent": _agent,
 }
@@ -194,9 +189,9 @@ def _azure_default(trace: str) -> Path:
 
 
 # -- composition ------------------------------------------------------------------------------
-def _times(cfg: ExperimentConfig, spec: Any, seed: int) -> Iterator[float]:
+def _times(spec: Any, seed: int, base_dir: Path) -> Iterator[float]:
     if spec.kind == "azure":
-        path = _path(cfg, spec.path, _azure_default(spec.trace))
+        path = _path(base_dir, spec.path, _azure_default(spec.trace))
         times = arr.cycled(azure_times(path, skip_bad_lines=spec.skip_bad_lines))
     else:
         rng = rng_for(spec.seed if spec.seed is not None else seed, ARRIVAL_TAG)
@@ -204,19 +199,24 @@ def _times(cfg: ExperimentConfig, spec: Any, seed: int) -> Iterator[float]:
     return arr.scaled(times, spec.rate_scale)
 
 
-def build_workload(cfg: ExperimentConfig) -> Workload:
-    """The workload of ``cfg`` (see the module docstring); config problems raise ``ConfigError``."""
-    w = cfg.workload
-    seed = w.seed if w.seed is not None else cfg.seed
-    src = SOURCES[w.kind](cfg, w, seed)
+def build_workload(
+    w: WorkloadConfig, *, seed: int, base_dir: str | Path = ".", block_size: int | None = None
+) -> Workload:
+    """The workload of the ``workload:`` section ``w`` (see the module docstring). ``seed`` is the
+    experiment seed (used unless ``w.seed`` is set); ``block_size``, the scheduler block size,
+    only adds the note that hits finer than the trace's own block size are a lower bound.
+    Raises :class:`~workloads.errors.WorkloadConfigError`."""
+    base = Path(base_dir)
+    seed = w.seed if w.seed is not None else seed
+    src = SOURCES[w.kind](w, seed, base)
     spec = w.arrival or src.default_arrival or TraceArrivals(kind="trace")
     if spec.kind == "trace":
         if not src.timestamps:
-            raise _error(cfg, "arrival.kind", f"'trace' needs a source with timestamps; {w.kind} has none")
+            raise WorkloadConfigError("arrival.kind", f"'trace' needs a source with timestamps; {w.kind} has none")
         stream: Iterable[TraceRequest] = arr.scale_arrivals(src.stream, spec.rate_scale)
         desc = "trace timestamps" + (f" / {spec.rate_scale}" if spec.rate_scale != 1.0 else "")
     else:
-        times = _times(cfg, spec, seed)
+        times = _times(spec, seed, base)
         stream = arr.merge_sessions(src.stream, times) if src.sessions else arr.retime(src.stream, times)
         desc = f"{spec.kind} arrivals" + (f" x{spec.rate_scale}" if spec.rate_scale != 1.0 else "")
     t = w.tenants
@@ -226,8 +226,8 @@ def build_workload(cfg: ExperimentConfig) -> Workload:
         stream = model.decorate(stream)
         desc += f", {t.num_tenants} tenant(s), salt {t.salt}"
     native = src.native_block_size
-    if native is not None and cfg.engine.block_size < native:
-        desc += (f"; block size {cfg.engine.block_size} < trace block size {native}: "
+    if native is not None and block_size is not None and block_size < native:
+        desc += (f"; block size {block_size} < trace block size {native}: "
                  "hit rates are a lower bound")
     total = src.total
     if w.limit is not None:

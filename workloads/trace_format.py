@@ -27,10 +27,11 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
+from sim.core.errors import ApcsimError
 from sim.core.request import LazyTokens, token_array
 
 TOKEN_ID_LIMIT = 1 << 62
@@ -62,7 +63,7 @@ class TraceRequest:
     system_tokens: int = 0
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(ApcsimError, ValueError):
     """A trace line that breaks the format; ``str()`` is ``file:line: field 'name': problem``."""
 
     def __init__(self, path: str, line: int, field: str | None, problem: str) -> None:
@@ -95,7 +96,8 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
+    """True for a JSON integer (an ``int`` that is not a ``bool``); every loader checks fields with it."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -121,7 +123,7 @@ def parse_token_list(values: Any, field: str, *, min_len: int = 1) -> np.ndarray
         return arr
     # Slow path, errors only: find the first offending element for a precise message.
     for i, v in enumerate(values):
-        if not _is_int(v):
+        if not is_int(v):
             raise _FieldError(field, f"token id at index {i}: expected int, got {_short(v)}")
         if not 0 <= v < TOKEN_ID_LIMIT:
             raise _FieldError(field, f"token id at index {i} out of range [0, 2**62): {v}")
@@ -147,7 +149,7 @@ def parse_request(obj: Any) -> TraceRequest:
             raise _FieldError(key, "missing required field")
 
     rid = obj["id"]
-    if _is_int(rid):
+    if is_int(rid):
         rid = str(rid)
     elif not isinstance(rid, str) or not rid:
         raise _FieldError("id", f"expected non-empty str or int, got {_short(rid)}")
@@ -159,7 +161,7 @@ def parse_request(obj: Any) -> TraceRequest:
         raise _FieldError("arrival", f"expected finite number >= 0, got {arrival!r}")
 
     out = obj["output_tokens"]
-    if not _is_int(out) or out < 1:
+    if not is_int(out) or out < 1:
         raise _FieldError("output_tokens", f"expected int >= 1, got {_short(out)}")
 
     tokens = parse_token_list(obj["tokens"], "tokens")
@@ -173,13 +175,13 @@ def parse_request(obj: Any) -> TraceRequest:
             )
 
     priority = obj.get("priority", 0)
-    if not _is_int(priority):
+    if not is_int(priority):
         raise _FieldError("priority", f"expected int, got {_short(priority)}")
     plp = obj.get("prompt_logprobs", False)
     if not isinstance(plp, bool):
         raise _FieldError("prompt_logprobs", f"expected bool, got {_short(plp)}")
     sys_tokens = obj.get("system_tokens", 0)
-    if not _is_int(sys_tokens) or not 0 <= sys_tokens <= len(tokens):
+    if not is_int(sys_tokens) or not 0 <= sys_tokens <= len(tokens):
         raise _FieldError("system_tokens", f"expected int in [0, len(tokens)], got {_short(sys_tokens)}")
 
     return TraceRequest(

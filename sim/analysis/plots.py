@@ -8,7 +8,7 @@ each. A figure whose x axis was not swept is skipped. Failed points are left out
 
 * ``hit_rate_vs_block_size`` -- vLLM's ``token_hit_rate`` vs block size, one curve per config, one
   panel per capacity (rows: salt policies); the offline references dashed (infinite cache) and
-  dotted (Belady at the same capacity), request-level (see ``sim.experiment.bounds``);
+  dotted (Belady at the same capacity), request-level (see ``workloads.bounds``);
 * ``hit_rate_vs_capacity`` -- the same against capacity (log axis), one curve per block size, one
   panel per config;
 * ``ttft_vs_block_size`` / ``ttft_vs_capacity`` -- TTFT p50 and p99 (log axis), at the first salt
@@ -121,7 +121,7 @@ class SweepData:
             return ""
         if self.cap == "kv_pool_gib":
             sub = self.df[self.df[self.cap] == cap]
-            tokens = int((sub["num_gpu_blocks"] * sub["block_size"]).median()) if len(sub) else 0
+            tokens = int(sub["capacity_tokens"].median()) if len(sub) else 0  # the resolved engine's
             return f"KV pool {_num(cap)} GiB (~{_tokens(tokens)} tokens)"
         return f"KV pool {int(cap):,} blocks"
 

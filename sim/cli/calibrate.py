@@ -1,7 +1,10 @@
 """``apcsim calibrate`` and ``apcsim validate``: their arguments and registration in the ``apcsim``
-parser. Torch-free and ``gpu_backend``-free, so that building the parser (and every simulated run)
-never imports either; the commands import ``gpu_backend.calibrate`` / ``gpu_backend.validate`` when
-they run."""
+parser, and the registry :data:`COMMANDS` of the ``gpu_backend`` functions that run them.
+
+Invariants: torch-free and ``gpu_backend``-free, so that building the parser (and every simulated
+run) never imports either; a command imports its ``module:function`` entry
+(``sim.experiment.backend.load_entry``) when it runs, and a missing torch or scipy is one
+``ConfigError`` line. Imports neither torch nor gpu_backend."""
 
 from __future__ import annotations
 
@@ -11,6 +14,12 @@ from collections.abc import Callable
 GRID_PRESETS = ("quick", "cpu", "gpu")  # gpu_backend.calibrate.PRESETS (checked there)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # gpu_backend.model.DTYPES
 ATTENTIONS = ("auto", "reference", "triton", "flash_paged", "flash_gather")
+
+COMMANDS: dict[str, str] = {
+    "calibrate": "gpu_backend.calibrate:run_from_args",
+    "validate": "gpu_backend.validate:run_from_args",
+}
+"""The function behind each command, ``(args: argparse.Namespace) -> int``, by ``module:function``."""
 
 
 def add_calibrate_arguments(ap: argparse.ArgumentParser) -> None:
@@ -37,7 +46,8 @@ def add_calibrate_arguments(ap: argparse.ArgumentParser) -> None:
 def add_validate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("config", help="experiment YAML (engine, workload, backend:; latency: fitted or --model-file)")
     ap.add_argument("--model-file", default=None, help="fitted latency model file (overrides the config's latency:)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (repeatable)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key (repeatable)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="backend.device override")
     ap.add_argument("--real-runs", type=int, default=2, help="real replays (>= 2 gives the noise floor)")
     ap.add_argument("--warmup-steps", type=int, default=3, help="discarded warm-up steps before each real replay")
@@ -46,27 +56,26 @@ def add_validate_arguments(ap: argparse.ArgumentParser) -> None:
 
 def add_calibration_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``calibrate`` and ``validate`` under ``apcsim``."""
-    _add(sub, "calibrate", "gpu_backend.calibrate", add_calibrate_arguments,
+    _add(sub, "calibrate", add_calibrate_arguments,
          "fit the latency model on real forward passes (profiling grid, NNLS, held-out error)")
-    _add(sub, "validate", "gpu_backend.validate", add_validate_arguments,
+    _add(sub, "validate", add_validate_arguments,
          "replay one config simulated (fitted model) and real (torch backend); report per-request error")
 
 
-def _add(sub: argparse._SubParsersAction, name: str, module: str,
+def _add(sub: argparse._SubParsersAction, name: str,
          add_arguments: Callable[[argparse.ArgumentParser], None], help_: str) -> None:
     cmd = sub.add_parser(name, help=help_)
     add_arguments(cmd)
 
     def run(args: argparse.Namespace) -> int:
-        import importlib
-
+        from sim.experiment.backend import load_entry
         from sim.experiment.config import ConfigError
 
         try:
-            mod = importlib.import_module(module)
+            command = load_entry(COMMANDS[name])
         except ImportError as exc:
             raise ConfigError(f"apcsim {name} needs PyTorch and scipy ({exc}); "
                               f"install them with pip install -e '.[torch]'") from None
-        return int(mod.run_from_args(args))
+        return int(command(args))
 
     cmd.set_defaults(func=run)

@@ -1,15 +1,19 @@
-"""``apcsim`` command line.
+"""``apcsim`` command line: parse, call one experiment function, print (no simulation here).
 
 ``apcsim run CONFIG.yaml [--set key.path=value ...] [--out DIR] [--no-progress]
 [--backend sim|torch] [--device cpu|cuda]`` replays one experiment and writes its results folder;
-``--backend torch`` runs every step as a real forward pass (``gpu_backend``, imported only then). Errors in the config or the inputs are reported as one
-clear message naming the file and key (or line), with exit code 2, never a traceback.
+``--backend torch`` runs every step as a real forward pass (``gpu_backend``, reached through the
+backend registry ``sim.experiment.backend`` and imported only then).
 ``apcsim sweep SWEEP.yaml`` runs a sweep and ``apcsim plot SWEEP_DIR`` plots one (``sim.cli.sweep``).
 ``apcsim workloads stats CONFIG [--block-size N,...]`` prints the shape and infinite-cache hit bound
-of a config's workload (``workloads.stats``).
+of a config's workload (``sim.cli.workloads``).
 ``apcsim calibrate ...`` fits the latency model on the torch backend (``gpu_backend.calibrate``) and
 ``apcsim validate CONFIG`` compares simulated and real per-request latency (``gpu_backend.validate``);
 registered by ``sim.cli.calibrate``; torch and ``gpu_backend`` are imported only when they run.
+
+Invariants: every error the user can fix is an :class:`~sim.core.errors.ApcsimError` (config,
+workload, trace line, replay), caught here once and printed as one line naming the file and key
+(or line), exit code 2, never a traceback. Imports neither torch nor gpu_backend.
 """
 
 from __future__ import annotations
@@ -19,27 +23,21 @@ import json
 import sys
 from collections.abc import Sequence
 
+from sim.core.errors import ApcsimError
+from sim.experiment.backend import EXECUTORS, executor_factory
 from sim.experiment.config import ConfigError, load_config
-from sim.replay.engine import ReplayError
-from workloads.trace_format import TraceFormatError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from sim.experiment.run import run_experiment
 
     overrides = list(args.set)
-    factory = None
     if args.device is not None:
         if args.backend != "torch":
             raise ConfigError("--device applies to --backend torch only")
         overrides.append(f"backend.device={args.device}")
     cfg = load_config(args.config, overrides)
-    if args.backend == "torch":
-        try:  # torch is imported only here, and only for the torch backend
-            from gpu_backend.factory import make_torch_executor
-        except ImportError as exc:
-            raise ConfigError(f"--backend torch needs PyTorch ({exc}); install it with pip install -e '.[torch]'") from None
-        factory = make_torch_executor
+    factory = executor_factory(args.backend)  # torch is imported only here, and only for the torch backend
     result, folder = run_experiment(
         cfg, out=args.out, progress=False if args.no_progress else None, executor_factory=factory
     )
@@ -50,10 +48,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "throughput_output_tokens_per_s", "sim_time_s",
     )
     print(json.dumps({k: s[k] for k in keys}, indent=2))
-    if factory is not None:
+    if args.backend != "sim":
         info = json.loads((folder / "meta.json").read_text()).get("executor", {})
-        keys = ("device", "device_name", "model_shape", "dtype", "attention", "timing", "step_times")
-        print("torch backend: " + json.dumps({k: info.get(k) for k in keys}, indent=2))
+        shown = ("device", "device_name", "model_shape", "dtype", "attention", "timing", "step_times")
+        print(f"{args.backend} backend: " + json.dumps({k: info.get(k) for k in shown}, indent=2))
     print(f"wall time {result.wall_time_s:.2f} s")
     return 0
 
@@ -67,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config key, e.g. --set engine.block_size=64 (repeatable)")
     run.add_argument("--out", default=None, help="results folder (default: <output_dir>/<name>)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--backend", choices=("sim", "torch"), default="sim",
+    run.add_argument("--backend", choices=tuple(EXECUTORS), default="sim",
                      help="sim: step times from the latency model (default); torch: real forward passes "
                           "(gpu_backend, config section 'backend:'), measured step times")
     run.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -76,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli.sweep import add_sweep_parsers
 
     add_sweep_parsers(sub)  # apcsim sweep SWEEP.yaml / apcsim plot SWEEP_DIR
-    from workloads.stats import add_workloads_parser
+    from sim.cli.workloads import add_workloads_parser
 
     add_workloads_parser(sub)  # apcsim workloads stats CONFIG
     from sim.cli.calibrate import add_calibration_commands
@@ -89,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (ConfigError, TraceFormatError, ReplayError) as exc:
+    except ApcsimError as exc:
         print(f"apcsim: error: {exc}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:

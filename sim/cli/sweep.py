@@ -32,15 +32,18 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         resume=not args.no_resume,
         progress=False if args.no_progress else None,
-        plots=not args.no_plots,
     )
     print(f"ran {report.ran}, skipped {report.skipped} finished earlier, {len(report.errors)} failed; "
           f"{report.wall_time_s:.1f} s")
     for point, msg in report.errors:
         print(f"  point {point}: {msg}")
     print(f"table: {report.folder / 'table.parquet'} (and .csv)")
-    if report.plots:
-        print(f"plots: {len(report.plots)} files in {report.folder}/")
+    if not args.no_plots:
+        from sim.analysis.plots import plot_sweep
+
+        plots = plot_sweep(report.folder)
+        if plots:
+            print(f"plots: {len(plots)} files in {report.folder}/")
     return 1 if report.errors else 0
 
 

@@ -139,21 +139,51 @@ def _mm_extra_keys(
     return keys, idx
 
 
+def _one_block_extra_keys(
+    lora_name: str | None, cache_salt: str | None, mm_features: Sequence[MMFeature], start: int, end: int,
+    start_mm_idx: int,
+) -> tuple[tuple[Any, ...] | None, int]:
+    mm_keys, next_idx = _mm_extra_keys(mm_features, start, end, start_mm_idx)
+    keys: list[Any] = [lora_name] if lora_name is not None else []
+    keys.extend(mm_keys)
+    if start == 0 and cache_salt:
+        keys.append(cache_salt)
+    return (tuple(keys) if keys else None), next_idx
+
+
 def block_extra_keys(
     request: Request, start: int, end: int, start_mm_idx: int
 ) -> tuple[tuple[Any, ...] | None, int]:
     """Extra keys of the block ``[start, end)``: LoRA name, MM items, then salt on block 0 only."""
-    mm_keys, next_idx = _mm_extra_keys(request.mm_features, start, end, start_mm_idx)
-    keys: list[Any] = [request.lora_name] if request.lora_name is not None else []
-    keys.extend(mm_keys)
-    if start == 0 and request.cache_salt:
-        keys.append(request.cache_salt)
-    return (tuple(keys) if keys else None), next_idx
+    return _one_block_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, end, start_mm_idx)
 
 
-def has_extra_keys(request: Request) -> bool:
-    """True if any block of ``request`` can carry extra keys (vLLM's ``need_extra_keys``)."""
-    return bool(request.mm_features) or request.lora_name is not None or bool(request.cache_salt)
+def blocks_extra_keys(
+    lora_name: str | None, cache_salt: str | None, mm_features: Sequence[MMFeature], start: int, num_blocks: int,
+    block_size: int,
+) -> list[tuple[Any, ...] | None] | None:
+    """Extra keys of the ``num_blocks`` full blocks from token ``start`` of a request with these
+    fields; None when no block can carry any (vLLM's ``need_extra_keys`` is false).
+
+    The one definition of extra keys of a hash pass: the engine's hashers (``Request`` fields) and
+    the offline bounds of ``workloads.bounds`` (``TraceRequest`` fields, no multimodal items) both
+    call it, so their block keys cannot diverge. Pure.
+    """
+    if not mm_features and lora_name is None and not cache_salt:
+        return None
+    if not mm_features:  # the LoRA name on every block, the salt (if truthy) on the block at token 0
+        lora: tuple[Any, ...] = (lora_name,) if lora_name is not None else ()
+        extras: list[tuple[Any, ...] | None] = [lora or None] * num_blocks
+        if start == 0 and cache_salt and num_blocks:
+            extras[0] = lora + (cache_salt,)
+        return extras
+    mm_idx = 0 if start == 0 else -1  # a resumed pass scans from the last item (vLLM's curr_mm_idx = -1)
+    extras = []
+    for k in range(num_blocks):
+        s = start + k * block_size
+        extra, mm_idx = _one_block_extra_keys(lora_name, cache_salt, mm_features, s, s + block_size, mm_idx)
+        extras.append(extra)
+    return extras
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,7 +206,7 @@ class BlockHasher:
         raise NotImplementedError
 
     def hash_token_blocks(
-        self, tokens: Sequence[int], extra_keys: Sequence[tuple[Any, ...] | None] | None = None
+        self, tokens: Sequence[int] | np.ndarray, extra_keys: Sequence[tuple[Any, ...] | None] | None = None
     ) -> list[BlockHash]:
         """Hashes of the full blocks of a bare token sequence (tests and tools)."""
         raise NotImplementedError  # pragma: no cover
@@ -201,21 +231,20 @@ class ExactBlockHasher(BlockHasher):
         num_tokens = request.num_tokens
         if start + bs > num_tokens:
             return []
-        mm_idx = 0 if start == 0 else -1
         parent = request.block_hashes[-1] if request.block_hashes else None
         n_blocks = (num_tokens - start) // bs
         tokens = request.token_slice(start, start + n_blocks * bs)
         tok_list = tokens.tolist()
+        extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs)
         out: list[BlockHash] = []
         for k in range(n_blocks):
-            s = start + k * bs
-            extra, mm_idx = block_extra_keys(request, s, s + bs, mm_idx)
+            extra = extras[k] if extras is not None else None
             parent = self._chain(parent, tok_list[k * bs : (k + 1) * bs], extra)
             out.append(parent)
         return out
 
     def hash_token_blocks(
-        self, tokens: Sequence[int], extra_keys: Sequence[tuple[Any, ...] | None] | None = None
+        self, tokens: Sequence[int] | np.ndarray, extra_keys: Sequence[tuple[Any, ...] | None] | None = None
     ) -> list[BlockHash]:
         bs = self.block_size
         parent: bytes | None = None
@@ -336,28 +365,14 @@ class FastBlockHasher(BlockHasher):
             n_blocks = n_prompt
         else:
             gen_keys = []
-        extras: list[tuple[Any, ...] | None] | None = None
-        if has_extra_keys(request) and not request.mm_features:
-            # block_extra_keys without multimodal items: the LoRA name on every block, the salt
-            # (if truthy) on the block starting at token 0
-            lora: tuple[Any, ...] = (request.lora_name,) if request.lora_name is not None else ()
-            extras = [lora or None] * n_blocks
-            if start == 0 and request.cache_salt:
-                extras[0] = lora + (request.cache_salt,)
-        elif has_extra_keys(request):
-            mm_idx = 0 if start == 0 else -1
-            extras = []
-            for k in range(n_blocks):
-                s = start + k * bs
-                extra, mm_idx = block_extra_keys(request, s, s + bs, mm_idx)
-                extras.append(extra)
+        extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs)
         state = request.hash_state if request.block_hashes else self.initial_state
         tokens = request.token_slice(start, start + n_blocks * bs)
         keys, request.hash_state = self._chain_blocks(tokens, state, extras)
         return keys + gen_keys if gen_keys else keys
 
     def hash_token_blocks(
-        self, tokens: Sequence[int], extra_keys: Sequence[tuple[Any, ...] | None] | None = None
+        self, tokens: Sequence[int] | np.ndarray, extra_keys: Sequence[tuple[Any, ...] | None] | None = None
     ) -> list[BlockHash]:
         arr = np.asarray(tokens, dtype=np.int64)
         n = len(arr) // self.block_size

@@ -15,9 +15,12 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
+from sim.core.errors import ApcsimError
 from sim.core.hashing import HASH_ALGOS
 from sim.core.kv_groups import KVGroupSpec, check_groups
+from workloads.paths import input_path
 from workloads.schema import UNION_TAGS as _WORKLOAD_TAGS
 from workloads.schema import (  # noqa: F401  (re-exported: the workload models)
     AgentTraceWorkload,
@@ -33,8 +36,8 @@ from workloads.schema import (  # noqa: F401  (re-exported: the workload models)
 from workloads.schema import WorkloadConfig as _WorkloadConfig
 
 
-class ConfigError(ValueError):
-    """A configuration problem, with the file and key in the message."""
+class ConfigError(ApcsimError, ValueError):
+    """A configuration problem; ``str()`` is ``file: key: problem``."""
 
 
 class _Strict(BaseModel):
@@ -179,8 +182,7 @@ class ExperimentConfig(_Strict):
 
     def resolve_path(self, p: str) -> Path:
         """An input path: absolute, or relative to the config file's directory."""
-        path = Path(p).expanduser()
-        return path if path.is_absolute() else (Path(self.base_dir) / path)
+        return input_path(p, self.base_dir)
 
     def results_dir(self) -> Path:
         """``<output_dir>/<name>``; a relative ``output_dir`` is relative to the working directory."""
@@ -195,7 +197,7 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
 _UNION_TAGS = {"fixed", "roofline", "fitted"} | _WORKLOAD_TAGS
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: ErrorDetails) -> str:
     if err["type"] == "extra_forbidden":
         return "unknown key"
     if err["type"] == "missing":

@@ -12,7 +12,8 @@ The sweep folder ``<output_dir>/<name>/`` holds:
   (``infinite_cache_hit_rate``, ``belady_hit_rate``, ``lru_sequential_hit_rate``), ``status``
   (``ok`` / ``error`` / ``missing``), ``error``, ``key`` and the wall times;
 * ``sweep.json`` -- the sweep's axes and every point's key; ``sweep.yaml`` -- a copy of the file;
-* the plots (``sim.analysis.plots``), unless ``--no-plots``.
+* the plots, drawn afterwards by ``apcsim sweep`` (``sim.cli.sweep``) or ``apcsim plot`` with
+  ``sim.analysis.plots``: this module stays below the analysis layer.
 
 Resume: a point whose folder holds an ``ok`` row is skipped; ``error`` points are retried;
 ``--no-resume`` reruns everything. Killing the sweep (even ``kill -9``) loses no finished point and
@@ -65,7 +66,6 @@ class SweepReport:
     skipped: int = 0
     errors: list[tuple[int, str]] = field(default_factory=list)  # (point, message)
     wall_time_s: float = 0.0
-    plots: list[Path] = field(default_factory=list)
 
 
 class SweepLock:
@@ -111,12 +111,14 @@ def _unique_tasks(points: Iterable[Point]) -> list[Point]:
     return list(seen.values())
 
 
-def _stream_order(p: Point) -> tuple[str, int, int]:
-    """Points sharing a stream and block size run next to each other (their bounds share work)."""
+def _stream_order(p: Point) -> tuple[str, str, int]:
+    """Points sharing a stream and block-size settings run next to each other (their bounds share
+    work); the settings, not the resolved size, so that ordering resolves no engine."""
     import json
 
     w = p.config.workload.model_dump(mode="json")
-    return (json.dumps([w, p.config.seed], sort_keys=True, default=str), p.config.engine.block_size, p.index)
+    sizes = p.config.engine.model_dump(mode="json", include={"block_size", "kv_cache_groups", "hash_block_size"})
+    return (json.dumps([w, p.config.seed], sort_keys=True, default=str), json.dumps(sizes, sort_keys=True), p.index)
 
 
 def _watch_parent(close_fds: tuple[int, ...] = ()) -> None:
@@ -142,7 +144,7 @@ def _watch_parent(close_fds: tuple[int, ...] = ()) -> None:
 def _bar(total: int, desc: str, enabled: bool) -> Any:
     from tqdm import tqdm
 
-    class Bar(tqdm):  # type: ignore[misc,valid-type]
+    class Bar(tqdm):
         monitor_interval = 0  # no monitor thread (workers are forked after the bar exists)
 
     return Bar(total=total, desc=desc, unit="pt", disable=not enabled, smoothing=0.1, dynamic_ncols=True)
@@ -255,7 +257,6 @@ def run_sweep(
     ray_address: str | None = None,
     resume: bool = True,
     progress: bool | None = None,
-    plots: bool = True,
     output_dir: str | None = None,
 ) -> SweepReport:
     """Run (or resume) a sweep; returns the report with the tidy table."""
@@ -303,8 +304,4 @@ def run_sweep(
             bar.close()
         report.table = write_sweep_table(sweep, folder)
     report.wall_time_s = time.perf_counter() - t0
-    if plots:
-        from sim.analysis.plots import plot_sweep
-
-        report.plots = plot_sweep(folder)
     return report

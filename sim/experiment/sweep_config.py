@@ -290,7 +290,7 @@ def load_sweep(path: str | Path, output_dir: str | None = None, overrides: list[
     for index, combo in enumerate(itertools.product(*dims)):
         chosen = [pair for part in combo for pair in part]
         labels = {a.key: a.labels[i] for a, i in chosen}
-        overrides = {a.key: a.values[i] for a, i in chosen}
+        point_overrides = {a.key: a.values[i] for a, i in chosen}
         desc_pt = "point " + ", ".join(f"{k}={v}" for k, v in labels.items()) if labels else "the only point"
         cfg_data = copy.deepcopy(base)
         for a, i in sorted(chosen, key=lambda ai: ai[0].key.count(".")):
@@ -303,5 +303,5 @@ def load_sweep(path: str | Path, output_dir: str | None = None, overrides: list[
         except ConfigError as exc:
             lines = [_attribute(ln, base_source, axes, desc_pt, base_where) for ln in str(exc).splitlines()]
             raise ConfigError("\n".join(lines)) from None
-        sweep.points.append(Point(index, labels, overrides, cfg, point_key(cfg, bounds)))
+        sweep.points.append(Point(index, labels, point_overrides, cfg, point_key(cfg, bounds)))
     return sweep

@@ -12,11 +12,19 @@ in ``error.txt``.
 ``requests.parquet`` (plus ``steps.parquet`` with the sweep's ``keep_steps: true``; the tables of
 ``apcsim run``, parquet only), or ``row.json`` and ``error.txt`` for a failed point.
 
-Offline bounds (``sim.experiment.bounds``): ``infinite_cache_hit_rate``, ``belady_hit_rate`` and
-``lru_sequential_hit_rate`` over the point's own request stream at its block size, with capacity
-``num_gpu_blocks - 1``; request-level definition (compare with ``request_hit_rate``). They are
-skipped (NaN) for hybrid KV-cache groups. The block reference string of a stream is cached in the
-worker process, so points that differ only in pool capacity hash their stream once.
+Every row's engine facts (``block_size`` -- the scheduler block size --, ``num_gpu_blocks``,
+``kv_pool_gib``, ``capacity_tokens``) and its bounds come from the point's resolved engine
+(:func:`sim.experiment.engine_description.resolve`), so a sliding-window or hybrid model reports
+its own group sizes, never ``engine.block_size``.
+
+Offline bounds (``workloads.bounds``), request-level (compare with ``request_hit_rate``), over the
+point's own request stream at its scheduler block size: ``infinite_cache_hit_rate`` always (an
+upper bound for one full-attention group, a sliding window and full + sliding-window hybrids
+alike); ``belady_hit_rate`` and ``lru_sequential_hit_rate`` at capacity ``num_gpu_blocks - 1``
+only when the pool holds one full-attention group, NaN otherwise: their model is one pool of
+equal blocks, which several groups competing for the pool, or a window freeing blocks, break.
+The block reference string of a stream is cached in the worker process, so points that differ
+only in pool capacity hash their stream once.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from sim.experiment.engine_description import EngineDescription, resolve
 from sim.experiment.results import _json_safe, run_metadata
 
 ROW_FILE = "row.json"
@@ -54,49 +63,37 @@ def _flatten(prefix: str, data: dict[str, Any], out: dict[str, Any]) -> None:
             out[name] = v
 
 
-def derived_facts(cfg: Any) -> dict[str, Any]:
+def derived_facts(cfg: Any, engine: EngineDescription) -> dict[str, Any]:
     """Config facts every row carries whatever was swept (resolved pool size, capacity, ...)."""
-    from sim.experiment.run import model_spec, resolve_num_gpu_blocks
-    from sim.timing.roofline import GIB
-
-    e = cfg.engine
     w = cfg.workload
     tenants = getattr(w, "tenants", None)
-    num_blocks = resolve_num_gpu_blocks(cfg)
-    if e.kv_cache_gib is not None:
-        gib = float(e.kv_cache_gib)
-    else:
-        try:
-            gib = num_blocks * model_spec(cfg).kv_bytes_per_block(e.block_size) / GIB
-        except Exception:  # an unknown model only matters for the pool size given in blocks
-            gib = float("nan")
     return {
         "workload_kind": w.kind,
         "model": cfg.model,
         "gpu": cfg.gpu,
         "seed": cfg.seed,
-        "block_size": e.block_size,
-        "num_gpu_blocks": num_blocks,
-        "kv_pool_gib": gib,
-        "capacity_tokens": (num_blocks - 1) * e.block_size,
+        "block_size": engine.block_size,
+        "num_gpu_blocks": engine.num_gpu_blocks,
+        "kv_pool_gib": engine.kv_pool_gib,
+        "capacity_tokens": engine.capacity_tokens,
         "salt_policy": tenants.salt if tenants is not None else None,
         "num_tenants": tenants.num_tenants if tenants is not None else None,
     }
 
 
-def _references(cfg: Any) -> Any:
+def _references(cfg: Any, engine: EngineDescription) -> Any:
     """The point's block reference string (cached per stream and block size in this process)."""
-    from sim.experiment.bounds import block_references
     from sim.experiment.config import config_to_dict
-    from workloads.registry import build_workload
+    from sim.experiment.workload import build_workload
+    from workloads.bounds import block_references
 
     ident = json.dumps(
         {"workload": config_to_dict(cfg)["workload"], "seed": cfg.seed, "base": cfg.base_dir,
-         "block_size": cfg.engine.block_size}, sort_keys=True, default=str,
+         "block_size": engine.block_size}, sort_keys=True, default=str,
     )
     refs = _REFS_CACHE.get(ident)
     if refs is None:
-        refs = block_references(build_workload(cfg).requests, cfg.engine.block_size)
+        refs = block_references(build_workload(cfg, engine).requests, engine.block_size)
         _REFS_CACHE[ident] = refs
         while len(_REFS_CACHE) > _REFS_CACHE_SIZE:
             _REFS_CACHE.popitem(last=False)
@@ -105,14 +102,12 @@ def _references(cfg: Any) -> Any:
     return refs
 
 
-def point_bounds(cfg: Any, num_gpu_blocks: int) -> dict[str, Any]:
-    """Offline bounds of a point (NaN when not applicable)."""
-    from sim.experiment.bounds import offline_bounds
+def point_bounds(cfg: Any, engine: EngineDescription) -> dict[str, Any]:
+    """Offline bounds of a point at its scheduler block size (see the module docstring)."""
+    from workloads.bounds import offline_bounds
 
-    if cfg.engine.kv_cache_groups:
-        nan = float("nan")
-        return {"infinite_cache_hit_rate": nan, "belady_hit_rate": nan, "lru_sequential_hit_rate": nan}
-    return offline_bounds(_references(cfg), max(0, num_gpu_blocks - 1))
+    capacity = max(0, engine.num_gpu_blocks - 1) if engine.single_full_group else None
+    return offline_bounds(_references(cfg, engine), capacity)
 
 
 def _worker_facts() -> dict[str, Any]:
@@ -150,8 +145,9 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
         cfg = config_from_dict(data, task.get("source", "<sweep>"), task.get("base_dir", "."))
         from sim.experiment.run import replay_experiment
 
-        facts = derived_facts(cfg)
-        result, workload = replay_experiment(cfg, progress=False)
+        engine = resolve(cfg)
+        facts = derived_facts(cfg, engine)
+        result, workload = replay_experiment(cfg, progress=False, engine=engine)
         wall = time.perf_counter() - t0
         metrics: dict[str, Any] = {}
         _flatten("", result.summary, metrics)
@@ -159,7 +155,7 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
         row.update(metrics)
         tb = time.perf_counter()
         if task.get("bounds", True):
-            row.update(point_bounds(cfg, facts["num_gpu_blocks"]))
+            row.update(point_bounds(cfg, engine))
         row.update(status="ok", error=None, wall_time_s=wall, bounds_wall_time_s=time.perf_counter() - tb,
                    **_worker_facts())
         extra: dict[str, Any] = {"workload": workload.description, "sweep_point_key": task["key"]}
@@ -177,7 +173,9 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
     return row, files
 
 
-def error_result(key: str, exc: BaseException, wall: float = 0.0, *, worker: bool = True) -> tuple[dict[str, Any], dict[str, bytes]]:
+def error_result(
+    key: str, exc: BaseException, wall: float = 0.0, *, worker: bool = True
+) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The row and files of a failed point."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     row: dict[str, Any] = {"key": key, "status": "error",

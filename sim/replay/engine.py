@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 import simpy
 
+from sim.core.errors import ApcsimError
 from sim.core.executor import Executor, StepResult, step_shape
 from sim.core.kv_cache_manager import PrefixCacheStats, cdiv
 from sim.core.request import Request
@@ -47,7 +48,7 @@ ARRIVAL_EPS_S = 1e-9
 """An arrival counts as "at or before" a step start within this tolerance (float rounding)."""
 
 
-class ReplayError(RuntimeError):
+class ReplayError(ApcsimError, RuntimeError):
     """The replay cannot continue (bad request, stalled engine)."""
 
 

@@ -1,0 +1,189 @@
+"""The resolved engine: every number the engine is built from, derived once from a config.
+
+Mirrors what vLLM 0.25.1 settles at start-up before its scheduler exists: the KV-cache groups and
+their block sizes (``resolve_kv_cache_block_sizes`` in ``vllm/v1/core/kv_cache_utils.py``: the
+scheduler block size is the LCM of the group sizes, the hash block size their GCD or the
+override), the pool size in blocks with the null block included (``determine_available_memory``
+then ``get_kv_cache_configs``; here ``engine.num_gpu_blocks``, ``engine.kv_cache_gib`` or the GPU
+through ``sim.timing.roofline.kv_cache_blocks``), ``max_model_len`` (the engine's or the model's),
+and the start-up check ``_check_enough_kv_cache_memory`` (a pool that cannot hold one
+``max_model_len`` sequence is refused).
+
+Invariants: an :class:`EngineDescription` is built only by :func:`resolve`, is frozen, and is the
+only place these numbers are derived: the scheduler (``sim.experiment.run.build_scheduler``), the
+sweep rows and their offline bounds (``sim.experiment.sweep_point``) and ``apcsim workloads
+stats`` (``sim.experiment.workload``) read it, never ``engine.block_size`` and friends. A problem
+raises :class:`~sim.experiment.config.ConfigError` naming the file and key, in this order: the
+model (when ``max_model_len`` comes from it), the pool size, the pool against ``max_model_len``,
+chunked prefill against ``max_model_len``.
+
+Imports neither simpy, torch nor gpu_backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+from sim.core.hashing import BlockHasher, make_block_hasher
+from sim.core.kv_cache_manager import cdiv
+from sim.core.kv_groups import KVGroupSpec, blocks_for_one_sequence, resolve_block_sizes
+from sim.core.scheduler import CacheConfig, SchedulerConfig
+from sim.experiment.config import ConfigError, ExperimentConfig
+from sim.timing.roofline import GIB, GPUSpec, ModelSpec, kv_cache_blocks, load_gpu_spec, load_model_spec
+
+
+@dataclass(frozen=True)
+class EngineDescription:
+    """One engine, fully resolved (see the module docstring).
+
+    ``kv_groups`` always lists the groups (one full-attention group of ``block_size`` for a model
+    without ``engine.kv_cache_groups``); ``hybrid`` says the config set ``kv_cache_groups``, which
+    selects the hybrid KV-cache manager. ``block_size`` is the scheduler block size (hits and
+    caching are aligned to it), ``hash_block_size`` the block size of the request hashes.
+    ``capacity_tokens`` is the longest prefix, a multiple of ``block_size``, whose blocks of every
+    group fit in the pool's ``num_gpu_blocks - 1`` usable blocks at once (vLLM's null block is never
+    cacheable): ``(num_gpu_blocks - 1) * block_size`` for one group. ``kv_pool_gib`` is the pool's
+    memory (NaN when the model is unknown, or for ``kv_cache_groups``: the model spec does not say
+    which layers each group holds).
+    """
+
+    kv_groups: tuple[KVGroupSpec, ...]
+    hybrid: bool
+    block_size: int
+    hash_block_size: int
+    num_gpu_blocks: int
+    max_model_len: int
+    capacity_tokens: int
+    kv_pool_gib: float
+    hash_algo: str
+    hash_seed: int
+    scheduler_config: SchedulerConfig
+    cache_config: CacheConfig
+
+    @property
+    def single_full_group(self) -> bool:
+        """True when the pool holds one full-attention group: the pool model of the Belady and
+        sequential-LRU references (``workloads.bounds``)."""
+        return len(self.kv_groups) == 1 and self.kv_groups[0].kind == "full"
+
+    def block_hasher(self) -> BlockHasher:
+        """A new request block hasher (``hash_algo`` at ``hash_block_size``, seeded)."""
+        return make_block_hasher(self.hash_algo, self.hash_block_size, self.hash_seed)
+
+
+def _spec_name(cfg: ExperimentConfig, name: str) -> str:
+    return str(cfg.resolve_path(name)) if name.endswith((".yaml", ".yml")) else name
+
+
+def model_spec(cfg: ExperimentConfig) -> ModelSpec:
+    """The config's model (a built-in name or a YAML path); problems raise ``ConfigError``."""
+    try:
+        return load_model_spec(_spec_name(cfg, cfg.model))
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"{cfg.source}: model: {exc}") from None
+
+
+def gpu_spec(cfg: ExperimentConfig) -> GPUSpec:
+    """The config's GPU (a built-in name or a YAML path); problems raise ``ConfigError``."""
+    try:
+        return load_gpu_spec(_spec_name(cfg, cfg.gpu))
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"{cfg.source}: gpu: {exc}") from None
+
+
+def _pool_key(cfg: ExperimentConfig) -> str:
+    e = cfg.engine
+    if e.num_gpu_blocks is not None:
+        return "engine.num_gpu_blocks"
+    return "engine.kv_cache_gib" if e.kv_cache_gib is not None else "gpu"
+
+
+def _num_gpu_blocks(cfg: ExperimentConfig, model: Callable[[], ModelSpec], block_size: int) -> int:
+    """The pool size in blocks (null block included): given, from ``kv_cache_gib``, or from the GPU."""
+    e = cfg.engine
+    if e.num_gpu_blocks is not None:
+        return e.num_gpu_blocks
+    spec = model()
+    try:
+        gpu = load_gpu_spec(_spec_name(cfg, cfg.gpu))
+        return kv_cache_blocks(spec, gpu, block_size, e.gpu_memory_utilization, e.kv_cache_gib,
+                               max_num_batched_tokens=e.max_num_batched_tokens)
+    except ValueError as exc:
+        raise ConfigError(f"{cfg.source}: {_pool_key(cfg)}: {exc}") from None
+
+
+def _capacity_tokens(groups: tuple[KVGroupSpec, ...], block_size: int, num_gpu_blocks: int) -> int:
+    """``block_size * k`` for the largest ``k`` with ``k * sum(block_size / g.block_size)`` blocks
+    (one scheduler block of tokens in every group) within ``num_gpu_blocks - 1``."""
+    per_block = sum(block_size // g.block_size for g in groups)
+    return block_size * (max(0, num_gpu_blocks - 1) // per_block)
+
+
+def _kv_pool_gib(
+    cfg: ExperimentConfig, model: Callable[[], ModelSpec], hybrid: bool, num_gpu_blocks: int, block_size: int
+) -> float:
+    e = cfg.engine
+    if e.kv_cache_gib is not None:
+        return float(e.kv_cache_gib)
+    if hybrid:
+        return float("nan")
+    try:
+        return num_gpu_blocks * model().kv_bytes_per_block(block_size) / GIB
+    except ConfigError:  # an unknown model only matters for the pool size given in blocks
+        return float("nan")
+
+
+def resolve(cfg: ExperimentConfig) -> EngineDescription:
+    """The engine of ``cfg`` (see the module docstring); problems raise ``ConfigError``."""
+    e = cfg.engine
+    model = cache(lambda: model_spec(cfg))  # loaded at most once, and only when a number needs it
+    max_model_len = e.max_model_len if e.max_model_len is not None else model().max_model_len
+    hybrid = bool(e.kv_cache_groups)
+    groups = e.kv_cache_group_specs() if hybrid else (KVGroupSpec("full", e.block_size),)
+    if hybrid:  # sliding-window / hybrid: every group holds its own blocks of one max_model_len sequence
+        block_size, hash_block_size = resolve_block_sizes(groups, e.enable_prefix_caching, e.hash_block_size)
+        needed = blocks_for_one_sequence(groups, e.max_num_batched_tokens, max_model_len)
+    else:
+        block_size = hash_block_size = e.block_size
+        needed = cdiv(max_model_len, block_size)
+    num_blocks = _num_gpu_blocks(cfg, model, block_size)
+    if num_blocks < needed:  # vLLM's _check_enough_kv_cache_memory (it counts the null block)
+        raise ConfigError(
+            f"{cfg.source}: {_pool_key(cfg)}: a pool of {num_blocks} blocks of {block_size} tokens cannot hold one "
+            f"max_model_len={max_model_len} sequence ({needed} blocks); vLLM refuses to start -- enlarge the "
+            f"pool or lower engine.max_model_len"
+        )
+    if not e.enable_chunked_prefill and e.max_num_batched_tokens < max_model_len:
+        raise ConfigError(
+            f"{cfg.source}: engine.max_num_batched_tokens: {e.max_num_batched_tokens} is smaller than "
+            f"max_model_len {max_model_len} with chunked prefill off; vLLM rejects this"
+        )
+    scheduler_config = SchedulerConfig(
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        max_num_seqs=e.max_num_seqs,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=e.enable_chunked_prefill,
+        long_prefill_token_threshold=e.long_prefill_token_threshold,
+        policy=e.policy,
+        scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
+        watermark=e.watermark,
+        async_scheduling=e.async_scheduling,
+    )
+    cache_config = CacheConfig(block_size, num_blocks, e.enable_prefix_caching, e.use_eagle,
+                               kv_groups=groups if hybrid else (), hash_block_size=e.hash_block_size)
+    return EngineDescription(
+        kv_groups=groups,
+        hybrid=hybrid,
+        block_size=block_size,
+        hash_block_size=hash_block_size,
+        num_gpu_blocks=num_blocks,
+        max_model_len=max_model_len,
+        capacity_tokens=_capacity_tokens(groups, block_size, num_blocks),
+        kv_pool_gib=_kv_pool_gib(cfg, model, hybrid, num_blocks, block_size),
+        hash_algo=e.hash_algo,
+        hash_seed=e.hash_seed,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
+    )
