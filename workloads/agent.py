@@ -1,4 +1,4 @@
-"""Synthetic tool-using agent sessions (a coding agent's loop).
+"""Synthetic tool-using agent sessions (mirrors a coding agent's loop, as Claude Code renders it).
 
 Every session starts with one shared prompt -- ``tool_tokens`` of tool schemas then
 ``system_prompt_tokens`` of system prompt, the same ids for all sessions (as Claude Code renders
@@ -25,6 +25,9 @@ system median 2,872; steps per session median 28 / p90 149; first input median 5
 
 Timing is open-loop: step ``i + 1`` arrives ``step_gap`` after step ``i`` arrived. Session ``s``
 draws from its own stream ``rng_for(seed, 3, s)``.
+
+Invariants: a step's prompt extends the previous step's prompt and answer, except after a
+compaction (the shared prompt survives it). Imports neither simpy nor torch.
 """
 
 from __future__ import annotations

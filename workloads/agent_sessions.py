@@ -1,4 +1,5 @@
-"""Loader for coding-agent session traces (callanjfox/kv-cache-tester, "WEKA agent sample").
+"""Loader for coding-agent session traces (mirrors the format of callanjfox/kv-cache-tester, "WEKA
+agent sample").
 
 One JSON document per session file: ``block_size`` (64), ``hash_id_scope`` (``local``: ids are
 private to the file; ``global``: shared by all files), ``tool_tokens`` and ``system_tokens`` (the
@@ -27,6 +28,9 @@ not recorded) is replayed as 1 token (vLLM needs ``max_tokens >= 1``); ``loader.
 counts them. Errors name the file, line 1 (the document starts there; the files are one line) and
 the JSON path of the bad value, e.g. ``field 'requests[3].hash_ids'``; with ``skip_bad_lines`` a
 bad record (or a whole unreadable file) is skipped and counted.
+
+Invariants: a session's requests come sorted by arrival; the shared prompt is the same ids in
+every session. Imports neither simpy nor torch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Statistics of a coding-agent session trace: the numbers the synthetic agent generator's
+"""Statistics of a coding-agent session trace (mirrors nothing in vLLM): the numbers the synthetic
+agent generator's
 defaults come from (``python -m workloads.agent_stats [FOLDER]`` prints them; so does
 ``apcsim workloads stats`` on an ``agent_trace`` config).
 
@@ -6,6 +7,9 @@ Per step ``i -> i+1`` of a session (top-level requests): ``growth = in[i+1] - in
 (the tool result / user text appended), ``gap = t[i+1] - t[i]``; a *context reset* is a step whose
 hash ids do not extend the previous request's (compaction; the shared prompt blocks survive).
 Reads hash ids only to compare prefixes; nothing is expanded to tokens.
+
+Invariants: reads only; the statistics are a pure function of the folder. Imports neither simpy
+nor torch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Arrival processes, and placing requests or whole sessions on the timeline.
+"""Arrival processes, and placing requests or whole sessions on the timeline (``poisson`` and
+``gamma`` mirror vLLM's ``benchmark_serving`` ``--request-rate`` / ``--burstiness``).
 
 Processes (all yield non-decreasing times in seconds, starting after one gap):
 
@@ -16,6 +17,9 @@ Placement: a *request-level* source gets the i-th arrival as the i-th request's 
 session start; :func:`merge_sessions` starts session j at the j-th arrival and merges all sessions
 into one stream sorted by arrival (ties: earlier-started session first, then session order), with
 only the sessions currently in progress held in memory.
+
+Invariants: every process and every merged stream is non-decreasing in time. Imports neither
+simpy nor torch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Loader for the Azure LLM inference trace 2023 (Splitwise): arrival times and lengths only.
+"""Loader for the Azure LLM inference trace 2023 (mirrors its published CSV; Splitwise): arrival
+times and lengths only.
 
 CSV with header ``TIMESTAMP,ContextTokens,GeneratedTokens``; ``TIMESTAMP`` is a wall-clock time
 ``YYYY-MM-DD HH:MM:SS[.fraction]`` (any number of fraction digits). Files must be sorted by time.
@@ -15,6 +16,8 @@ Two uses:
 Bad rows (wrong column count, unparsable time, non-int or < 1 lengths, time going backwards)
 raise ``TraceFormatError`` with the file, the 1-based line (the header is line 1) and the column,
 or are skipped and counted with ``skip_bad_lines``.
+
+Invariants: no two requests share a prompt id. Imports neither simpy nor torch.
 """
 
 from __future__ import annotations

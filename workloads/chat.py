@@ -1,4 +1,4 @@
-"""Synthetic multi-turn chat sessions.
+"""Synthetic multi-turn chat sessions (mirrors a chat client that resends the whole conversation).
 
 Session ``s`` (its own random stream ``rng_for(seed, 1, s)``, so its content does not depend on
 the arrival process or on other sessions) draws a number of turns from ``turns`` and a system
@@ -20,6 +20,8 @@ finished turn ``k`` by then, turn ``k + 1`` cannot hit turn ``k``'s answer block
 ends early when the next turn's prompt plus output would exceed ``max_context_tokens``.
 Invariants: ``system_tokens`` of every request is the rendered system block's length; prompts
 never exceed ``max_context_tokens - output_tokens``.
+
+Imports neither simpy nor torch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Small parametric distributions for generator knobs (lengths, counts, times).
+"""Small parametric distributions for generator knobs (lengths, counts, times); mirrors nothing in
+vLLM.
 
 A :class:`Dist` is immutable and samples with a caller-supplied ``numpy.random.Generator``, so a
 generator's output depends only on its seed. Kinds and their parameters:
@@ -12,6 +13,9 @@ generator's output depends only on its seed. Kinds and their parameters:
 
 Samples are then clamped to ``[min, max]`` when those are set. ``sample_int`` rounds to the
 nearest integer after clamping and never returns less than ``max(min, 0)`` rounded.
+
+Invariants: a ``Dist`` is immutable and its samples depend only on the generator passed in.
+Imports numpy only.
 """
 
 from __future__ import annotations

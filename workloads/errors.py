@@ -1,5 +1,6 @@
-"""Workloads' errors: a bad ``workload:`` setting (:class:`WorkloadConfigError`), and the bad-input
-policy shared by every loader: stop with file, line and field, or skip and count.
+"""Workloads' errors (mirrors nothing in vLLM): a bad ``workload:`` setting
+(:class:`WorkloadConfigError`), and the bad-input policy shared by every loader: stop with file,
+line and field, or skip and count.
 
 A setting that passes the schema (``workloads.schema``) but fails once the workload is built (a
 missing trace file, ``arrival.kind: trace`` on a source without timestamps) raises
@@ -13,7 +14,8 @@ loader calls :meth:`SkipLog.skip` instead and continues; the log keeps the total
 :data:`MAX_KEPT` locations and the first message, and ``sim.experiment.run`` writes them to ``meta.json``
 (``skipped_bad_lines`` / ``skipped_line_numbers``). Nothing is dropped without being counted.
 
-Imports sim.core only (neither simpy nor torch).
+Invariants: every error is an ``ApcsimError``; nothing skipped goes uncounted. Imports sim.core
+only (neither simpy nor torch).
 """
 
 from __future__ import annotations

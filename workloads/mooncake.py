@@ -1,4 +1,4 @@
-"""Loader for the Mooncake (FAST'25) traces: ``timestamp`` (ms), ``input_length``,
+"""Loader for the Mooncake (FAST'25) traces (mirrors their published JSONL): ``timestamp`` (ms), ``input_length``,
 ``output_length``, ``hash_ids`` (one id per 512-token block, prefix-chained, last block partial).
 
 Re-blocking: hash id ``h`` expands into ``tokens_per_id`` distinct token ids
@@ -15,6 +15,9 @@ Decisions:
 * Unknown fields, non-int lengths, negative ids, ids whose expansion reaches 2**62 and
   decreasing timestamps raise ``TraceFormatError`` (``file:line: field 'x': problem``); with
   ``skip_bad_lines`` such lines are skipped and counted in the ``SkipLog`` passed in instead.
+
+Invariants: a prompt is exactly ``input_length`` tokens, ids of one hash id are consecutive.
+Imports neither simpy nor torch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Where the project's read-only shared inputs live, and how a config's input path resolves.
+"""Where the project's read-only shared inputs live, and how a config's input path resolves
+(mirrors nothing in vLLM).
 
 Invariants: an input path is absolute, or relative to the folder of the config that names it
 (never to the working directory). Imports nothing from sim.
@@ -9,11 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def repo_root() -> Path:
-    """The project's repository root (the folder holding ``workloads/``)."""
-    return _REPO_ROOT
 
 
 def shared_traces_dir() -> Path:

@@ -1,4 +1,5 @@
-"""Synthetic retrieval-augmented generation (RAG) requests.
+"""Synthetic retrieval-augmented generation (RAG) requests (mirrors a retriever's top-k documents
+pasted between a system prompt and the question).
 
 A corpus of ``corpus_size`` documents with lengths from ``doc_tokens`` and Zipf popularity
 (document of popularity rank ``r`` is retrieved with weight ``(r + 1) ** -zipf``; ranks are
@@ -19,6 +20,8 @@ Determinism: the corpus comes from ``rng_for(seed, 2, 0)`` and the requests, in 
 ``rng_for(seed, 2, 1)``; arrival times are not drawn here (see ``workloads.arrivals``).
 Invariants: every request has ``system_tokens`` = the rendered system block; document ``d``'s
 tokens are the same ids in every request that retrieves it.
+
+Imports neither simpy nor torch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Loader for the RAGPulse trace (flashserve/RAGPulse): RAG requests made of content components.
+"""Loader for the RAGPulse trace (mirrors flashserve/RAGPulse's files): RAG requests made of content
+components.
 
 Files (one folder): ``0_trace.jsonl`` -- one request per line: ``timestamp`` (seconds, a string
 or a number), ``input_length``, ``output_length``, ``session_id``, ``hash_ids`` = an object of
@@ -21,6 +22,9 @@ by timestamp, file order breaking ties. This needs the whole file read first: th
 only compact per-request id arrays (about 12 ids each), not tokens. Ids are ``rp-{line_index}``
 (0-based line of ``0_trace.jsonl``); ``session`` is ``session_id``; ``system_tokens`` is the
 sys_prompt length.
+
+Invariants: a component id expands to the same ids, of its table length, in every request.
+Imports neither simpy nor torch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""From a validated ``workload:`` config section to a request stream (``build_workload``).
+"""From a validated ``workload:`` config section to a request stream (``build_workload``; mirrors
+nothing in vLLM: what a load generator sends it).
 
 A workload = a *source* (trace loader or generator) + an *arrival process* + optional *tenant /
 salt / LoRA / prompt-logprobs* decoration + ``limit``, composed in that order:

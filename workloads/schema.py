@@ -1,4 +1,5 @@
-"""The ``workload:`` section of an experiment config (pydantic models; unknown keys are errors).
+"""The ``workload:`` section of an experiment config (pydantic models; unknown keys are errors;
+mirrors nothing in vLLM).
 
 Every kind shares ``limit`` (max requests replayed), ``seed`` (default: the experiment seed),
 ``arrival`` (how requests or sessions are placed on the timeline) and ``tenants`` (tenant/user
@@ -6,7 +7,8 @@ assignment, salt policy, LoRA, prompt-logprobs share; absent = leave requests as
 them). Generator defaults are read from the generators' own parameter classes, so the resolved
 config written beside results shows every value that was used. A length/time knob accepts a
 number (a fixed value) or ``{dist: fixed|uniform|exponential|lognormal|geometric, ...}``
-(``workloads.dists``). Imports neither simpy nor torch.
+(``workloads.dists``). Invariants: every model is frozen and forbids unknown keys. Imports
+neither simpy nor torch.
 """
 
 from __future__ import annotations

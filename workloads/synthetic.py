@@ -1,4 +1,8 @@
-"""Small synthetic workloads."""
+"""Small synthetic workloads: a few Zipf-popular shared prefixes (mirrors a fleet of clients with
+fixed system prompts).
+
+Invariants: a pure function of its arguments and seed. Imports neither simpy nor torch.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tenants, users, cache-salt policies, LoRA adapters and prompt-logprobs flags.
+"""Tenants, users, cache-salt policies, LoRA adapters and prompt-logprobs flags (mirrors vLLM's
+``cache_salt`` and LoRA extra keys).
 
 Assignment is a pure function of ``(seed, session)``: tenant ``k`` of ``num_tenants`` is drawn
 with probability proportional to ``(k + 1) ** -tenant_skew`` and the user ``j`` within it with
@@ -31,6 +32,9 @@ LoRA name into the extra keys of every block, so different adapters never share 
 
 Without a ``tenants`` section nothing is changed: requests keep the salt / LoRA / tenant their
 source gave them.
+
+Invariants: assignment is a pure function of ``(seed, session)``. Imports neither simpy nor
+torch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Compact prompts and the token-id layout shared by every loader and generator.
+"""Compact prompts and the token-id layout shared by every loader and generator (mirrors nothing
+in vLLM: content identifiers, not vocabulary ids).
 
 Token ids here are *identifiers of content*, not vocabulary ids: two tokens are the same iff their
 ids are equal, which is all prefix caching looks at. (A backend that runs a real model must fold
@@ -17,11 +18,13 @@ Id layout (all ids < 2**62, the simulator's prompt-id limit):
 content item (a document, a message, a trace block id) expands to consecutive ids, so a 500k-token
 agent prompt is a few hundred runs instead of a 4 MB array. Invariants: ``starts`` and ``lengths``
 are int64 arrays of equal size, every length is >= 1, and ``len(self) == lengths.sum()``.
+
+Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -199,12 +202,6 @@ class TaggedTokens:
         from sim.core.request import token_array
 
         return np.insert(token_array(self.inner), self.pos, self.tag)  # type: ignore[arg-type]
-
-
-def concat_ids(parts: Iterable[Sequence[int] | np.ndarray]) -> np.ndarray:
-    """Concatenate id lists into one int64 array."""
-    arrs = [np.asarray(p, dtype=np.int64) for p in parts]
-    return np.concatenate(arrs) if arrs else np.empty(0, dtype=np.int64)
 
 
 class TokenSpace:

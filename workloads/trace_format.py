@@ -1,4 +1,5 @@
-"""The canonical token-level trace record (one request per JSONL line), its reader and writer.
+"""The canonical token-level trace record (one request per JSONL line), its reader and writer
+(mirrors the request fields vLLM takes).
 
 Fields: ``id`` (str; an int in the file is converted), ``arrival`` (seconds, finite, >= 0),
 ``tokens`` (prompt token ids, a non-empty list of ints in [0, 2**62)), ``output_tokens`` (count
@@ -17,6 +18,9 @@ file, the 1-based line and the field, e.g.
 Known leniency: a JSON ``true``/``false`` mixed into an int token list is read as 1/0 (numpy's
 type inference; a per-token check would cost more than the parse). A list of only booleans is
 rejected.
+
+Invariants: a record read back equals the record written. Imports sim.core only (neither simpy
+nor torch).
 """
 
 from __future__ import annotations

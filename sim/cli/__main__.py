@@ -1,4 +1,7 @@
-"""``python -m sim.cli``: the same as the ``apcsim`` command."""
+"""``python -m sim.cli``: the same as the ``apcsim`` command (mirrors ``python -m vllm.entrypoints.cli.main``).
+
+Invariants: only calls ``sim.cli.main.main``. Imports that and sys only.
+"""
 
 import sys
 

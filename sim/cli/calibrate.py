@@ -1,4 +1,5 @@
-"""``apcsim calibrate`` and ``apcsim validate``: their arguments and registration in the ``apcsim``
+"""``apcsim calibrate`` and ``apcsim validate`` (mirror nothing in vLLM, whose start-up profiles
+memory, not step time): their arguments and registration in the ``apcsim``
 parser, and the registry :data:`COMMANDS` of the ``gpu_backend`` functions that run them.
 
 Invariants: torch-free and ``gpu_backend``-free, so that building the parser (and every simulated

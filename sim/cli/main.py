@@ -1,4 +1,5 @@
-"""``apcsim`` command line: parse, call one experiment function, print (no simulation here).
+"""``apcsim`` command line (mirrors the ``vllm`` CLI's subcommand dispatch): parse, call one
+experiment function, print (no simulation here).
 
 ``apcsim run CONFIG.yaml [--set key.path=value ...] [--out DIR] [--no-progress]
 [--backend sim|torch] [--device cpu|cuda]`` replays one experiment and writes its results folder;

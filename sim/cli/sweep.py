@@ -1,5 +1,5 @@
-"""``apcsim sweep`` and ``apcsim plot`` (argument parsing; the work is in ``sim.experiment.sweep`` and
-``sim.analysis.plots``).
+"""``apcsim sweep`` and ``apcsim plot`` (mirror nothing in vLLM; argument parsing, the work is in
+``sim.experiment.sweep`` and ``sim.analysis.plots``).
 
 ``apcsim sweep SWEEP.yaml [--set key.path=value ...] [--workers N] [--ray] [--ray-address ADDR]
 [--no-resume] [--no-plots] [--output-dir DIR] [--no-progress]`` runs every point (skipping finished ones), writes
@@ -7,6 +7,9 @@
 others still ran), 2 for a config problem.
 
 ``apcsim plot SWEEP_DIR`` (re)draws the plots of a sweep folder from its table.
+
+Invariants: the sweep itself never plots; this command draws the plots once the table is
+written. Imports neither simpy nor torch (matplotlib only when plotting).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""``apcsim workloads stats CONFIG [--set k=v] [--block-size N[,N...]] [--json]``: the shape of a
+"""``apcsim workloads stats CONFIG [--set k=v] [--block-size N[,N...]] [--json]`` (mirrors nothing
+in vLLM): the shape of a
 config's workload without replaying it (argument parsing and printing; the statistics are
 ``sim.experiment.workload.workload_stats``, their lines ``workloads.stats.format_stats``).
 
 The bound is given at the engine's scheduler block size (``sim.experiment.engine_description``)
-unless ``--block-size`` lists others. Imports neither simpy nor torch.
+unless ``--block-size`` lists others. Invariants: nothing is replayed. Imports neither simpy nor
+torch.
 """
 
 from __future__ import annotations

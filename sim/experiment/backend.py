@@ -1,4 +1,5 @@
-"""Execution backends by name: a registry of ``name -> "module:function"`` entries, each imported
+"""Execution backends by name (mirrors vLLM's executor chosen by ``distributed_executor_backend``
+name): a registry of ``name -> "module:function"`` entries, each imported
 only when it is chosen (mini-sglang's name registry with lazy imports; BLIS's implementations
 registering into an interface owned above them).
 

@@ -1,10 +1,12 @@
-"""Experiment configuration: YAML validated by pydantic models (unknown keys are errors).
+"""Experiment configuration (mirrors vLLM 0.25.1's engine arguments and their defaults): YAML
+validated by pydantic models (unknown keys are errors).
 
 ``load_config(path)`` returns an :class:`ExperimentConfig` or raises :class:`ConfigError`, whose
 message names the file and the offending key (``configs/x.yaml: engine.blok_size: unknown key``).
 Input paths inside a config (traces, fitted latency files) are resolved against the config
 file's directory; ``output_dir`` is relative to the working directory.
-Imports neither simpy nor torch.
+Invariants: every model is frozen and forbids unknown keys; a problem is one ``ConfigError``
+line per bad key, ``file: key: problem``. Imports neither simpy nor torch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Writing a run's results folder.
+"""Writing a run's results folder (mirrors nothing in vLLM: the simulator's output format).
 
 ``results/<name>/`` holds:
 
@@ -10,6 +10,9 @@
 * ``kv_events.jsonl`` -- KV cache events with their step, when ``replay.record_events`` is on.
 
 Files are written to a temporary name and renamed, so a folder never holds half a file.
+
+Invariants: a file is complete or absent; ``summary.json`` is deterministic. Imports neither
+simpy nor torch.
 """
 
 from __future__ import annotations

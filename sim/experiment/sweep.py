@@ -1,4 +1,5 @@
-"""``apcsim sweep``: run every point of a sweep file and collect one tidy table.
+"""``apcsim sweep``: run every point of a sweep file and collect one tidy table (mirrors nothing in
+vLLM: a benchmark grid over its engine arguments).
 
 The sweep folder ``<output_dir>/<name>/`` holds:
 
@@ -24,6 +25,10 @@ Execution: a local process pool (all cores by default; ``workers=1`` runs in thi
 tasks (``ray=True``; ``ray_address`` joins a running cluster, else a local Ray instance starts).
 Ray workers need apcsim installed and the input files at the same paths; they send results back
 and this process writes them, so the cluster needs no shared file system.
+
+Invariants: a point folder is complete or absent; the table is in point order whatever order the
+points ran in. Imports neither torch nor ``sim.analysis`` (simpy only inside the workers, through
+``sim.experiment.run``).
 """
 
 from __future__ import annotations

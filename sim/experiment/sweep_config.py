@@ -1,4 +1,5 @@
-"""Sweep files: a base experiment plus axes, expanded into validated points.
+"""Sweep files: a base experiment plus axes, expanded into validated points (mirrors nothing in
+vLLM).
 
 A sweep YAML file::
 
@@ -29,7 +30,8 @@ anything runs with one message naming the sweep file and the key (``grid.engine.
 Input paths resolve against the base_config file's folder when there is one, else against the
 sweep file's folder. A point's identity is the hash of its resolved config (sorted JSON, without
 ``name``/``output_dir``/``replay.progress``) and the bounds flag: :func:`point_key`.
-Imports neither simpy nor torch.
+Invariants: every point is validated before anything runs; equal resolved configs get equal
+keys. Imports neither simpy nor torch.
 """
 
 from __future__ import annotations

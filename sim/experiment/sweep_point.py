@@ -1,4 +1,5 @@
-"""Running one sweep point and storing its result atomically under ``points/<key>/``.
+"""Running one sweep point and storing its result atomically under ``points/<key>/`` (mirrors
+nothing in vLLM).
 
 :func:`compute_point` replays one point's config and computes its offline bounds; it returns the
 point's row (derived config facts, every summary metric, bounds, status, wall times) and its files
@@ -25,6 +26,10 @@ only when the pool holds one full-attention group, NaN otherwise: their model is
 equal blocks, which several groups competing for the pool, or a window freeing blocks, break.
 The block reference string of a stream is cached in the worker process, so points that differ
 only in pool capacity hash their stream once.
+
+Invariants: a point folder is complete or absent, never half written; every column but
+:data:`WALL_COLUMNS` is deterministic. Imports simpy only inside :func:`compute_point` (through
+``sim.experiment.run``), never torch.
 """
 
 from __future__ import annotations
