@@ -154,7 +154,8 @@ def test_kill_9_mid_sweep_then_resume(tmp_path):
 
 def test_local_and_ray_give_the_same_table(tmp_path):
     pytest.importorskip("ray")
-    p = _sweep(tmp_path, name="r", requests=20, grid={"engine.block_size": [16, 64], "workload.tenants.salt": ["none", "per_tenant"]})
+    grid = {"engine.block_size": [16, 64], "workload.tenants.salt": ["none", "per_tenant"]}
+    p = _sweep(tmp_path, name="r", requests=20, grid=grid)
     local = run_sweep(p, workers=2, progress=False, plots=False, output_dir=str(tmp_path / "local"))
     ray_rep = run_sweep(p, workers=2, ray=True, progress=False, plots=False, output_dir=str(tmp_path / "ray"))
     assert ray_rep.ran == 4 and not ray_rep.errors

@@ -32,7 +32,8 @@ def _random_trace(seed: int, n: int, *, salts: bool, outputs: bool) -> list[Trac
         out_n = int(rng.integers(1, 6))
         reqs.append(TraceRequest(
             id=f"r{i}", arrival=float(i), tokens=tokens, output_tokens=out_n,
-            output_token_ids=rng.integers(0, 6, size=out_n).astype(np.int64) if outputs and rng.random() < 0.5 else None,
+            output_token_ids=(rng.integers(0, 6, size=out_n).astype(np.int64)
+                              if outputs and rng.random() < 0.5 else None),
             salt=(f"s{int(rng.integers(2))}" if salts and rng.random() < 0.5 else None),
             lora=("a" if salts and rng.random() < 0.2 else None),
             prompt_logprobs=bool(rng.random() < 0.1),

@@ -86,7 +86,8 @@ def test_no_axes_is_one_point(tmp_path):
     [
         ({"grid": {"engine.blok_size": [16]}}, "grid.engine.blok_size: unknown key"),
         ({"grid": {"engine.block_size": [16, -1]}}, "grid.engine.block_size: Input should be greater than 0"),
-        ({"zip": {"seed": [1, 2], "engine.block_size": [16]}}, "zip.engine.block_size: has 1 values but zip.seed has 2"),
+        ({"zip": {"seed": [1, 2], "engine.block_size": [16]}},
+         "zip.engine.block_size: has 1 values but zip.seed has 2"),
         ({"grid": {"engine.block_size": []}}, "grid.engine.block_size: needs at least one value"),
         ({"grid": {"engine.block_size": 16}}, "grid.engine.block_size: expected a list of values"),
         ({"grid": {"seed": [1]}, "zip": {"seed": [2]}}, "zip.seed: swept twice"),

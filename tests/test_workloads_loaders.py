@@ -222,7 +222,8 @@ def test_azure_parse_and_errors(tmp_path):
     log = SkipLog()
     reqs = list(load_azure(p, skip_bad_lines=True, skip_log=log))
     assert log.skipped == 2 and log.skipped_lines == [3, 5]
-    assert [(r.id, r.arrival, len(r.tokens), r.output_tokens) for r in reqs] == [("az-0", 0.0, 10, 3), ("az-1", 3.0, 7, 2)]
+    got = [(r.id, r.arrival, len(r.tokens), r.output_tokens) for r in reqs]
+    assert got == [("az-0", 0.0, 10, 3), ("az-1", 3.0, 7, 2)]
     assert not set(token_array(reqs[0].tokens)) & set(token_array(reqs[1].tokens))  # unique prompts
     assert azure_times(p, skip_bad_lines=True).tolist() == [0.0, 3.0]
     (tmp_path / "h.csv").write_text("time,in,out\n")
