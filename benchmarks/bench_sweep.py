@@ -66,7 +66,8 @@ def main() -> None:
         print("\ntoken_hit_rate (vLLM's definition), salt none: rows block size, columns KV pool GiB")
         print(none.pivot_table(index="block_size", columns="kv_pool_gib", values="token_hit_rate").round(3).to_string())
         print("\nBelady (request-level, same capacity); infinite-cache bound per block size:")
-        print(none.pivot_table(index="block_size", columns="kv_pool_gib", values="belady_hit_rate").round(3).to_string())
+        belady = none.pivot_table(index="block_size", columns="kv_pool_gib", values="belady_hit_rate")
+        print(belady.round(3).to_string())
         print(none.groupby("block_size")["infinite_cache_hit_rate"].first().round(3).to_string())
     if not args.keep:
         shutil.rmtree(out, ignore_errors=True)

@@ -13,6 +13,7 @@ Token ids are mapped to the embedding as ``token_id % vocab_size`` (see the pack
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,7 +51,7 @@ class StepBatch:
     sample_positions: list[int]
     decode_seqs: list[int] = field(default_factory=list)  # sequences with exactly one new token
     prefill_seqs: list[int] = field(default_factory=list)  # the others
-    cache: dict = field(default_factory=dict)  # per-step scratch for attention backends
+    cache: dict[Any, Any] = field(default_factory=dict)  # per-step scratch for attention backends
 
     @property
     def num_tokens(self) -> int:
@@ -84,7 +85,8 @@ def build_batch(
     ids, pos, slots = [], [], []
     qlens, ctx, slens, tables = [], [], [], []
     sample_rows, sample_rids, sample_pos = [], [], []
-    decode, prefill = [], []
+    decode: list[int] = []
+    prefill: list[int] = []
     offset = 0
     for i, s in enumerate(seqs):
         n = len(s.token_ids)

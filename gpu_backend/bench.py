@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 from gpu_backend.attention import (
+    Attention,
+    AttentionImpl,
     FlashPagedAttention,
     ReferenceAttention,
     TritonDecodeAttention,
@@ -61,7 +63,7 @@ def time_fn(fn: Callable[[], Any], device: torch.device, *, warmup: int = 3, ite
     return statistics.median(times)
 
 
-def measure_ceilings(device: torch.device, *, quick: bool = False) -> dict[str, float]:
+def measure_ceilings(device: torch.device, *, quick: bool = False) -> dict[str, Any]:
     """Measured copy bandwidth (TB/s, read + write) and bf16 (fp32 on CPU) matmul TFLOP/s."""
     n_bytes = (1 << 24) if quick else (4 << 30)
     src = torch.empty(n_bytes // 2, dtype=torch.bfloat16, device=device).normal_()
@@ -72,7 +74,6 @@ def measure_ceilings(device: torch.device, *, quick: bool = False) -> dict[str, 
     a = torch.randn(n, n, device=device, dtype=mdt)
     b = torch.randn(n, n, device=device, dtype=mdt)
     t_mm = time_fn(lambda: a @ b, device, warmup=2, iters=5 if quick else 10)
-    del src, dst, a, b
     return {"copy_tbps": 2 * n_bytes / t_copy / 1e12, "matmul_tflops": 2 * n ** 3 / t_mm / 1e12,
             "matmul_dtype": str(mdt).replace("torch.", "")}
 
@@ -85,7 +86,7 @@ def _random_tables(num_seqs: int, blocks_per_seq: int, gen: torch.Generator) -> 
 def bench_decode_attention(
     impl_names: list[str], *, device: torch.device, dtype: torch.dtype, batch: int = 64, context: int = 4096,
     block_size: int = 16, num_heads: int = 32, num_kv_heads: int = 8, head_dim: int = 128, warmup: int = 3,
-    iters: int = 10, triton_configs: list[dict] | None = None, peak_tbps: float = H200_HBM_TBPS,
+    iters: int = 10, triton_configs: list[dict[str, Any]] | None = None, peak_tbps: float = H200_HBM_TBPS,
 ) -> list[dict[str, Any]]:
     """One layer of decode attention: ``batch`` sequences, each ``context`` tokens of history."""
     gen = torch.Generator().manual_seed(0)
@@ -102,11 +103,9 @@ def bench_decode_attention(
     bytes_moved = 2 * batch * context * num_kv_heads * head_dim * elt + 2 * q.numel() * elt
     rows = []
     for name in impl_names:
-        configs: list[tuple[str, Any]]
+        configs: list[tuple[str, AttentionImpl]]
         if name == "triton":
-            configs = [(f"triton tile={c.get('tile', 64)} warps={c.get('num_warps', 4)} stages={c.get('num_stages', 2)}"
-                        f"{' splits=' + str(c['num_splits']) if c.get('num_splits') else ''}", TritonDecodeAttention(**c))
-                       for c in (triton_configs or [{}])]
+            configs = [(_triton_label(c), TritonDecodeAttention(**c)) for c in (triton_configs or [{}])]
         elif name == "flash_paged":
             configs = [("flash_paged", FlashPagedAttention())]
         elif name == "reference":
@@ -130,8 +129,12 @@ def bench_decode_attention(
             tbps = bytes_moved / t / 1e12
             row.update(time_ms=t * 1e3, bytes=bytes_moved, tbps=tbps, pct_of_peak=100 * tbps / peak_tbps)
             rows.append(row)
-    del kc, vc
     return rows
+
+
+def _triton_label(c: dict[str, Any]) -> str:
+    splits = f" splits={c['num_splits']}" if c.get("num_splits") else ""
+    return f"triton tile={c.get('tile', 64)} warps={c.get('num_warps', 4)} stages={c.get('num_stages', 2)}{splits}"
 
 
 def _step_flops(model: LlamaModel, batch: StepBatch) -> float:
@@ -149,7 +152,7 @@ def _step_bytes(model: LlamaModel, batch: StepBatch, elt: int) -> float:
 
 
 def bench_model_steps(
-    model: LlamaModel, attention, *, scenarios: dict[str, list[tuple[int, int]]], block_size: int = 16,
+    model: LlamaModel, attention: Attention, *, scenarios: dict[str, list[tuple[int, int]]], block_size: int = 16,
     warmup: int = 2, iters: int = 5, peak_tbps: float = H200_HBM_TBPS, peak_tflops: float = H200_BF16_TFLOPS,
 ) -> list[dict[str, Any]]:
     """Whole forward passes; each scenario is a list of ``(context_len, query_len)`` sequences."""
@@ -185,5 +188,4 @@ def bench_model_steps(
             "pct_of_peak_bw": 100 * nbytes / t / 1e12 / peak_tbps, "tokens_per_s": batch.num_tokens / t,
             "attention": getattr(attention, "name", "?"),
         })
-    del cache
     return rows

@@ -24,17 +24,18 @@ Shared by ``tests/test_gpu_backend_*.py`` (CPU, fp32) and ``gpu_backend/gpu_chec
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from gpu_backend.attention import ReferenceAttention, SplitAttention
+from gpu_backend.attention import Attention, ReferenceAttention, SplitAttention
 from gpu_backend.executor import TorchExecutor
 from gpu_backend.kv_cache import PagedKVCache
 from gpu_backend.model import LlamaModel
+from sim.core.block_pool import BlockPool
 from sim.core.hashing import make_block_hasher
 from sim.core.request import Request
 from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig
@@ -80,8 +81,9 @@ class CaseResult:
 class Harness:
     """A scheduler over a small pool, a paged cache of the same pool, and a logits-keeping executor."""
 
-    def __init__(self, model: LlamaModel, attention=None, *, num_blocks: int = 64, block_size: int = 16,
-                 fill: float = float("nan"), hash_algo: str = "sha256", **sched_kwargs: Any) -> None:
+    def __init__(self, model: LlamaModel, attention: Attention | None = None, *, num_blocks: int = 64,
+                 block_size: int = 16, fill: float = float("nan"), hash_algo: str = "sha256",
+                 **sched_kwargs: Any) -> None:
         sched_kwargs.setdefault("max_model_len", 1024)
         sched_kwargs.setdefault("max_num_batched_tokens", 512)
         sched_kwargs.setdefault("max_num_seqs", 16)
@@ -107,11 +109,11 @@ class Harness:
         self._uid = itertools.count(1)
 
     @property
-    def pool(self):
+    def pool(self) -> BlockPool:
         return self.scheduler.kv_cache_manager.block_pool
 
-    def request(self, rid: str, prompt, max_tokens: int, *, salt: str | None = None,
-                outputs=None) -> Request:
+    def request(self, rid: str, prompt: Sequence[int] | np.ndarray, max_tokens: int, *, salt: str | None = None,
+                outputs: Sequence[int] | np.ndarray | None = None) -> Request:
         return Request(rid, np.asarray(prompt, dtype=np.int64), max_tokens, uid=next(self._uid), cache_salt=salt,
                        output_token_ids=outputs, hasher=self.scheduler.hasher)
 
@@ -204,7 +206,7 @@ def _outs(seed: int, n: int) -> np.ndarray:
     return np.random.default_rng(10_000 + seed).integers(0, 50_000, size=n, dtype=np.int64)
 
 
-def case_cold_prefill(model, attention=None, **hk) -> CaseResult:
+def case_cold_prefill(model: LlamaModel, attention: Attention | None = None, **hk: Any) -> CaseResult:
     h = Harness(model, attention, **hk)
     r = h.request("cold", _toks(1, 45), 3, outputs=_outs(1, 3))
     h.run({0: [r]})
@@ -213,7 +215,7 @@ def case_cold_prefill(model, attention=None, **hk) -> CaseResult:
     return res
 
 
-def case_prefix_hit(model, attention=None, **hk) -> CaseResult:
+def case_prefix_hit(model: LlamaModel, attention: Attention | None = None, **hk: Any) -> CaseResult:
     h = Harness(model, attention, **hk)
     prefix = _toks(2, 48)  # 3 full blocks
     a = h.request("a", np.concatenate([prefix, _toks(3, 10)]), 2, outputs=_outs(2, 2))
@@ -232,7 +234,7 @@ def case_prefix_hit(model, attention=None, **hk) -> CaseResult:
     return res
 
 
-def case_full_block_multiple(model, attention=None, **hk) -> CaseResult:
+def case_full_block_multiple(model: LlamaModel, attention: Attention | None = None, **hk: Any) -> CaseResult:
     h = Harness(model, attention, **hk)
     prompt = _toks(8, 64)  # exactly 4 blocks
     a = h.request("a", prompt, 1, outputs=_outs(6, 1))
@@ -243,7 +245,8 @@ def case_full_block_multiple(model, attention=None, **hk) -> CaseResult:
     return res
 
 
-def case_chunked_prefill_decode(model, attention=None, *, top_left: bool = False, **hk) -> CaseResult:
+def case_chunked_prefill_decode(model: LlamaModel, attention: Attention | None = None, *, top_left: bool = False,
+                                **hk: Any) -> CaseResult:
     h = Harness(model, attention, max_num_batched_tokens=24, max_num_seqs=8, **hk)
     a = h.request("a", _toks(9, 20), 8, outputs=_outs(8, 8))
     b = h.request("b", _toks(10, 70), 4, outputs=_outs(9, 4))
@@ -254,7 +257,7 @@ def case_chunked_prefill_decode(model, attention=None, *, top_left: bool = False
     return res
 
 
-def case_preemption_eviction(model, attention=None, **hk) -> CaseResult:
+def case_preemption_eviction(model: LlamaModel, attention: Attention | None = None, **hk: Any) -> CaseResult:
     # 13 usable blocks of 16. "a" and "b" share a 32-token prefix; both decode long enough that
     # the pool runs dry, "b" (last in running) is preempted; "a" keeps growing into b's freed blocks,
     # evicting b's cached tail; when "a" finishes, "b" comes back and hits the surviving prefix.
@@ -271,7 +274,7 @@ def case_preemption_eviction(model, attention=None, **hk) -> CaseResult:
     return res
 
 
-def case_salts(model, attention=None, **hk) -> CaseResult:
+def case_salts(model: LlamaModel, attention: Attention | None = None, **hk: Any) -> CaseResult:
     h = Harness(model, attention, **hk)
     prompt = _toks(14, 50)
     r1 = h.request("alice-1", prompt, 2, salt="alice", outputs=_outs(12, 2))
@@ -289,7 +292,8 @@ def case_salts(model, attention=None, **hk) -> CaseResult:
     return res
 
 
-def case_random_mix(model, attention=None, *, seed: int = 0, num_requests: int = 14, **hk) -> CaseResult:
+def case_random_mix(model: LlamaModel, attention: Attention | None = None, *, seed: int = 0, num_requests: int = 14,
+                    **hk: Any) -> CaseResult:
     rng = np.random.default_rng(seed)
     h = Harness(model, attention, num_blocks=24, max_model_len=256, max_num_batched_tokens=64, max_num_seqs=6,
                 hash_algo="fast", **hk)
@@ -312,7 +316,7 @@ def case_random_mix(model, attention=None, *, seed: int = 0, num_requests: int =
 # ----------------------------------------------------------------------------- negative controls
 
 
-def case_corrupt_shared_block(model, attention=None, **hk) -> CaseResult:
+def case_corrupt_shared_block(model: LlamaModel, attention: Attention | None = None, **hk: Any) -> CaseResult:
     """Like ``prefix_hit``, but the first cached block of the shared prefix is corrupted before
     ``b`` is admitted: the comparison must fail."""
     h = Harness(model, attention, **hk)
@@ -332,7 +336,7 @@ def case_corrupt_shared_block(model, attention=None, **hk) -> CaseResult:
     return res
 
 
-def case_top_left_mask(model, attention=None, **hk) -> CaseResult:
+def case_top_left_mask(model: LlamaModel, attention: Attention | None = None, **hk: Any) -> CaseResult:
     """Chunked prefill + decode with ``is_causal=True`` semantics (top-left): must fail. (The
     ``attention`` argument is ignored: the point is the wrong mask.)"""
     bad = ReferenceAttention("top_left")
@@ -354,7 +358,8 @@ NEGATIVE_CASES: dict[str, Callable[..., CaseResult]] = {
 }
 
 
-def run_suite(model, attention=None, *, negatives: bool = True, **hk) -> list[tuple[CaseResult, bool]]:
+def run_suite(model: LlamaModel, attention: Attention | None = None, *, negatives: bool = True,
+              **hk: Any) -> list[tuple[CaseResult, bool]]:
     """Every case (and the negative controls) with ``(result, verdict)``: a positive case passes
     when its comparison passes *and* its scenario happened; a negative control passes when its
     scenario happened and the comparison FAILS."""

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from gpu_backend.batch import SeqInput, build_batch
-from gpu_backend.kv_cache import BlockTables, PagedKVCache
+from gpu_backend.attention.base import Attention
+from gpu_backend.batch import SeqInput, StepBatch, build_batch
+from gpu_backend.kv_cache import BlockAllocation, BlockTables, PagedKVCache
 from gpu_backend.model import LlamaModel
 from sim.core.executor import StepResult, StepShape, step_shape
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.core.kv_cache_manager import KVCacheManager
     from sim.core.scheduler import SchedulerOutput
 
 
@@ -54,12 +54,12 @@ class TorchExecutor:
         self,
         model: LlamaModel,
         cache: PagedKVCache,
-        attention,
+        attention: Attention,
         *,
-        verify_with: KVCacheManager | None = None,
+        verify_with: BlockAllocation | None = None,
         keep_logits: bool = False,
         timing: Literal["wall", "cuda_events"] = "wall",
-        attention_report: dict | None = None,
+        attention_report: dict[str, Any] | None = None,
     ) -> None:
         if cache.num_kv_heads != model.num_kv_heads or cache.head_dim != model.head_dim:
             raise ValueError("cache and model disagree on KV heads / head_dim")
@@ -102,7 +102,7 @@ class TorchExecutor:
         self.step_shapes.append(step_shape(output))
         return StepResult(duration, sampled)
 
-    def run_timed(self, seqs: list[SeqInput]) -> tuple[float, Any, torch.Tensor | None]:
+    def run_timed(self, seqs: list[SeqInput]) -> tuple[float, StepBatch, torch.Tensor | None]:
         """The measured part of a step: batch preparation + forward + logits of the sampling rows.
 
         Returns ``(seconds, batch, logits)``. The calibration (:mod:`gpu_backend.calibrate`) times

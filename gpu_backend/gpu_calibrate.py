@@ -39,8 +39,10 @@ from typing import Any
 
 import torch
 
-from gpu_backend.calibrate import PRESETS, calibrate, setup_from_config, write_outputs
-from gpu_backend.validate import render_markdown, validate, validation_table, with_fitted_latency
+from gpu_backend.calibrate import calibrate, setup_from_config, write_outputs
+from gpu_backend.profiling_grid import PRESETS
+from gpu_backend.validate import validate, with_fitted_latency
+from gpu_backend.validation_report import render_markdown, validation_table
 from sim.experiment.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +71,8 @@ def _fmt_fit(meta: dict[str, Any], coefs: dict[str, float]) -> list[str]:
              f"- grid: {fit.get('n_samples')} shapes ({fit.get('n_holdout')} held out), {noise.get('repeats')} timed "
              f"rounds after {noise.get('warmup_rounds')} warm-up; noise floor (repeat CV) median "
              f"{100 * noise.get('median_cv', float('nan')):.1f} %, P90 {100 * noise.get('p90_cv', float('nan')):.1f} %",
-             f"- feature set `{fit.get('feature_set')}`; held-out per-step MAPE {100 * ho.get('mape', float('nan')):.1f} %, "
+             f"- feature set `{fit.get('feature_set')}`; "
+             f"held-out per-step MAPE {100 * ho.get('mape', float('nan')):.1f} %, "
              f"P90 {100 * ho.get('p90_abs', float('nan')):.1f} %, max {100 * ho.get('max_abs', float('nan')):.1f} %",
              "", "| feature | seconds per unit |", "|---|---|"]
     lines += [f"| {k} | {v:.4g} |" for k, v in coefs.items()]
@@ -109,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     setup, _ = setup_from_config(str(configs[0]))
     setup.device = args.device
     grid = "gpu" if args.device == "cuda" else ("quick" if args.quick else "cpu")
-    calib_budget = args.calib_budget_s if args.calib_budget_s is not None else (150.0 if args.device == "cuda" else 60.0)
+    default_budget = 150.0 if args.device == "cuda" else 60.0
+    calib_budget = args.calib_budget_s if args.calib_budget_s is not None else default_budget
     log(f"== calibrate ({grid} grid, timing budget {calib_budget:.0f} s)")
     model, rows = calibrate(setup, PRESETS[grid], budget_s=calib_budget, log=log)
     model_path, samples_path = write_outputs(model, rows, work / "model.json")

@@ -30,6 +30,7 @@ Sections:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -42,7 +43,8 @@ from typing import Any
 import torch
 
 from gpu_backend import bench, cases
-from gpu_backend.attention import _varlen_attn, _varlen_has_block_table, select_attention
+from gpu_backend.attention import select_attention
+from gpu_backend.attention.flash import find_varlen_attn, varlen_takes_block_table
 from gpu_backend.model import LlamaModel
 from gpu_backend.shapes import TINY, resolve_model_shape
 
@@ -68,8 +70,8 @@ def _version(name: str) -> str | None:
 def env_info(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = {
         "python": platform.python_version(), "torch": torch.__version__, "numpy": _version("numpy"),
-        "triton": _version("triton"), "device": str(device), "varlen_attn": _varlen_attn() is not None,
-        "varlen_attn_block_table": _varlen_has_block_table(), "cpu_threads": torch.get_num_threads(),
+        "triton": _version("triton"), "device": str(device), "varlen_attn": find_varlen_attn() is not None,
+        "varlen_attn_block_table": varlen_takes_block_table(), "cpu_threads": torch.get_num_threads(),
     }
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
@@ -98,7 +100,8 @@ def _correctness(out: _Out, model: LlamaModel, attention_req: str, label: str, f
                "max_kl": r.max_kl, "top1_mismatches": r.top1_mismatches,
                "top1_flips_near_ties": r.top1_flips_near_ties, "compared": r.num_compared,
                "comparison_passes": passed, "scenario_ok": bool(r.facts.get("ok_scenario")), "verdict": verdict,
-               "seconds": round(time.perf_counter() - t0, 2), "facts": {k: v for k, v in r.facts.items() if k != "hits"}}
+               "seconds": round(time.perf_counter() - t0, 2),
+               "facts": {k: v for k, v in r.facts.items() if k != "hits"}}
         rows.append(row)
         tag = "OK  " if verdict else "FAIL"
         kind = "(must fail)" if negative else ""
@@ -110,12 +113,11 @@ def _correctness(out: _Out, model: LlamaModel, attention_req: str, label: str, f
 def _replay(out: _Out, device: torch.device) -> dict[str, Any]:
     """``apcsim run configs/quickstart_torch.yaml --backend torch --device <device>``, in-process, when
     simpy and pydantic are importable (on the GPU image they must be carried as wheels)."""
-    try:
-        import pydantic  # noqa: F401
-        import simpy  # noqa: F401
-    except ImportError as exc:
-        out(f"   skipped: {exc} (carry simpy/pydantic wheels to run it; see gpu_backend/README.md)")
-        return {"skipped": str(exc)}
+    missing = [name for name in ("pydantic", "simpy") if importlib.util.find_spec(name) is None]
+    if missing:
+        why = f"No module named {missing[0]!r}"
+        out(f"   skipped: {why} (carry simpy/pydantic wheels to run it; see gpu_backend/README.md)")
+        return {"skipped": why}
     import tempfile
 
     from gpu_backend.factory import make_torch_executor
@@ -191,13 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     out("== ceilings (measured here)")
     ceil = bench.measure_ceilings(device, quick=not big)
     report["ceilings"] = ceil
-    out(f"   copy {ceil['copy_tbps']:.3g} TB/s (nominal H200 {bench.H200_HBM_TBPS}), matmul {ceil['matmul_tflops']:.3g} "
-        f"TFLOP/s {ceil['matmul_dtype']} (H200 measured ~{bench.H200_BF16_TFLOPS:.0f})")
+    out(f"   copy {ceil['copy_tbps']:.3g} TB/s (nominal H200 {bench.H200_HBM_TBPS}), "
+        f"matmul {ceil['matmul_tflops']:.3g} TFLOP/s {ceil['matmul_dtype']} "
+        f"(H200 measured ~{bench.H200_BF16_TFLOPS:.0f})")
 
     out("== decode attention, one layer (bytes = K+V of every context token)")
     if big:
-        dims = dict(batch=64, context=4096, num_heads=spec.num_attention_heads, num_kv_heads=spec.num_kv_heads,
-                    head_dim=spec.head_dim, dtype=torch.bfloat16, device=device)
+        dims: dict[str, Any] = dict(batch=64, context=4096, num_heads=spec.num_attention_heads,
+                                    num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, dtype=torch.bfloat16,
+                                    device=device)
         impls = ["reference", "flash_paged"] + (["triton"] if _version("triton") else [])
         tcfg = [dict(tile=64, num_warps=4, num_stages=2), dict(tile=128, num_warps=4, num_stages=2),
                 dict(tile=64, num_warps=8, num_stages=3), dict(tile=32, num_warps=2, num_stages=3),

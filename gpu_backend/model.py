@@ -20,11 +20,14 @@ RoPE uses the rotate-half convention with base 500,000 (Llama-3) and no long-con
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from gpu_backend.attention.base import Attention
 from gpu_backend.batch import StepBatch
 from gpu_backend.kv_cache import PagedKVCache
 from gpu_backend.shapes import RMS_EPS, ROPE_THETA
@@ -111,7 +114,8 @@ class LlamaModel:
         x1, x2 = x[..., :half].float(), x[..., half:].float()
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
-    def _qkv(self, layer: _Layer, x: torch.Tensor, cos, sin):
+    def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor,
+             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t = x.shape[0]
         h = self._rms_norm(x, layer.input_norm)
         qkv = F.linear(h, layer.qkv, layer.qkv_bias)
@@ -132,7 +136,7 @@ class LlamaModel:
         return F.linear(hidden, self.lm_head).float()
 
     # -- paged forward ------------------------------------------------------------------------
-    def forward(self, batch: StepBatch, cache: PagedKVCache, attention) -> torch.Tensor:
+    def forward(self, batch: StepBatch, cache: PagedKVCache, attention: Attention) -> torch.Tensor:
         """Final-normed hidden states ``[T, H]`` of a step batch; writes its K/V into ``cache``."""
         x = self.embed[batch.input_ids]
         cos, sin = self._rope(batch.positions)
@@ -145,7 +149,7 @@ class LlamaModel:
 
     # -- the oracle ---------------------------------------------------------------------------
     @torch.no_grad()
-    def dense_logits(self, token_ids) -> torch.Tensor:
+    def dense_logits(self, token_ids: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
         """Logits ``[L, V]`` (float32) of a plain causal forward over a whole sequence, no cache."""
         ids = torch.as_tensor(token_ids, dtype=torch.long) % self.vocab_size
         ids = ids.to(self.device)

@@ -30,7 +30,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _paged_decode_partial(
+def _paged_decode_partial(  # type: ignore[no-untyped-def]  # typed by triton (pointers, tl.constexpr)
     Q, K, V, BT, SEQ_LENS, ACC, M, L,
     scale,
     num_splits,
@@ -141,11 +141,11 @@ def paged_decode_attention(
     splits = num_splits or default_num_splits(bsz, num_kv_heads, max_seq_len, tile, q.device)
     acc = torch.empty((bsz, num_heads, splits, head_dim), dtype=torch.float32, device=q.device)
     m = torch.empty((bsz, num_heads, splits), dtype=torch.float32, device=q.device)
-    l = torch.empty_like(m)
+    l_sum = torch.empty_like(m)
     bt = block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32)
     sl = seq_lens if seq_lens.dtype == torch.int32 else seq_lens.to(torch.int32)
     _paged_decode_partial[(bsz, num_kv_heads, splits)](
-        q, k_cache, v_cache, bt, sl, acc, m, l,
+        q, k_cache, v_cache, bt, sl, acc, m, l_sum,
         float(scale),
         splits,
         q.stride(0), q.stride(1),
@@ -166,6 +166,6 @@ def paged_decode_attention(
     # merge the splits: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s
     m_max = m.amax(dim=-1, keepdim=True)
     w = torch.exp(m - m_max)  # empty splits have m = -inf -> weight 0
-    denom = (l * w).sum(-1)
+    denom = (l_sum * w).sum(-1)
     out = (acc * w.unsqueeze(-1)).sum(-2) / denom.unsqueeze(-1)
     return out.to(q.dtype)

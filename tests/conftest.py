@@ -207,3 +207,25 @@ def scheduler_factory():
 @pytest.fixture
 def request_factory():
     return make_request
+
+
+# -- the torch backend's fixtures (tests/test_gpu_backend_*.py); torch is imported only when used ----
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """Tiny kernels run fastest on one thread (and do not fight other processes for cores); a module
+    requests it with ``pytestmark = pytest.mark.usefixtures("torch_one_thread")``."""
+    torch = pytest.importorskip("torch")
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def model(torch_one_thread):
+    """The tiny fp32 CPU model of the torch backend, seed 0."""
+    torch = pytest.importorskip("torch")
+    from gpu_backend.model import LlamaModel
+    from gpu_backend.shapes import TINY
+
+    return LlamaModel(TINY, dtype=torch.float32, device="cpu", seed=0)

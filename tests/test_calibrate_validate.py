@@ -21,6 +21,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("scipy")
 
 from gpu_backend import calibrate as cal  # noqa: E402
+from gpu_backend import latency_error as lerr  # noqa: E402
+from gpu_backend import latency_fit as lfit  # noqa: E402
+from gpu_backend import profiling_grid as pgrid  # noqa: E402
 from gpu_backend import validate as val  # noqa: E402
 from sim.core.executor import StepShape  # noqa: E402
 from sim.experiment.config import load_config  # noqa: E402
@@ -41,27 +44,27 @@ def _restore_threads():
 
 
 def test_grid_covers_every_kind_and_prefix_hits():
-    pts = cal.build_grid(cal.PRESETS["quick"])
-    assert {g.kind for g in pts} == set(cal.KINDS)
+    pts = pgrid.build_grid(pgrid.PRESETS["quick"])
+    assert {g.kind for g in pts} == set(pgrid.KINDS)
     assert len({g.seqs for g in pts}) == len(pts)
     # prefix hits: prefills after cached context, mixed steps, decodes at several contexts
     assert any(g.kind == "prefill" and g.seqs[0][0] > 0 for g in pts)
     assert any(g.kind == "prefill" and g.seqs[0][0] == 0 for g in pts)
-    p = cal.PRESETS["quick"]
+    p = pgrid.PRESETS["quick"]
     for g in pts:
         assert sum(n for _, n in g.seqs) <= p.max_step_tokens
         assert sum(c + n for c, n in g.seqs) <= p.max_kv_tokens
-    held = cal.split_holdout(pts, 0.25)
+    held = pgrid.split_holdout(pts, 0.25)
     assert 0 < sum(held) < len(pts)
-    assert held == cal.split_holdout(pts, 0.25)  # seeded
+    assert held == pgrid.split_holdout(pts, 0.25)  # seeded
 
 
 def test_shape_of_matches_the_simulators_step_shape():
-    s = cal.shape_of([(100, 1), (200, 1), (1000, 50), (0, 7)])
+    s = pgrid.shape_of([(100, 1), (200, 1), (1000, 50), (0, 7)])
     pairs = 101 + 201 + (50 * 1000 + 50 * 51 // 2) + 7 * 8 // 2
     assert s == StepShape(4, 2, 59, 57, 1300, pairs)
-    assert StepShape.prefill_only(64, 32) == cal.shape_of([(32, 64)])
-    assert StepShape.decode_only(3, 300) == cal.shape_of([(100, 1)] * 3)
+    assert StepShape.prefill_only(64, 32) == pgrid.shape_of([(32, 64)])
+    assert StepShape.decode_only(3, 300) == pgrid.shape_of([(100, 1)] * 3)
 
 
 def _synthetic_shapes(rng, n=120):
@@ -69,7 +72,7 @@ def _synthetic_shapes(rng, n=120):
     for _ in range(n):
         seqs = [(int(rng.integers(0, 2000)), int(rng.integers(2, 600))) for _ in range(int(rng.integers(0, 3)))]
         seqs += [(int(rng.integers(10, 3000)), 1) for _ in range(int(rng.integers(0 if seqs else 1, 40)))]
-        shapes.append(cal.shape_of(seqs))
+        shapes.append(pgrid.shape_of(seqs))
     return shapes
 
 
@@ -78,13 +81,13 @@ def test_nnls_recovers_known_coefficients_and_stays_non_negative():
     shapes = _synthetic_shapes(rng)
     truth = {"intercept": 2e-3, "num_seqs": 5e-5, "num_new_tokens": 3e-5, "attention_pairs": 2e-10,
              "kv_read_tokens": 0.0}
-    y = cal.predict(truth, shapes)
-    got = cal.fit_nnls(shapes, y, cal.FEATURE_SETS["base"])
+    y = lfit.predict(truth, shapes)
+    got = lfit.fit_nnls(shapes, y, lfit.FEATURE_SETS["base"])
     for f, v in truth.items():
         assert got[f] == pytest.approx(v, rel=1e-6, abs=1e-12)
     # a negative true effect is clipped to zero, never fitted negative
     y2 = y - 1e-9 * np.array([s.context_tokens for s in shapes])
-    got2 = cal.fit_nnls(shapes, y2, cal.FEATURE_SETS["base"])
+    got2 = lfit.fit_nnls(shapes, y2, lfit.FEATURE_SETS["base"])
     assert all(v >= 0 for v in got2.values())
 
 
@@ -92,14 +95,14 @@ def test_feature_choice_finds_a_roofline_knee_only_when_the_data_has_one():
     rng = np.random.default_rng(1)
     shapes = _synthetic_shapes(rng, 150)
     knee = {"intercept": 4e-3, "num_seqs": 2e-5, "attention_pairs": 1e-10, knee_feature(256): 4e-5}
-    sets = cal.candidate_feature_sets((64, 256))
-    y = cal.predict(knee, shapes)
-    name, coefs, cv = cal.choose_and_fit(shapes, y, feature_sets=sets)
+    sets = lfit.candidate_feature_sets((64, 256))
+    y = lfit.predict(knee, shapes)
+    name, coefs, cv = lfit.choose_and_fit(shapes, y, feature_sets=sets)
     assert name == "base+knee256" and cv[name] < 1e-6 < cv["base"]
     m = FittedLatency(coefs)
     assert np.allclose([m.step_time(s) for s in shapes], y, rtol=1e-6)
     linear = {"intercept": 4e-3, "num_new_tokens": 2e-5, "kv_read_tokens": 1e-8}
-    name, _, _ = cal.choose_and_fit(shapes, cal.predict(linear, shapes), feature_sets=sets)
+    name, _, _ = lfit.choose_and_fit(shapes, lfit.predict(linear, shapes), feature_sets=sets)
     assert name == "base"
 
 
@@ -118,18 +121,18 @@ def test_knee_feature_in_the_model_file(tmp_path):
 def test_compare_and_quality_bands():
     real = np.array([1.0, 2.0, 4.0, 8.0])
     sim = real * np.array([1.1, 0.9, 1.05, 1.0])
-    s = val.compare(sim, real)
+    s = lerr.compare(sim, real)
     assert s["n"] == 4 and s["mape"] == pytest.approx((0.1 + 0.1 + 0.05 + 0) / 4)
     assert s["mean_err"] == pytest.approx((sim.mean() - real.mean()) / real.mean())
     assert s["p50_err"] == pytest.approx((np.percentile(sim, 50) - 3.0) / 3.0)
     assert s["pearson_r"] == pytest.approx(np.corrcoef(sim, real)[0, 1])
-    assert val.compare([1.0, math.nan], [1.0, 2.0])["n"] == 1
-    assert val.quality_band(0.05, 0.99) == "excellent"
-    assert val.quality_band(0.05, 0.90) == "good"
-    assert val.quality_band(0.15, 0.96) == "good"
-    assert val.quality_band(0.25, 0.99) == "poor"
-    assert val.quality_band(0.15, 0.80) == "poor"
-    assert val.quality_band(math.nan, 0.99) == "n/a"
+    assert lerr.compare([1.0, math.nan], [1.0, 2.0])["n"] == 1
+    assert lerr.quality_band(0.05, 0.99) == "excellent"
+    assert lerr.quality_band(0.05, 0.90) == "good"
+    assert lerr.quality_band(0.15, 0.96) == "good"
+    assert lerr.quality_band(0.25, 0.99) == "poor"
+    assert lerr.quality_band(0.15, 0.80) == "poor"
+    assert lerr.quality_band(math.nan, 0.99) == "n/a"
 
 
 # ----------------------------------------------------------------------------- end to end (CPU)
@@ -138,7 +141,7 @@ def test_compare_and_quality_bands():
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory):
     out = tmp_path_factory.mktemp("calib") / "tiny.json"
-    preset = dataclasses.replace(cal.PRESETS["quick"], warmup=1, repeats=2)
+    preset = dataclasses.replace(pgrid.PRESETS["quick"], warmup=1, repeats=2)
     setup = cal.CalibrationSetup(model_shape="tiny", device="cpu", dtype="float32", attention="auto",
                                  block_size=16, num_threads=1)
     model, rows = cal.calibrate(setup, preset, log=lambda *_: None)
@@ -159,14 +162,15 @@ def test_calibration_writes_a_computed_model_file(calibrated):
     assert data["num_threads"] == 1 and data["attention"] == "reference"
     fit = data["fit"]
     assert fit["feature_set"] in fit["cv_mape_by_feature_set"]
-    assert set(coefs) == set(cal.candidate_feature_sets(cal.PRESETS["quick"].knees)[fit["feature_set"]])
+    assert set(coefs) == set(lfit.candidate_feature_sets(pgrid.PRESETS["quick"].knees)[fit["feature_set"]])
     assert fit["n_holdout"] > 0 and math.isfinite(fit["holdout"]["mape"]) and fit["holdout"]["n"] == fit["n_holdout"]
     noise = data["noise_floor"]
     assert noise["repeats"] == 2 and noise["median_cv"] >= 0
     # the samples table is the fit's input and output: recompute predictions and the held-out error
     df = pd.read_csv(samples)
     assert len(df) == fit["n_samples"] and int(df["heldout"].sum()) == fit["n_holdout"]
-    assert (df["median_s"] > 0).all() and (df["min_s"] <= df["median_s"]).all() and (df["median_s"] <= df["max_s"]).all()
+    assert (df["median_s"] > 0).all()
+    assert (df["min_s"] <= df["median_s"]).all() and (df["median_s"] <= df["max_s"]).all()
     model = FittedLatency.from_file(path)
     shapes = [StepShape(r.num_seqs, r.num_decode_seqs, r.num_new_tokens, r.num_prefill_tokens, r.context_tokens,
                         r.attention_pairs) for r in df.itertuples()]
@@ -178,7 +182,7 @@ def test_calibration_writes_a_computed_model_file(calibrated):
     # refitting the training rows reproduces the coefficients
     train = df[~df["heldout"]]
     tshapes = [s for s, h in zip(shapes, df["heldout"]) if not h]
-    refit = cal.fit_nnls(tshapes, train["median_s"].to_numpy(), list(coefs))
+    refit = lfit.fit_nnls(tshapes, train["median_s"].to_numpy(), list(coefs))
     for f in coefs:
         assert refit[f] == pytest.approx(coefs[f], rel=2e-3, abs=1e-12)
 
@@ -226,7 +230,7 @@ def test_validation_report_is_computed_from_its_pairs(validated):
                                              / np.percentile(real[ok], 99), rel=1e-6, abs=1e-9)
         if s["n"] > 2:
             assert s["pearson_r"] == pytest.approx(np.corrcoef(sim[ok], real[ok])[0, 1], rel=1e-6)
-        assert s["band"] == val.quality_band(s["mape"], s["pearson_r"])
+        assert s["band"] == lerr.quality_band(s["mape"], s["pearson_r"])
         nz = rep["stats"][m]["noise_real2_vs_real1"]
         ok2 = np.isfinite(real2) & np.isfinite(real)
         assert nz["mape"] == pytest.approx(np.mean(np.abs(real2[ok2] - real[ok2]) / real[ok2]), rel=1e-6)
@@ -278,9 +282,21 @@ def test_cli_parser_does_not_import_torch():
     code = ("import sys; from sim.cli.main import build_parser; p = build_parser(); "
             "a = p.parse_args(['calibrate', '--out', 'x.json', '--grid', 'quick']); "
             "b = p.parse_args(['validate', 'c.yaml', '--real-runs', '3']); "
-            "assert a.grid == 'quick' and b.real_runs == 3; print('torch' in sys.modules, 'gpu_backend' in sys.modules)")
+            "assert a.grid == 'quick' and b.real_runs == 3; "
+            "print('torch' in sys.modules, 'gpu_backend' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert res.stdout.strip() == "False False"
+
+
+def test_cli_choices_match_the_backend():
+    """The torch-free parser (sim.cli.calibrate) lists the backend's grids, dtypes and attention paths."""
+    from gpu_backend.attention import ATTENTION_CHOICES
+    from gpu_backend.model import DTYPES
+    from sim.cli.calibrate import ATTENTIONS, DTYPE_NAMES, GRID_PRESETS
+
+    assert GRID_PRESETS == tuple(pgrid.PRESETS)
+    assert DTYPE_NAMES == tuple(DTYPES)
+    assert ATTENTIONS == ATTENTION_CHOICES
 
 
 def test_gpu_calibrate_script_cpu_quick(tmp_path, calibrated):

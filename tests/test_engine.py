@@ -99,7 +99,8 @@ def _workload(seed: int, n: int, rate: float, with_outputs: bool = False) -> lis
     t, out = 0.0, []
     for i in range(n):
         t += float(rng.exponential(1 / rate))
-        tokens = np.concatenate([prefixes[int(rng.integers(0, 4))], rng.integers(0, 100_000, int(rng.integers(5, 200)))])
+        prefix = prefixes[int(rng.integers(0, 4))]  # drawn before the suffix (the workload's draw order)
+        tokens = np.concatenate([prefix, rng.integers(0, 100_000, int(rng.integers(5, 200)))])
         n_out = int(rng.integers(1, 150))
         out_ids = rng.integers(0, 100_000, n_out) if with_outputs else None
         salt = "t1" if (with_outputs and i % 3 == 0) else None

@@ -13,8 +13,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-
-from torch_fixtures import _one_thread, model  # noqa: E402,F401  (shared fixtures)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")  # the `model` fixture is in conftest.py
 
 from gpu_backend import cases  # noqa: E402
 from gpu_backend.model import LlamaModel  # noqa: E402

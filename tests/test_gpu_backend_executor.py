@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-
-from torch_fixtures import _one_thread, model  # noqa: E402,F401  (shared fixtures)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")  # the `model` fixture is in conftest.py
 
 from gpu_backend import cases  # noqa: E402
 from gpu_backend.attention import ReferenceAttention, probe_attention, select_attention  # noqa: E402
@@ -225,7 +224,8 @@ def test_sim_path_never_imports_torch(tmp_path):
     code = (
         "import sys\n"
         "from sim.cli.main import main\n"
-        f"rc = main(['run', {str(ROOT / 'configs/quickstart_torch.yaml')!r}, '--out', {str(tmp_path)!r}, '--no-progress'])\n"
+        f"rc = main(['run', {str(ROOT / 'configs/quickstart_torch.yaml')!r}, '--out', {str(tmp_path)!r}, "
+        "'--no-progress'])\n"
         "assert rc == 0, rc\n"
         "assert 'torch' not in sys.modules and 'gpu_backend' not in sys.modules\n"
     )
@@ -285,8 +285,9 @@ def test_flash_paths_plumbing_with_an_emulated_varlen_attn(monkeypatch):
     """The CUDA-only flash paths' batching (subsets, cu_seqlens, gathered slots, block tables) checked
     on CPU against the reference, with varlen_attn replaced by an emulation of its semantics."""
     import gpu_backend.attention as att
+    import gpu_backend.attention.flash as flash
 
-    monkeypatch.setattr(att, "_varlen_attn", lambda: _emulated_varlen_attn)
+    monkeypatch.setattr(flash, "find_varlen_attn", lambda: _emulated_varlen_attn)
     dims = dict(device="cpu", dtype=torch.float32, block_size=16, num_heads=8, num_kv_heads=2, head_dim=32)
     for impl, which in [(att.FlashPagedAttention(), "all"), (att.FlashPagedAttention(), "decode"),
                         (att.FlashPagedAttention(), "prefill"), (att.FlashGatherAttention(), "prefill"),

@@ -379,13 +379,16 @@ def test_single_full_group_through_the_hybrid_manager_equals_the_fast_manager(se
     prompts = []
     for i in range(40):
         n = rng.randrange(5, 260)
-        prompts.append(base[:n] + toks(rng.randrange(0, 30), 10_000 + 100 * i) if rng.random() < 0.7 else toks(n, 50_000 + 1000 * i))
+        prompts.append(
+            base[:n] + toks(rng.randrange(0, 30), 10_000 + 100 * i) if rng.random() < 0.7
+            else toks(n, 50_000 + 1000 * i)
+        )
     arrivals = {i // 3: [] for i in range(len(prompts))}
     logs = []
     for hybrid in (False, True):
         if hybrid:
-            s = hybrid_scheduler([FA(16)], num_blocks=num_blocks, events=True, max_num_batched_tokens=128, max_model_len=512,
-                                 long_prefill_token_threshold=48)
+            s = hybrid_scheduler([FA(16)], num_blocks=num_blocks, events=True, max_num_batched_tokens=128,
+                                 max_model_len=512, long_prefill_token_threshold=48)
         else:
             s = make_scheduler(num_blocks, events=True, max_num_batched_tokens=128, max_model_len=512,
                                long_prefill_token_threshold=48)
@@ -393,7 +396,8 @@ def test_single_full_group_through_the_hybrid_manager_equals_the_fast_manager(se
         for i, p in enumerate(prompts):
             arr[i // 3].append(make_request(s, f"r{i}", p, max_tokens=1 + i % 7, uid=i + 1))
         res = drive(s, arr)
-        events = [(type(e).__name__, getattr(e, "block_hashes", None), getattr(e, "token_ids", None)) for e in s.event_log]
+        events = [(type(e).__name__, getattr(e, "block_hashes", None), getattr(e, "token_ids", None))
+                  for e in s.event_log]
         logs.append((res.admissions, [st.free_block_ids for st in res.steps], res.stats, events,
                      [(st.scheduled, st.preempted) for st in res.steps]))
     assert logs[0] == logs[1]

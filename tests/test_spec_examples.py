@@ -452,7 +452,8 @@ def test_row29_max_num_seqs_blocks_before_lookup():
 
 
 def _build_from_engine(**engine):
-    run = pytest.importorskip("sim.experiment.run", reason="row 30 is checked by the experiment layer (sim.experiment.run)")
+    run = pytest.importorskip("sim.experiment.run",
+                              reason="row 30 is checked by the experiment layer (sim.experiment.run)")
     from sim.experiment.config import ConfigError, config_from_dict
 
     cfg = config_from_dict({"name": "row30", "engine": engine, "workload": {"kind": "synthetic_shared_prefix"}})

@@ -85,7 +85,10 @@ class VllmAdapter:
         specs = []
         for i, g in enumerate(groups):
             kw = dict(block_size=g.block_size, num_kv_heads=1, head_size=8, dtype=torch.float16)
-            spec = FullAttentionSpec(**kw) if g.kind == "full" else SlidingWindowSpec(**kw, sliding_window=g.sliding_window)
+            if g.kind == "full":
+                spec = FullAttentionSpec(**kw)
+            else:
+                spec = SlidingWindowSpec(**kw, sliding_window=g.sliding_window)
             specs.append(KVCacheGroupSpec([f"layer{i}"], spec, is_eagle_group=g.is_eagle_group))
         sched_bs, hash_bs = resolve_block_sizes(groups, caching)
         self.m = VllmKVCacheManager(
@@ -108,7 +111,8 @@ class VllmAdapter:
     def allocate_slots(self, r, n, n_hit=0, hits=None, lookahead=0, full_sequence_must_fit=False,
                        has_scheduled_reqs=True):
         out = self.m.allocate_slots(_VllmRequestView(r), n, n_hit, hits, lookahead,
-                                    full_sequence_must_fit=full_sequence_must_fit, has_scheduled_reqs=has_scheduled_reqs)
+                                    full_sequence_must_fit=full_sequence_must_fit,
+                                    has_scheduled_reqs=has_scheduled_reqs)
         return None if out is None else [b for g in out.blocks for b in g]
 
     def get_blocks(self, rid):
@@ -179,7 +183,8 @@ def run(groups, seed, extra_blocks, budget, threshold, policy, extra, vllm):
         ours.clear()
         log.append((
             k,
-            [(x.request.request_id, x.num_new_tokens, x.admitted, x.hit_tokens, x.new_block_ids) for x in out.scheduled],
+            [(x.request.request_id, x.num_new_tokens, x.admitted, x.hit_tokens, x.new_block_ids)
+             for x in out.scheduled],
             [r.request_id for r in out.preempted],
             [r.request_id for r in finished],
             kvm.block_pool.free_block_ids(),

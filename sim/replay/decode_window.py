@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sim.core.block_pool import KVCacheBlock
 from sim.core.executor import StepShape
 from sim.core.kv_cache_manager import KVCacheManager
 from sim.core.request import Request, RequestStatus
@@ -70,7 +71,7 @@ class Window:
         return len(self.durations)
 
 
-def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | None | bool:
+def _head_stays_refused(scheduler: Scheduler, kvm: KVCacheManager, tail: list[Request]) -> Request | None | bool:
     """The waiting head if it is refused at every window step, None if no lookup happens, False if
     a lookup could admit something (no window then)."""
     if not scheduler.waiting:
@@ -83,7 +84,6 @@ def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | 
     if not all(r.unique_outputs for r in scheduler.running):
         return False
     head = scheduler.waiting.peek()
-    kvm = scheduler.kv_cache_manager
     num_cached = kvm.num_cached_block
     head_hashes = head.block_hashes
     for r in tail:
@@ -94,7 +94,7 @@ def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | 
     # Refused now (full-sequence gate, as allocate_slots would compute it, without recording a
     # lookup) => refused at every window step: the free queue only shrinks and the hit chain only
     # loses blocks, which never lowers the need.
-    hits: list = []
+    hits: list[KVCacheBlock] = []
     if kvm.enable_caching and not head.skip_reading_prefix_cache:
         get = kvm.block_pool.cached_block_hash_to_block.get_one_block
         for h in head_hashes[: (head.num_tokens - 1) // kvm.block_size]:
@@ -118,7 +118,8 @@ def plan_window(
     next_arrival: float,
 ) -> Window | None:
     """The longest allowed window of at least 2 steps, or None (then run a plain step)."""
-    if type(scheduler.kv_cache_manager) is not KVCacheManager:
+    kvm = scheduler.kv_cache_manager
+    if type(kvm) is not KVCacheManager:
         return None  # sliding-window / hybrid managers (sim.core.hybrid_kv_cache_manager): plain steps only
     cfg = scheduler.config
     running = scheduler.running
@@ -139,7 +140,6 @@ def plan_window(
     bulk, tail = running[:n_bulk], running[n_bulk:]
     if n_bulk > cfg.max_num_batched_tokens:
         return None
-    kvm = scheduler.kv_cache_manager
     bs = kvm.block_size
     max_len = cfg.max_model_len
     # bulk: how long until one finishes; context sum
@@ -150,7 +150,7 @@ def plan_window(
         bulk_ctx += r.num_computed_tokens
     if k_max < 2:
         return None
-    head = _head_stays_refused(scheduler, tail)
+    head = _head_stays_refused(scheduler, kvm, tail)
     if head is False:
         return None
     arrivals_harmless = bool(scheduler.waiting)
@@ -247,6 +247,8 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     """
     k = window.k
     kvm = scheduler.kv_cache_manager
+    if type(kvm) is not KVCacheManager:  # plan_window plans no window for the other managers
+        raise TypeError(f"a decode window needs the plain KVCacheManager, not {type(kvm).__name__}")
     pool = kvm.block_pool
     bs = kvm.block_size
     # events: (step, running index, kind, request, arg): kind 0 = allocate arg blocks, 1 = cache

@@ -117,7 +117,9 @@ class FittedLatency(LatencyModel):
                     f"and num_new_tokens_over_<K>"
                 )
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"fitted latency{where}: coefficient of {feat!r} must be a finite number >= 0, got {value!r}")
+                raise ValueError(
+                    f"fitted latency{where}: coefficient of {feat!r} must be a finite number >= 0, got {value!r}"
+                )
             clean[feat] = float(value)
         if not any(v > 0 for v in clean.values()):
             raise ValueError(f"fitted latency{where}: all coefficients are zero")

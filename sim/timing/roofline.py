@@ -284,7 +284,10 @@ def kv_cache_blocks(
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         budget = gpu.memory_bytes * gpu_memory_utilization
-        act = activation_gib * GIB if activation_gib is not None else estimate_activation_bytes(model, max_num_batched_tokens)
+        if activation_gib is not None:
+            act = activation_gib * GIB
+        else:
+            act = estimate_activation_bytes(model, max_num_batched_tokens)
         available = budget - model.weight_bytes - act
         how = (
             f"{gpu.name}: {gpu.memory_bytes / GIB:.2f} GiB x {gpu_memory_utilization} = {budget / GIB:.2f} GiB"
@@ -355,7 +358,8 @@ class RooflineLatency(LatencyModel):
 
     def step_time(self, shape: StepShape) -> float:
         s = shape
-        compute = (self._dense * s.num_new_tokens + self._lm_head * s.num_seqs + self._attn * s.attention_pairs) / self._flops_per_s
+        flops = self._dense * s.num_new_tokens + self._lm_head * s.num_seqs + self._attn * s.attention_pairs
+        compute = flops / self._flops_per_s
         memory = (self._weights + self._kv * (s.context_tokens + 2 * s.num_new_tokens)) / self._bytes_per_s
         return (compute if compute > memory else memory) + self.overhead_s
 

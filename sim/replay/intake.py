@@ -1,0 +1,108 @@
+"""Request intake: the trace stream turned into scheduler Requests as the clock reaches them.
+
+Mirrors vLLM's ``EngineCore`` input queue: requests that arrived while a step ran are added to the
+scheduler (``add_request``) before the next ``schedule()``.
+
+Invariants:
+
+* arrivals are non-decreasing (checked on every record; a violation raises ReplayError);
+* a request is *due* at time ``t`` when ``arrival <= t + ARRIVAL_EPS_S``, so float rounding of the
+  clock cannot hide it from the step that starts at its arrival;
+* ``uid`` is the delivery order (0, 1, ...);
+* ``next_arrival`` is the arrival of the first undelivered record (``inf`` when the stream is done);
+  the fast-forward must not play a step past it.
+
+Pure Python: imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+
+from sim.core.request import Request
+from sim.core.scheduler import Scheduler
+from sim.replay.errors import ReplayError
+from sim.replay.recorder import ReplayRecorder
+from workloads.trace_format import TraceRequest
+
+ARRIVAL_EPS_S = 1e-9
+"""An arrival counts as "at or before" a step start within this tolerance (float rounding)."""
+
+
+class RequestIntake:
+    """Walks the request stream one record ahead; turns due records into pending Requests."""
+
+    def __init__(self, requests: Iterable[TraceRequest], scheduler: Scheduler, rec: ReplayRecorder) -> None:
+        self.scheduler = scheduler
+        self.rec = rec
+        self._source: Iterator[TraceRequest] = iter(requests)
+        self._source_done = False
+        self._lookahead: TraceRequest | None = None
+        self._last_arrival = -math.inf
+        self.next_arrival = math.inf
+        self._pending: list[Request] = []
+        self._uid = 0
+
+    def peek(self) -> TraceRequest | None:
+        """The next not-yet-delivered request of the stream (arrival order is checked)."""
+        if self._lookahead is None and not self._source_done:
+            tr = next(self._source, None)
+            if tr is None:
+                self._source_done = True
+            else:
+                if not tr.arrival >= self._last_arrival:
+                    raise ReplayError(
+                        f"request {tr.id}: arrival {tr.arrival} is before the previous one ({self._last_arrival})"
+                    )
+                self._last_arrival = tr.arrival
+                self._lookahead = tr
+        self.next_arrival = self._lookahead.arrival if self._lookahead is not None else math.inf
+        return self._lookahead
+
+    def deliver_due(self, t: float) -> None:
+        """Turn every request arriving at or before ``t`` (to ARRIVAL_EPS_S) into a pending Request."""
+        while (tr := self.peek()) is not None and tr.arrival <= t + ARRIVAL_EPS_S:
+            self._pending.append(self._make_request(tr))
+            self._lookahead = None
+
+    def admit_due(self, t: float) -> None:
+        """Deliver what is due at ``t``, then hand every pending request to ``add_request`` (in
+        arrival order: the waiting queue's FCFS order is the delivery order)."""
+        self.deliver_due(t)
+        if self._pending:
+            for r in self._pending:
+                self.scheduler.add_request(r)
+            self._pending.clear()
+
+    def drained(self) -> bool:
+        """Nothing left to deliver or admit."""
+        return self.peek() is None and not self._pending
+
+    def _make_request(self, tr: TraceRequest) -> Request:
+        sched = self.scheduler
+        max_len = sched.config.max_model_len
+        if len(tr.tokens) > max_len:
+            raise ReplayError(f"request {tr.id}: prompt of {len(tr.tokens)} tokens exceeds max_model_len {max_len}")
+        try:
+            self.rec.new_request(
+                tr.id, tr.arrival, len(tr.tokens), tr.output_tokens, tr.salt, tr.lora, tr.tenant, tr.session,
+                tr.prompt_logprobs,
+            )
+        except ValueError as exc:
+            raise ReplayError(str(exc)) from None
+        self._uid += 1
+        return Request(
+            tr.id,
+            tr.tokens,
+            tr.output_tokens,
+            uid=self._uid - 1,
+            arrival_time=tr.arrival,
+            cache_salt=tr.salt,
+            lora_name=tr.lora,
+            lora_int_id=0,
+            priority=tr.priority,
+            prompt_logprobs=tr.prompt_logprobs,
+            output_token_ids=tr.output_token_ids,
+            hasher=sched.hasher if sched.cache_config.enable_prefix_caching else None,
+        )

@@ -1,0 +1,152 @@
+"""One engine step, as both replay loops run it: ``schedule()``, execute, apply, record.
+
+Mirrors vLLM's ``EngineCore.step`` pieces: ``scheduler.schedule()`` -> ``model_executor.
+execute_model()`` -> ``scheduler.update_from_output()``. The loops (``sim.replay.sync_loop``,
+``sim.replay.async_loop``) decide *when* each piece runs; this module does the pieces and records
+them. Loops are generators of :data:`Wait` values, which the SimPy adapter
+(``sim.replay.engine``) turns into clock events.
+
+Invariants: an executor's step time is positive (else ReplayError); admissions are recorded at the
+step's start, first tokens and finishes at the time ``apply`` runs; ``after_step`` runs the
+integrity check (when enabled) after every applied step or window.
+
+Imports neither simpy nor torch: time is read through :class:`Clock`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from sim.core.executor import Executor, StepResult, step_shape
+from sim.core.kv_cache_manager import cdiv
+from sim.core.scheduler import Scheduler, SchedulerOutput
+from sim.replay.decode_window import Window, plan_window
+from sim.replay.errors import ReplayError
+from sim.replay.intake import ARRIVAL_EPS_S, RequestIntake
+from sim.replay.recorder import ReplayRecorder
+
+Wait = float | None
+"""What a loop yields: a float advances the clock by that many seconds (a step runs); None sleeps
+until the next arrival (the engine is idle)."""
+
+
+class Clock(Protocol):
+    """The simulated time (``simpy.Environment`` is one)."""
+
+    @property
+    def now(self) -> float: ...
+
+
+@dataclass(slots=True)
+class Launched:
+    """A scheduled step handed to the executor, with the state to record beside it."""
+
+    out: SchedulerOutput
+    result: StepResult
+    start: float
+    n_running: int
+    n_waiting: int
+
+
+class StepRunner:
+    """The scheduler, executor, intake and recorder of one replay, and the step verbs over them."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: Executor,
+        intake: RequestIntake,
+        rec: ReplayRecorder,
+        clock: Clock,
+        *,
+        fast_forward: bool,
+        integrity_check: bool,
+        max_window_steps: int,
+        on_step: Callable[[Scheduler], None] | None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.intake = intake
+        self.rec = rec
+        self.clock = clock
+        # the fast-forward needs an executor that prices a shape without running it, and the
+        # synchronous scheduler (sim.replay.decode_window's precondition)
+        self.fast_forward = fast_forward and hasattr(executor, "price") and not scheduler.config.async_scheduling
+        self.integrity_check = integrity_check
+        self.max_window_steps = max_window_steps
+        self.on_step = on_step
+        self.num_plain_steps = 0  # steps run through schedule()
+        self.num_window_steps = 0  # steps played by the decode fast-forward
+
+    def launch(self) -> Launched:
+        """``schedule()`` one step and hand it to the executor; records admissions."""
+        sched = self.scheduler
+        start = self.clock.now
+        self.num_plain_steps += 1
+        out = sched.schedule()
+        result = self.executor.execute(out)
+        if not result.duration_s > 0:
+            raise ReplayError(f"executor returned a non-positive step time {result.duration_s}")
+        for s in out.scheduled:
+            if s.admitted:
+                self.rec.admitted(s.request, s.hit_tokens, start)
+        return Launched(out, result, start, len(sched.running), len(sched.waiting))
+
+    def apply(self, out: SchedulerOutput, result: StepResult) -> int:
+        """``update_from_output`` at the current time; records first tokens and finishes."""
+        sched = self.scheduler
+        firsts = [s.request for s in out.scheduled if s.samples and not s.request.output_token_ids]
+        finished = sched.update_from_output(out, result.sampled_token_ids)
+        now = self.clock.now
+        for r in firsts:
+            if r.output_token_ids:
+                self.rec.first_token(r, now)
+        for r in finished:
+            self.rec.finished(r, now)
+            r.release_tokens()
+        self.rec.add_stats(sched.make_stats())
+        return len(finished)
+
+    def record_step(self, launched: Launched, finished: int) -> None:
+        out = launched.out
+        shape = step_shape(out)
+        pool = self.scheduler.kv_cache_manager.block_pool
+        self.rec.step(
+            out.step, launched.start, launched.result.duration_s, len(out.scheduled), out.total_num_scheduled_tokens,
+            shape.num_prefill_tokens, shape.num_decode_seqs, sum(1 for s in out.scheduled if s.admitted),
+            len(out.preempted), finished, launched.n_running, launched.n_waiting, pool.get_num_free_blocks(),
+            pool.num_cached_blocks, pool.get_usage(),
+        )
+
+    def after_step(self) -> None:
+        if self.integrity_check:
+            self.scheduler.check_integrity()
+        if self.on_step is not None:
+            self.on_step(self.scheduler)
+
+    def plan_window(self) -> Window | None:
+        """A fast-forward window starting now that ends before the next arrival becomes visible."""
+        return plan_window(
+            self.scheduler,
+            self.max_window_steps,
+            self.executor.price,  # type: ignore[attr-defined]  # checked in __init__ (fast_forward)
+            self.clock.now,
+            self.intake.next_arrival - ARRIVAL_EPS_S,
+        )
+
+    def stall_message(self) -> str:
+        sched = self.scheduler
+        now = self.clock.now
+        head = sched.waiting.peek() if sched.waiting else None
+        cc = sched.cache_config
+        usable = cc.num_gpu_blocks - 1
+        if head is None:
+            return f"engine stalled at t={now:.6f}s with nothing schedulable"
+        need = cdiv(head.num_tokens, cc.block_size)
+        return (
+            f"engine stalled at t={now:.6f}s: request {head.request_id} ({head.num_tokens} tokens, "
+            f"{need} blocks of {cc.block_size}) cannot be admitted into a pool of {usable} usable blocks "
+            f"with {len(sched.running)} running (watermark {sched.config.watermark}); the pool is too small"
+        )
