@@ -36,7 +36,7 @@ from sim.core.executor import StepResult, StepShape, step_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.core.kv_cache_manager import KVCacheManager
-    from sim.core.scheduler import SchedulerOutput
+    from sim.core.scheduler_output import SchedulerOutput
 
 
 def step_kind(output: SchedulerOutput) -> str:

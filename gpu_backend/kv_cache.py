@@ -28,7 +28,7 @@ import torch
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.core.kv_cache_manager import KVCacheManager
-    from sim.core.scheduler import SchedulerOutput
+    from sim.core.scheduler_output import SchedulerOutput
 
 
 class PagedKVCache:
@@ -113,7 +113,7 @@ class BlockTables:
 
     def verify(self, kv_manager: KVCacheManager) -> None:
         """Assert the mirror equals the KV-cache manager's allocation, request by request."""
-        expected = {rid: kv_manager.get_block_ids(rid) for rid in kv_manager.req_to_blocks}
+        expected = {rid: kv_manager.get_block_ids(rid) for rid in kv_manager.request_ids()}
         if expected != self.tables:
             bad = sorted(set(expected) ^ set(self.tables)) or sorted(
                 rid for rid in expected if expected[rid] != self.tables[rid]

@@ -22,10 +22,12 @@ if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) from anywhe
     sys.path.insert(0, _ROOT)
 
 from sim.core.hashing import BlockHasher, make_block_hasher  # noqa: E402
-from sim.core.kv_cache_manager import PrefixCacheStats  # noqa: E402
 from sim.core.kv_events import KVCacheEvent  # noqa: E402
+from sim.core.prefix_cache_stats import PrefixCacheStats  # noqa: E402
 from sim.core.request import Request  # noqa: E402
-from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig, SchedulerOutput  # noqa: E402
+from sim.core.config import CacheConfig, SchedulerConfig  # noqa: E402
+from sim.core.scheduler import Scheduler  # noqa: E402
+from sim.core.scheduler_output import SchedulerOutput  # noqa: E402
 
 _CACHE_KEYS = {"enable_prefix_caching", "use_eagle"}
 

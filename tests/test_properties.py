@@ -134,9 +134,10 @@ def check_step(sc: Scenario, log: StepLog, sched) -> None:
                 assert s.hit_tokens == 0
     # block lists: the first num_cached blocks carry exactly the request's own hashes, the rest none
     holders: dict[int, list[tuple[Request, int]]] = {}
-    for rid, blocks in kvm.req_to_blocks.items():
+    for rid in kvm.request_ids():
+        blocks = kvm.get_blocks(rid)
         r = sched.requests[rid]
-        n_cached = kvm.num_cached_block.get(rid, 0)
+        n_cached = kvm.get_num_cached_blocks(rid)
         for i, b in enumerate(blocks):
             if i < n_cached:
                 assert b.block_hash == r.block_hashes[i], (rid, i)
@@ -154,7 +155,7 @@ def check_step(sc: Scenario, log: StepLog, sched) -> None:
             assert i == i0, (bid, r.request_id)
             assert (r.cache_salt or None, r.lora_name, r.all_token_ids[: (i + 1) * bs]) == content0, bid
     # never a hit across different salts
-    held = {rid: {b.block_id for b in blocks} for rid, blocks in kvm.req_to_blocks.items()}
+    held = {rid: {b.block_id for b in kvm.get_blocks(rid)} for rid in kvm.request_ids()}
     rids = sorted(held)
     for x in range(len(rids)):
         for y in range(x + 1, len(rids)):
@@ -194,7 +195,7 @@ def test_random_workloads_keep_every_invariant(sc):
     # everything is free at the end; the pool holds nothing
     pool = sched.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == sc.num_blocks - 1
-    assert not sched.kv_cache_manager.req_to_blocks
+    assert not sched.kv_cache_manager.request_ids()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

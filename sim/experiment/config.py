@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.core.hashing import HASH_ALGOS
-from sim.core.kv_groups import KVGroupSpec, check_groups
+from sim.core.kv_cache_spec import KVGroupSpec, check_groups
 from workloads.schema import UNION_TAGS as _WORKLOAD_TAGS
 from workloads.schema import (  # noqa: F401  (re-exported: the workload models)
     AgentTraceWorkload,

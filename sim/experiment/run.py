@@ -15,8 +15,7 @@ from typing import Any
 
 from sim.core.executor import Executor
 from sim.core.hashing import make_block_hasher
-from sim.core.kv_cache_manager import cdiv
-from sim.core.kv_groups import blocks_for_one_sequence, resolve_block_sizes
+from sim.core.kv_cache_spec import blocks_for_one_sequence, cdiv, resolve_block_sizes
 from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig
 from sim.experiment.config import ConfigError, ExperimentConfig, config_to_dict
 from sim.experiment.results import run_metadata, write_results

@@ -31,13 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sim.core.executor import StepShape
-from sim.core.kv_cache_manager import KVCacheManager
+from sim.core.kv_cache_spec import cdiv
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler import Scheduler
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(slots=True)
@@ -84,28 +80,17 @@ def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | 
         return False
     head = scheduler.waiting.peek()
     kvm = scheduler.kv_cache_manager
-    num_cached = kvm.num_cached_block
     head_hashes = head.block_hashes
     for r in tail:
-        c = num_cached.get(r.request_id, 0)
+        c = kvm.get_num_cached_blocks(r.request_id)
         hashes = r.block_hashes
         if c < len(hashes) and c < len(head_hashes) and hashes[c] == head_hashes[c]:
             return False  # this prefill could cache the head's next missing block
     # Refused now (full-sequence gate, as allocate_slots would compute it, without recording a
     # lookup) => refused at every window step: the free queue only shrinks and the hit chain only
     # loses blocks, which never lowers the need.
-    hits: list = []
-    if kvm.enable_caching and not head.skip_reading_prefix_cache:
-        get = kvm.block_pool.cached_block_hash_to_block.get_one_block
-        for h in head_hashes[: (head.num_tokens - 1) // kvm.block_size]:
-            b = get(h)
-            if b is None:
-                break
-            hits.append(b)
-        if kvm.use_eagle and hits:
-            hits.pop()
-    need = kvm._num_blocks_to_allocate(head.request_id, min(head.num_tokens, cfg.max_model_len), hits)
-    if need + kvm.watermark_blocks <= kvm.block_pool.get_num_free_blocks():
+    hits, num_hits = kvm.peek_computed_blocks(head)
+    if kvm.full_sequence_fits(head, hits, num_hits, has_scheduled_reqs=True):
         return False
     return head
 
@@ -118,8 +103,8 @@ def plan_window(
     next_arrival: float,
 ) -> Window | None:
     """The longest allowed window of at least 2 steps, or None (then run a plain step)."""
-    if type(scheduler.kv_cache_manager) is not KVCacheManager:
-        return None  # sliding-window / hybrid managers (sim.core.hybrid_kv_cache_manager): plain steps only
+    if not scheduler.kv_cache_manager.is_unitary_full_attention:
+        return None  # explicit (sliding-window / hybrid) KV-cache groups: plain steps only
     cfg = scheduler.config
     running = scheduler.running
     if max_steps < 2 or not running:
@@ -158,14 +143,14 @@ def plan_window(
     # a decoder at position p0 holding nb blocks allocates at step nb*bs - p0, then every bs steps
     bulk_need = [0] * k_max
     for r in bulk:
-        for j in range(max(0, len(kvm.req_to_blocks[r.request_id]) * bs - r.num_computed_tokens), k_max, bs):
+        for j in range(max(0, len(kvm.get_blocks(r.request_id)) * bs - r.num_computed_tokens), k_max, bs):
             bulk_need[j] += 1
 
     # tail: simulate per step
     t_comp = [r.num_computed_tokens for r in tail]
     t_tokens = [r.num_tokens for r in tail]
     t_outs = [len(r.output_token_ids) for r in tail]
-    t_blocks = [len(kvm.req_to_blocks.get(r.request_id, ())) for r in tail]
+    t_blocks = [len(kvm.get_blocks(r.request_id)) for r in tail]
     tail_steps: list[list[_TailStep]] = [[] for _ in tail]
     shapes: list[StepShape] = []
     durations: list[float] = []
@@ -195,7 +180,7 @@ def plan_window(
             n = min(n, budget, max_len - c - 1)
             if n <= 0:
                 continue
-            blocks_needed = max(0, _cdiv(c + n, bs) - t_blocks[i])
+            blocks_needed = max(0, cdiv(c + n, bs) - t_blocks[i])
             need += blocks_needed
             samples = c + n >= nt
             step_plan.append((i, n, blocks_needed, samples))
@@ -249,16 +234,16 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     kvm = scheduler.kv_cache_manager
     pool = kvm.block_pool
     bs = kvm.block_size
-    # events: (step, running index, kind, request, arg): kind 0 = allocate arg blocks, 1 = cache
-    # up to arg tokens. Tokens are appended first: hashes depend only on tokens, and caching reads
+    # events: (step, running index, kind, request, arg): kind 0 = allocate the blocks that hold arg
+    # tokens, 1 = cache up to arg tokens. Tokens are appended first: hashes depend only on tokens, and caching reads
     # only hashes step-by-step replay would already have computed at that point.
     events: list[tuple[int, int, int, Request, int]] = []
     for idx, r in enumerate(window.bulk):
         p0 = r.num_computed_tokens
         r.append_output_token_ids(r.planned_output_tokens(len(r.output_token_ids), k))
         # allocation at step nb*bs - p0 (the first position past its blocks), then every bs steps
-        for j in range(max(0, len(kvm.req_to_blocks[r.request_id]) * bs - p0), k, bs):
-            events.append((j, idx, 0, r, 1))
+        for j in range(max(0, len(kvm.get_blocks(r.request_id)) * bs - p0), k, bs):
+            events.append((j, idx, 0, r, p0 + j + 1))  # one new block: step j computes position p0 + j
         # each step caches floor((p0 + j + 1) / bs) blocks; step 0 always (any lag is caught up
         # where the plain path would), then at each block boundary
         events.append((0, idx, 1, r, p0 + 1))
@@ -270,11 +255,11 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
         n_samples = sum(1 for s in steps if s.samples)
         if n_samples:
             r.append_output_token_ids(r.planned_output_tokens(len(r.output_token_ids), n_samples))
-        n_blocks = len(kvm.req_to_blocks.get(r.request_id, ()))
+        n_blocks = len(kvm.get_blocks(r.request_id))
         for s in steps:
-            nb = _cdiv(s.computed_before + s.num_new, bs) - n_blocks
+            nb = cdiv(s.computed_before + s.num_new, bs) - n_blocks
             if nb > 0:
-                events.append((s.step, n_bulk + t, 0, r, nb))
+                events.append((s.step, n_bulk + t, 0, r, s.computed_before + s.num_new))
                 n_blocks += nb
             events.append((s.step, n_bulk + t, 1, r, s.cache_upto))
     events.sort(key=lambda e: (e[0], e[1], e[2]))
@@ -293,8 +278,7 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
         while ev < n_ev and events[ev][0] == j:
             _, _, kind, r, arg = events[ev]
             if kind == 0:
-                new_blocks = pool.get_new_blocks(arg)
-                kvm.req_to_blocks[r.request_id].extend(new_blocks)
+                new_blocks = kvm.allocate_new_blocks(r.request_id, arg)
                 if chain and any(id(b) in chain for b in new_blocks):
                     head_hits = -1
             else:
@@ -302,8 +286,8 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
             ev += 1
         if head is not None and window.lookups[j]:
             if head_hits < 0:
-                blocks, head_hits = kvm.get_computed_blocks(head)
-                chain = {id(b) for b in blocks}
+                hit_blocks, head_hits = kvm.get_computed_blocks(head)
+                chain = {id(b) for blocks in hit_blocks for b in blocks}
             else:
                 kvm.repeat_lookup(head, head_hits)
         per_step.append((pool.get_num_free_blocks(), pool.num_cached_blocks, 0))
@@ -319,7 +303,7 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     for r in window.bulk + window.tail:
         if r.output_token_ids and (len(r.output_token_ids) >= r.max_tokens or r.num_tokens >= max_len):
             r.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            scheduler._free_request(r)
+            scheduler.free_request(r)
             finished.append(r)
     if finished:
         done = {id(r) for r in finished}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,9 +35,11 @@ import pandas as pd
 import simpy
 
 from sim.core.executor import Executor, StepResult, step_shape
-from sim.core.kv_cache_manager import PrefixCacheStats, cdiv
+from sim.core.kv_cache_spec import cdiv
+from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import Request
-from sim.core.scheduler import Scheduler, SchedulerOutput
+from sim.core.scheduler import Scheduler
+from sim.core.scheduler_output import SchedulerOutput
 from sim.replay.decode_window import Window, apply_window, plan_window
 from sim.replay.metrics import summarize
 from sim.replay.recorder import ReplayRecorder
@@ -135,7 +137,7 @@ class Replay:
         return ReplayResult(requests, steps, self.rec.stats, summary, wall, self.events)
 
     # -- arrivals -----------------------------------------------------------------------------
-    def _guard(self, gen: Iterator[simpy.Event]) -> Iterator[simpy.Event]:
+    def _guard(self, gen: Iterator[simpy.Event]) -> Generator[simpy.Event, Any, Any]:
         """Run a process body, remembering the first exception it raises."""
         try:
             return (yield from gen)
