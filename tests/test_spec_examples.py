@@ -12,8 +12,8 @@ import pytest
 from conftest import drive, make_request, make_scheduler, stats_tuple, toks
 
 from sim.core.block_pool import BlockPool
-from sim.core.kv_cache_block import make_block_key
 from sim.core.hashing import external_block_hash, make_block_hasher
+from sim.core.kv_cache_block import make_block_key
 from sim.core.kv_cache_manager import KVCacheManager
 from sim.core.kv_events import AllBlocksCleared, BlockRemoved
 from sim.core.request import RequestStatus
@@ -560,5 +560,4 @@ def test_row34_unaligned_chunks_cache_per_full_block():
 
 
 # -- rows 22-24 need sliding-window / hybrid KV groups ------------------------------------------
-# Not expressible: the core has one full-attention group and no KV-cache spec / group API
-# (KVCacheManager takes a single block_size; no sliding window, no coordinator). See the report.
+# They are in tests/test_kv_groups.py (KVCacheManager over CacheConfig.kv_groups).

@@ -48,6 +48,7 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         *,
         enable_caching: bool = True,
         use_eagle: bool = False,
+        watermark_blocks: int = 0,
         event_sink: EventSink | None = None,
     ) -> None:
         self.block_pool = BlockPool(num_gpu_blocks, enable_caching, event_sink)
@@ -56,6 +57,7 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.use_eagle = use_eagle
+        self.watermark_blocks = watermark_blocks
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
 
@@ -107,7 +109,7 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         new_computed_blocks: HitBlocks,
         num_lookahead_tokens: int,
         full_sequence_must_fit: bool,
-        watermark_blocks: int,
+        has_scheduled_reqs: bool,
     ) -> list[KVCacheBlock] | None:
         rid = request.request_id
         if num_new_tokens == 1 and not new_computed_blocks and not num_lookahead_tokens:
@@ -125,8 +127,14 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
                 ):
                     return []
         hits = new_computed_blocks[0] if new_computed_blocks else _NO_BLOCKS
+        # KVCacheCoordinator.watermark_for, inlined
+        watermark_blocks = 0
+        if has_scheduled_reqs and (
+            request.status == RequestStatus.WAITING or request.status == RequestStatus.PREEMPTED
+        ):
+            watermark_blocks = self.watermark_blocks
         total_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
-        num_free = self.block_pool.get_num_free_blocks()
+        num_free = self.block_pool.free_block_queue.num_free_blocks
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
             if self._num_blocks_to_allocate(rid, full, hits) + watermark_blocks > num_free:
@@ -156,7 +164,7 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
         req_blocks = self.req_to_blocks.setdefault(request_id, [])
-        n = cdiv(num_tokens, self.block_size) - len(req_blocks)
+        n = -(-num_tokens // self.block_size) - len(req_blocks)  # cdiv, inlined (decode fast-forward)
         if n <= 0:
             return []
         new_blocks = self.block_pool.get_new_blocks(n)

@@ -63,6 +63,7 @@ class GroupedKVCacheCoordinator(KVCacheCoordinator):
         max_num_batched_tokens: int,
         enable_caching: bool = True,
         use_eagle: bool = False,
+        watermark_blocks: int = 0,
         event_sink: EventSink | None = None,
         retention_interval: int | None = None,
     ) -> None:
@@ -72,6 +73,7 @@ class GroupedKVCacheCoordinator(KVCacheCoordinator):
         self.hash_block_size = hash_block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
+        self.watermark_blocks = watermark_blocks
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             MANAGER_CLASSES[g.kind](
                 g,
@@ -121,9 +123,10 @@ class GroupedKVCacheCoordinator(KVCacheCoordinator):
         new_computed_blocks: HitBlocks,
         num_lookahead_tokens: int,
         full_sequence_must_fit: bool,
-        watermark_blocks: int,
+        has_scheduled_reqs: bool,
     ) -> list[KVCacheBlock] | None:
         rid = request.request_id
+        watermark_blocks = self.watermark_for(request, has_scheduled_reqs)
         hits = new_computed_blocks
         num_local = request.num_computed_tokens + num_new_computed_tokens
         total = min(num_local, self.max_model_len)

@@ -2,8 +2,9 @@
 (mirrors the role of ``KVCacheCoordinator`` in vLLM 0.25.1's ``vllm/v1/core/kv_cache_coordinator.py``).
 
 A coordinator owns the block pool and every request's blocks in every KV-cache group. The manager
-keeps the policy that is the same for all of them (whether a lookup happens, its stats, the
-watermark, reset); the coordinator does the block work. Implementations, chosen by
+keeps the policy that is the same for all of them (whether a lookup happens, its stats, reset);
+the coordinator does the block work, the watermark check included (only its general path needs
+the request's status). Implementations, chosen by
 ``KVCacheManager``'s factory from the model's group layout:
 
 * :class:`~sim.core.full_attention_coordinator.UnitaryFullAttentionCoordinator`: one
@@ -23,15 +24,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import KeysView, Sequence
-from typing import TYPE_CHECKING
 
 from sim.core.block_pool import BlockPool
 from sim.core.hashing import BlockHash
 from sim.core.kv_cache_block import KVCacheBlock
 from sim.core.kv_cache_spec import KVGroupSpec
-
-if TYPE_CHECKING:  # pragma: no cover
-    from sim.core.request import Request
+from sim.core.request import Request, RequestStatus
 
 HitBlocks = tuple[list[KVCacheBlock], ...]
 """A lookup's hit blocks, one list per group (vLLM's ``KVCacheBlocks.blocks``); ``()`` when no group
@@ -39,19 +37,27 @@ hit anything."""
 
 NO_HITS: HitBlocks = ()
 
+_ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
 
 class KVCacheCoordinator(ABC):
     """Block bookkeeping for every KV-cache group on one :class:`BlockPool`.
 
     Attributes every implementation sets: ``block_pool``; ``groups`` (the group specs);
     ``block_size`` (the scheduler block size: hits and caching are aligned to it);
-    ``hash_block_size`` (the block size of ``Request.block_hashes``).
+    ``hash_block_size`` (the block size of ``Request.block_hashes``); ``watermark_blocks``.
     """
 
     block_pool: BlockPool
     groups: tuple[KVGroupSpec, ...]
     block_size: int
     hash_block_size: int
+    watermark_blocks: int
+
+    def watermark_for(self, request: Request, has_scheduled_reqs: bool) -> int:
+        """Query: free blocks an allocation for ``request`` must leave over -- ``watermark_blocks``
+        for a WAITING or PREEMPTED request while something is running, else 0 (spec §5.1 step 3)."""
+        return self.watermark_blocks if has_scheduled_reqs and request.status in _ADMITTING else 0
 
     # -- lookup -------------------------------------------------------------------------------
     @abstractmethod
@@ -83,9 +89,9 @@ class KVCacheCoordinator(ABC):
         new_computed_blocks: HitBlocks,
         num_lookahead_tokens: int,
         full_sequence_must_fit: bool,
-        watermark_blocks: int,
+        has_scheduled_reqs: bool,
     ) -> list[KVCacheBlock] | None:
-        """Changes state: ``KVCacheManager.allocate_slots`` with the watermark already resolved."""
+        """Changes state: ``KVCacheManager.allocate_slots`` (its arguments checked)."""
 
     @abstractmethod
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:

@@ -8,15 +8,15 @@ Behaviour mirrored exactly:
   prefix cache (``prompt_logprobs``); otherwise the coordinator's longest hit within
   ``num_tokens - 1`` tokens, recorded in ``PrefixCacheStats`` in *tokens* (``queries =
   num_tokens``; resumed requests counted apart). Hits are returned untouched.
-* ``allocate_slots``: the watermark applies only to WAITING/PREEMPTED requests while something is
-  running (``has_scheduled_reqs``); the rest -- the full-sequence gate, capacity check, touching,
-  popping and caching at schedule time -- is the coordinator's, in vLLM's order.
+* ``allocate_slots``: the coordinator's, in vLLM's order -- watermark (only for WAITING/PREEMPTED
+  requests while something is running), full-sequence gate, capacity check, touching, popping and
+  caching at schedule time.
 * ``reset_prefix_cache``: only with no block in use; flags the stats as reset.
 
-The coordinator, picked when the manager is built (``from_configs`` is the scheduler's factory):
-no ``kv_groups`` -> one
-full-attention group of ``block_size``, the optimised
-:class:`~sim.core.full_attention_coordinator.UnitaryFullAttentionCoordinator`; explicit groups ->
+The coordinator is picked when the manager is built (``from_configs`` is the scheduler's factory):
+no ``kv_groups`` -> one full-attention group of ``block_size``, the optimised
+:class:`~sim.core.full_attention_coordinator.UnitaryFullAttentionCoordinator` (caching on or off);
+explicit groups ->
 :class:`~sim.core.grouped_kv_cache_coordinator.KVCacheCoordinatorNoPrefixCache` with caching off,
 :class:`~sim.core.grouped_kv_cache_coordinator.UnitaryKVCacheCoordinator` for one group,
 :class:`~sim.core.hybrid_kv_cache_coordinator.HybridKVCacheCoordinator` for several.
@@ -42,9 +42,7 @@ from sim.core.kv_cache_coordinator import NO_HITS, HitBlocks, KVCacheCoordinator
 from sim.core.kv_cache_spec import KVGroupSpec, check_groups
 from sim.core.kv_events import EventSink
 from sim.core.prefix_cache_stats import PrefixCacheStats
-from sim.core.request import Request, RequestStatus
-
-_ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)  # the watermark applies to these
+from sim.core.request import Request
 
 
 def _make_coordinator(
@@ -56,6 +54,7 @@ def _make_coordinator(
     max_num_batched_tokens: int | None,
     enable_caching: bool,
     use_eagle: bool,
+    watermark_blocks: int,
     event_sink: EventSink | None,
     retention_interval: int | None,
 ) -> KVCacheCoordinator:
@@ -65,7 +64,8 @@ def _make_coordinator(
             raise ValueError("retention_interval only applies to models with a sliding-window group")
         return UnitaryFullAttentionCoordinator(
             num_gpu_blocks, block_size, max_model_len,
-            enable_caching=enable_caching, use_eagle=use_eagle, event_sink=event_sink,
+            enable_caching=enable_caching, use_eagle=use_eagle, watermark_blocks=watermark_blocks,
+            event_sink=event_sink,
         )
     groups = tuple(kv_groups)
     sched_bs, hash_bs = check_groups(groups, enable_caching, hash_block_size)
@@ -85,8 +85,8 @@ def _make_coordinator(
         groups, num_gpu_blocks, max_model_len,
         block_size=sched_bs, hash_block_size=hash_bs,
         max_num_batched_tokens=max_model_len if max_num_batched_tokens is None else max_num_batched_tokens,
-        enable_caching=enable_caching, use_eagle=use_eagle, event_sink=event_sink,
-        retention_interval=retention_interval,
+        enable_caching=enable_caching, use_eagle=use_eagle, watermark_blocks=watermark_blocks,
+        event_sink=event_sink, retention_interval=retention_interval,
     )
 
 
@@ -118,7 +118,7 @@ class KVCacheManager:
             raise ValueError("watermark must be non-negative")
         self.coordinator: KVCacheCoordinator = _make_coordinator(
             num_gpu_blocks, block_size, max_model_len, kv_groups, hash_block_size, max_num_batched_tokens,
-            enable_caching, use_eagle, event_sink, retention_interval,
+            enable_caching, use_eagle, int(watermark * num_gpu_blocks), event_sink, retention_interval,
         )
         self.block_pool: BlockPool = self.coordinator.block_pool
         self.kv_groups: tuple[KVGroupSpec, ...] = self.coordinator.groups
@@ -126,7 +126,7 @@ class KVCacheManager:
         self.hash_block_size = self.coordinator.hash_block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
-        self.watermark_blocks = int(watermark * num_gpu_blocks)
+        self._allocate_slots = self.coordinator.allocate_slots  # bound once: the decode hot path
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
 
     @classmethod
@@ -152,6 +152,11 @@ class KVCacheManager:
             watermark=scheduler_config.watermark,
             event_sink=event_sink,
         )
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Query: ``int(watermark * num_gpu_blocks)``, the blocks an admission must leave free."""
+        return self.coordinator.watermark_blocks
 
     @property
     def is_unitary_full_attention(self) -> bool:
@@ -212,7 +217,7 @@ class KVCacheManager:
         need = self.coordinator.get_num_blocks_to_allocate(
             request.request_id, min(request.num_tokens, self.max_model_len), new_computed_blocks, total, True
         )
-        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _ADMITTING else 0
+        watermark = self.coordinator.watermark_for(request, has_scheduled_reqs)
         return need + watermark <= self.block_pool.get_num_free_blocks()
 
     def allocate_slots(
@@ -230,10 +235,9 @@ class KVCacheManager:
         nothing was touched, allocated or cached (a sliding-window skip removal aside)."""
         if num_new_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0")
-        watermark = self.watermark_blocks if has_scheduled_reqs and request.status in _ADMITTING else 0
-        return self.coordinator.allocate_slots(
+        return self._allocate_slots(
             request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
-            full_sequence_must_fit, watermark,
+            full_sequence_must_fit, has_scheduled_reqs,
         )
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:

@@ -59,6 +59,8 @@ class Window:
     lookups: list[bool]  # whether the waiting head is looked up (and refused) in the step
     first_tokens: list[list[Request]]  # requests sampling their first-ever token, per step
     lookup_head: Request | None = None
+    bulk_blocks: list[int] = field(default_factory=list)  # blocks each bulk request holds at the start
+    tail_blocks: list[int] = field(default_factory=list)  # same for the tail
     per_step: list[tuple[int, int, int]] = field(default_factory=list)  # free, cached, finished
 
     @property
@@ -142,15 +144,18 @@ def plan_window(
     free = kvm.block_pool.get_num_free_blocks()
     # a decoder at position p0 holding nb blocks allocates at step nb*bs - p0, then every bs steps
     bulk_need = [0] * k_max
-    for r in bulk:
-        for j in range(max(0, len(kvm.get_blocks(r.request_id)) * bs - r.num_computed_tokens), k_max, bs):
+    get_blocks = kvm.get_blocks
+    bulk_blocks = [len(get_blocks(r.request_id)) for r in bulk]
+    for r, nb in zip(bulk, bulk_blocks):
+        for j in range(max(0, nb * bs - r.num_computed_tokens), k_max, bs):
             bulk_need[j] += 1
 
     # tail: simulate per step
     t_comp = [r.num_computed_tokens for r in tail]
     t_tokens = [r.num_tokens for r in tail]
     t_outs = [len(r.output_token_ids) for r in tail]
-    t_blocks = [len(kvm.get_blocks(r.request_id)) for r in tail]
+    tail_blocks = [len(get_blocks(r.request_id)) for r in tail]
+    t_blocks = list(tail_blocks)
     tail_steps: list[list[_TailStep]] = [[] for _ in tail]
     shapes: list[StepShape] = []
     durations: list[float] = []
@@ -221,11 +226,12 @@ def plan_window(
     if len(durations) < 2:
         return None
     return Window(bulk, tail, tail_steps, shapes, durations, lookups, first_tokens,
-                  head if isinstance(head, Request) else None)
+                  head if isinstance(head, Request) else None, bulk_blocks, tail_blocks)
 
 
 def apply_window(scheduler: Scheduler, window: Window) -> None:
-    """Play the window's steps on the scheduler, KV manager and pool (see module docstring).
+    """Play the window's steps on the scheduler, KV manager and pool (see module docstring); right
+    after ``plan_window``, on the state it was planned on (it reuses the block counts read there).
 
     Fills ``window.per_step`` with ``(free_blocks, cached_blocks, finished)`` after each step.
     Finished requests (last step only) are freed in ``running`` order, as ``update_from_output``.
@@ -238,11 +244,11 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     # tokens, 1 = cache up to arg tokens. Tokens are appended first: hashes depend only on tokens, and caching reads
     # only hashes step-by-step replay would already have computed at that point.
     events: list[tuple[int, int, int, Request, int]] = []
-    for idx, r in enumerate(window.bulk):
+    for idx, (r, nb) in enumerate(zip(window.bulk, window.bulk_blocks)):
         p0 = r.num_computed_tokens
         r.append_output_token_ids(r.planned_output_tokens(len(r.output_token_ids), k))
         # allocation at step nb*bs - p0 (the first position past its blocks), then every bs steps
-        for j in range(max(0, len(kvm.get_blocks(r.request_id)) * bs - p0), k, bs):
+        for j in range(max(0, nb * bs - p0), k, bs):
             events.append((j, idx, 0, r, p0 + j + 1))  # one new block: step j computes position p0 + j
         # each step caches floor((p0 + j + 1) / bs) blocks; step 0 always (any lag is caught up
         # where the plain path would), then at each block boundary
@@ -251,11 +257,10 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
         for j in range(first if first else bs, k, bs):
             events.append((j, idx, 1, r, p0 + j + 1))
     n_bulk = len(window.bulk)
-    for t, (r, steps) in enumerate(zip(window.tail, window.tail_steps)):
+    for t, (r, steps, n_blocks) in enumerate(zip(window.tail, window.tail_steps, window.tail_blocks)):
         n_samples = sum(1 for s in steps if s.samples)
         if n_samples:
             r.append_output_token_ids(r.planned_output_tokens(len(r.output_token_ids), n_samples))
-        n_blocks = len(kvm.get_blocks(r.request_id))
         for s in steps:
             nb = cdiv(s.computed_before + s.num_new, bs) - n_blocks
             if nb > 0:
