@@ -37,7 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
 class BlockPool:
     """Owns all blocks, the free queue and the hash map; emits KV events to an optional sink.
 
-    ``event_sink`` may be set after construction (the replay loop records events that way)."""
+    Queries say so; every other method changes state. ``event_sink`` may be set after
+    construction (the replay loop records events that way)."""
 
     def __init__(
         self,

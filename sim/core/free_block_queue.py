@@ -48,10 +48,6 @@ class FreeKVCacheBlockQueue:
         """Unlink ``block`` wherever it is (a touched hit)."""
         del self._q[block]
 
-    def append(self, block: KVCacheBlock) -> None:
-        """Link ``block`` at the tail (evicted last)."""
-        self._q[block] = None
-
     def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Link ``blocks`` at the tail, keeping their order."""
         self._q.update(zip(blocks, repeat(None)))
@@ -66,10 +62,6 @@ class FreeKVCacheBlockQueue:
 
     def __contains__(self, block: KVCacheBlock) -> bool:
         return block in self._q
-
-    def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        """Query: the free blocks, head first."""
-        return list(self._q)
 
     def block_ids(self) -> list[int]:
         """Query: free block ids, head (next evicted) first."""

@@ -274,11 +274,6 @@ class KVCacheManager:
         return stats
 
     # -- queries ------------------------------------------------------------------------------
-    @property
-    def usage(self) -> float:
-        """Query: the pool's KV usage, ``1 - free / (num_gpu_blocks - 1)``."""
-        return self.block_pool.get_usage()
-
     def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
         """Query: the request's blocks, every group, group 0 first (null blocks included); do not
         mutate the list."""

@@ -209,10 +209,6 @@ class Request:
                 self._block_hashes.extend(self._hasher.hash_new_blocks(self))
         return self._block_hashes
 
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
-
     def token_slice(self, start: int, end: int) -> np.ndarray:
         """Tokens ``[start, end)`` of prompt + outputs as int64."""
         p = self.num_prompt_tokens

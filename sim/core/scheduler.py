@@ -73,23 +73,27 @@ class Scheduler:
 
     # -- requests -----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        """Changes state: queue a new request (its id must be new)."""
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.waiting.add(request)
         self.requests[request.request_id] = request
 
     def has_unfinished_requests(self) -> bool:
+        """Query: anything waiting or running."""
         return bool(self.waiting) or bool(self.running)
 
     def has_requests(self) -> bool:
-        """vLLM's ``has_requests``: unfinished ones, or finished ones not yet reported by a step."""
+        """Query: vLLM's ``has_requests`` -- unfinished ones, or finished ones not yet reported."""
         return bool(self.waiting) or bool(self.running) or bool(self.finished_req_ids)
 
     def get_num_unfinished_requests(self) -> int:
+        """Query: waiting plus running."""
         return len(self.waiting) + len(self.running)
 
     # -- scheduling ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """Changes state: plan one engine step, phases A-C of the module docstring."""
         cfg = self.config
         kvm = self.kv_cache_manager
         token_budget = cfg.max_num_batched_tokens
@@ -198,7 +202,8 @@ class Scheduler:
         return out
 
     def _preempt(self, request: Request) -> None:
-        """Free all blocks, reset progress (outputs kept), requeue at the front."""
+        """Free all blocks, reset progress (outputs kept), requeue at the front (vLLM
+        ``Scheduler._preempt_request``: ``prepend_request``, so FCFS resumes it first)."""
         assert request.status == RequestStatus.RUNNING
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
@@ -211,7 +216,8 @@ class Scheduler:
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]
     ) -> list[Request]:
-        """Append sampled tokens, stop finished requests and free them; returns the finished."""
+        """Changes state: append sampled tokens, stop finished requests and free them (in scheduled
+        order); returns the finished."""
         finished: list[Request] = []
         max_len = self.config.max_model_len
         is_async = self.config.async_scheduling
@@ -259,18 +265,20 @@ class Scheduler:
         del self.requests[request.request_id]
 
     def make_stats(self) -> PrefixCacheStats | None:
-        """The prefix-cache stats since the last call (vLLM drains them every step)."""
+        """Changes state: drain the prefix-cache stats since the last call (vLLM does every step)."""
         return self.kv_cache_manager.make_prefix_cache_stats()
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        """vLLM's reset: optionally preempt every running request (reverse order) first."""
+        """Changes state: vLLM's reset, optionally preempting every running request first (last
+        first, as vLLM's ``reset_prefix_cache(reset_running_requests=True)`` pops ``running``)."""
         if reset_running_requests:
             while self.running:
                 self._preempt(self.running.pop())
         return self.kv_cache_manager.reset_prefix_cache()
 
     def check_integrity(self) -> None:
-        """Scheduler + KV manager + pool invariants (run after every step in tests)."""
+        """Query: assert the scheduler's, KV manager's and pool's invariants (after every step in
+        tests); raises AssertionError."""
         kvm = self.kv_cache_manager
         kvm.check_integrity()
         holders = set(kvm.request_ids())
