@@ -36,9 +36,10 @@ from gpu_backend.executor import TorchExecutor
 from gpu_backend.kv_cache import PagedKVCache
 from gpu_backend.model import LlamaModel
 from sim.core.block_pool import BlockPool
+from sim.core.config import CacheConfig, SchedulerConfig
 from sim.core.hashing import make_block_hasher
 from sim.core.request import Request
-from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig
+from sim.core.scheduler import Scheduler
 
 FP32_TOL = 1e-5
 BF16_KL_BOUND = 1e-2  # nats, per position: KL(dense || cached), both in bf16

@@ -31,12 +31,13 @@ import torch
 
 from gpu_backend.attention.base import Attention
 from gpu_backend.batch import SeqInput, StepBatch, build_batch
-from gpu_backend.kv_cache import BlockAllocation, BlockTables, PagedKVCache
+from gpu_backend.kv_cache import BlockTables, PagedKVCache
 from gpu_backend.model import LlamaModel
 from sim.core.executor import StepResult, StepShape, step_shape
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.core.scheduler import SchedulerOutput
+    from sim.core.kv_cache_manager import KVCacheManager
+    from sim.core.scheduler_output import SchedulerOutput
 
 
 def step_kind(output: SchedulerOutput) -> str:
@@ -56,7 +57,7 @@ class TorchExecutor:
         cache: PagedKVCache,
         attention: Attention,
         *,
-        verify_with: BlockAllocation | None = None,
+        verify_with: KVCacheManager | None = None,
         keep_logits: bool = False,
         timing: Literal["wall", "cuda_events"] = "wall",
         attention_report: dict[str, Any] | None = None,

@@ -22,22 +22,13 @@ request holding blocks, and the tracked computed-token counts match the schedule
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.core.scheduler import SchedulerOutput
-
-
-class BlockAllocation(Protocol):
-    """What :meth:`BlockTables.verify` reads of a KV-cache manager (a lookup: changes nothing)."""
-
-    @property
-    def req_to_blocks(self) -> Mapping[str, object]: ...
-
-    def get_block_ids(self, request_id: str) -> list[int]: ...
+    from sim.core.kv_cache_manager import KVCacheManager
+    from sim.core.scheduler_output import SchedulerOutput
 
 
 class PagedKVCache:
@@ -120,9 +111,9 @@ class BlockTables:
                 self.tables[rid].extend(s.new_block_ids)
             self.computed[rid] = s.num_computed_before + s.num_new_tokens
 
-    def verify(self, kv_manager: BlockAllocation) -> None:
+    def verify(self, kv_manager: KVCacheManager) -> None:
         """Assert the mirror equals the KV-cache manager's allocation, request by request."""
-        expected = {rid: kv_manager.get_block_ids(rid) for rid in kv_manager.req_to_blocks}
+        expected = {rid: kv_manager.get_block_ids(rid) for rid in kv_manager.request_ids()}
         if expected != self.tables:
             bad = sorted(set(expected) ^ set(self.tables)) or sorted(
                 rid for rid in expected if expected[rid] != self.tables[rid]

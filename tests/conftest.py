@@ -21,13 +21,15 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) from anywhere
     sys.path.insert(0, _ROOT)
 
+from sim.core.config import CacheConfig, SchedulerConfig  # noqa: E402
 from sim.core.hashing import BlockHasher, make_block_hasher  # noqa: E402
-from sim.core.kv_cache_manager import PrefixCacheStats  # noqa: E402
 from sim.core.kv_events import KVCacheEvent  # noqa: E402
+from sim.core.prefix_cache_stats import PrefixCacheStats  # noqa: E402
 from sim.core.request import Request  # noqa: E402
-from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig, SchedulerOutput  # noqa: E402
+from sim.core.scheduler import Scheduler  # noqa: E402
+from sim.core.scheduler_output import SchedulerOutput  # noqa: E402
 
-_CACHE_KEYS = {"enable_prefix_caching", "use_eagle"}
+_CACHE_KEYS = {"enable_prefix_caching", "use_eagle", "kv_groups"}
 
 
 class EventLog(list):
@@ -52,7 +54,7 @@ def make_scheduler(
 ) -> Scheduler:
     """A sync scheduler over ``num_blocks`` GPU blocks (block 0 is the null block, so
     ``num_blocks - 1`` are usable). ``kwargs`` go to :class:`SchedulerConfig`, except
-    ``enable_prefix_caching`` / ``use_eagle`` which go to :class:`CacheConfig`. With ``events=True``
+    ``enable_prefix_caching`` / ``use_eagle`` / ``kv_groups`` which go to :class:`CacheConfig`. With ``events=True``
     the scheduler gets an :class:`EventLog` sink, reachable as ``scheduler.event_log``."""
     cache_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _CACHE_KEYS}
     hasher = make_block_hasher(algo, block_size, hash_seed)

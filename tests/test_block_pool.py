@@ -134,7 +134,7 @@ def test_forty_token_request_free_order_spec_6_4():
     assert hits == 0
     new = kvm.allocate_slots(r, 40, full_sequence_must_fit=True, has_scheduled_reqs=False)
     assert ids(new) == [1, 2, 3]
-    assert kvm.num_cached_block["A"] == 2
+    assert kvm.get_num_cached_blocks("A") == 2
     assert [b.block_hash is not None for b in new] == [True, True, False]
     kvm.free(r)
     assert kvm.block_pool.free_block_ids() == [3, 4, 5, 6, 7, 2, 1]
@@ -256,12 +256,12 @@ def test_block_removed_event_for_non_zero_group_strips_group_id():
 def test_caching_disabled_pool_never_hashes_or_evicts():
     kvm = KVCacheManager(6, BS, 4096, enable_caching=False)
     r = make_request(HASHER, "A", toks(40))
-    assert kvm.get_computed_blocks(r) == ([], 0)
+    assert kvm.get_computed_blocks(r) == ((), 0)
     assert kvm.make_prefix_cache_stats().requests == 0  # no lookup recorded
     assert ids(kvm.allocate_slots(r, 40)) == [1, 2, 3]
     assert all(b.block_hash is None for b in kvm.block_pool.blocks)
     kvm.free(r)
     assert kvm.block_pool.free_block_ids() == [3, 2, 1, 4, 5]
     r2 = make_request(HASHER, "B", toks(40))
-    assert kvm.get_computed_blocks(r2) == ([], 0)
+    assert kvm.get_computed_blocks(r2) == ((), 0)
     kvm.check_integrity()

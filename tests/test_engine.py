@@ -6,9 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sim.core.config import CacheConfig, SchedulerConfig
 from sim.core.executor import StepShape
 from sim.core.hashing import make_block_hasher
-from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig
+from sim.core.scheduler import Scheduler
 from sim.replay.engine import Replay, ReplayError
 from sim.timing.latency import FixedLatency, LatencyModel
 from sim.timing.simulated_executor import SimulatedExecutor

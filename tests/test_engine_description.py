@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from sim.core.kv_groups import KVGroupSpec
+from sim.core.kv_cache_spec import KVGroupSpec
 from sim.experiment.config import ConfigError, config_from_dict, config_to_dict
 from sim.experiment.engine_description import resolve
 from sim.experiment.run import build_scheduler

@@ -14,12 +14,11 @@ from hypothesis import strategies as st
 from sim.core.hashing import (
     ExactBlockHasher,
     FastBlockHasher,
-    MMFeature,
     block_extra_keys,
     external_block_hash,
     make_block_hasher,
 )
-from sim.core.request import GENERATED_TOKEN_BASE
+from sim.core.request import GENERATED_TOKEN_BASE, MMFeature
 
 BS = 16
 

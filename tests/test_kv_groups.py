@@ -1,4 +1,5 @@
-"""Sliding-window and hybrid KV-cache groups (sim.core.kv_groups, sim.core.hybrid_kv_cache_manager): the
+"""Sliding-window and hybrid KV-cache groups (sim.core.kv_cache_spec, the per-group managers and the
+grouped / hybrid coordinators behind sim.core.kv_cache_manager.KVCacheManager): the
 spec's §10 rows 22-24, §4.2 / §4.4 / §5.1 / §5.2 / §5.3 statements on SWA and hybrid models, and
 random workloads with an integrity check after every step. bs = 16 unless stated.
 
@@ -16,19 +17,17 @@ from conftest import EventLog, drive, make_request, make_scheduler, toks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.core.block_pool import make_block_key
+from sim.core.config import CacheConfig, SchedulerConfig
+from sim.core.grouped_kv_cache_coordinator import UnitaryKVCacheCoordinator
 from sim.core.hashing import make_block_hasher
-from sim.core.hybrid_kv_cache_manager import HybridKVCacheManager
+from sim.core.hybrid_kv_cache_coordinator import HybridKVCacheCoordinator
+from sim.core.kv_cache_block import make_block_key
+from sim.core.kv_cache_manager import KVCacheManager
+from sim.core.kv_cache_spec import BlockHashView, KVGroupSpec, blocks_for_one_sequence, resolve_block_sizes
 from sim.core.kv_events import BlockStored
-from sim.core.kv_groups import (
-    BlockHashView,
-    KVGroupSpec,
-    SlidingWindowManager,
-    blocks_for_one_sequence,
-    resolve_block_sizes,
-)
 from sim.core.request import Request, RequestStatus
-from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig
+from sim.core.scheduler import Scheduler
+from sim.core.sliding_window_manager import SlidingWindowManager
 from sim.experiment.config import ConfigError, config_from_dict
 from sim.experiment.run import build_scheduler, replay_experiment
 from sim.replay.decode_window import plan_window
@@ -44,6 +43,17 @@ def FA(bs: int = 16, **kw) -> KVGroupSpec:
 
 def SWA(bs: int = 16, w: int = 32, **kw) -> KVGroupSpec:
     return KVGroupSpec("sliding_window", bs, w, **kw)
+
+
+def group_manager(groups, num_blocks: int, max_model_len: int, **kwargs) -> KVCacheManager:
+    """A KV manager over explicit ``groups`` (block size = their LCM)."""
+    sched_bs, _ = resolve_block_sizes(groups, kwargs.get("enable_caching", True), kwargs.get("hash_block_size"))
+    return KVCacheManager(num_blocks, sched_bs, max_model_len, kv_groups=groups, **kwargs)
+
+
+def managers(kvm: KVCacheManager):
+    """The per-group managers behind a grouped coordinator."""
+    return kvm.coordinator.single_type_managers
 
 
 def hybrid_scheduler(
@@ -110,7 +120,7 @@ def test_group_spec_validation():
     with pytest.raises(ValueError, match="no sliding_window"):
         KVGroupSpec("full", 16, 32)
     with pytest.raises(ValueError, match="identical spec"):
-        HybridKVCacheManager([FA(16), FA(16)], 64, 1024)
+        group_manager([FA(16), FA(16)], 64, 1024)
 
 
 # -- rows 22-24 -------------------------------------------------------------------------------
@@ -120,7 +130,7 @@ def test_group_spec_validation():
 def test_row22_sliding_window_hit_is_the_window_before_the_boundary(algo):
     s = hybrid_scheduler([SWA(16, 32)], algo=algo)
     kvm = s.kv_cache_manager
-    assert isinstance(kvm, HybridKVCacheManager) and kvm.block_size == 16
+    assert type(kvm.coordinator) is UnitaryKVCacheCoordinator and kvm.block_size == 16
     assert send_one_by_one(s, [make_request(s, "a", toks(100))]) == [0]  # a held blocks 1..7
     b = make_request(s, "b", toks(100), max_tokens=2)  # still running after its admission step
     hit_blocks, n = kvm.get_computed_blocks(b)
@@ -184,10 +194,10 @@ def test_eagle_numbers_with_sliding_window_groups(groups, expect):
 
 
 def test_eagle_flag_on_one_group_marks_its_whole_spec_group():
-    kvm = HybridKVCacheManager([FA(16), SWA(16, 32), SWA(16, 32, is_eagle_group=True)], 64, 1024)
-    assert [m.use_eagle for m in kvm.managers] == [False, True, True]
-    kvm = HybridKVCacheManager([FA(16), SWA(16, 32)], 64, 1024, use_eagle=True)
-    assert [m.use_eagle for m in kvm.managers] == [True, True]  # none flagged: all are EAGLE groups
+    kvm = group_manager([FA(16), SWA(16, 32), SWA(16, 32, is_eagle_group=True)], 64, 1024)
+    assert [m.use_eagle for m in managers(kvm)] == [False, True, True]
+    kvm = group_manager([FA(16), SWA(16, 32)], 64, 1024, use_eagle=True)
+    assert [m.use_eagle for m in managers(kvm)] == [True, True]  # none flagged: all are EAGLE groups
 
 
 # -- §4.2 / §5.1 step 6: skipped blocks -------------------------------------------------------
@@ -203,7 +213,7 @@ def test_swa_decode_frees_blocks_outside_the_window_and_they_stay_cached():
     def check(log, sc):
         if "a" not in log.scheduled or "a" in log.finished:
             return
-        blocks = kvm.req_to_blocks["a"]
+        blocks = kvm.get_blocks("a")
         computed_at_alloc = a.num_computed_tokens - log.scheduled["a"]
         n_null = sum(b.is_null for b in blocks)
         assert n_null == max(0, computed_at_alloc - 31) // 16  # skipped tokens = computed - w + 1
@@ -221,21 +231,21 @@ def test_swa_decode_frees_blocks_outside_the_window_and_they_stay_cached():
 
 
 def test_skip_removal_frees_tail_first_to_the_queue_tail():
-    kvm = HybridKVCacheManager([SWA(16, 32)], 16, 1024)
+    kvm = group_manager([SWA(16, 32)], 16, 1024)
     pool = kvm.block_pool
     h = make_block_hasher("sha256", 16)
     a = Request("a", toks(200), 1, hasher=h)
     assert ids(kvm.allocate_slots(a, 96)) == [1, 2, 3, 4, 5, 6]  # caches 6 blocks
     a.status, a.num_computed_tokens = RequestStatus.RUNNING, 96
     assert kvm.allocate_slots(a, 16) is not None  # skipped = 96 - 31 = 65 -> blocks 0..3 freed
-    assert ids(kvm.req_to_blocks["a"]) == [0, 0, 0, 0, 5, 6, 7]
+    assert ids(kvm.get_blocks("a")) == [0, 0, 0, 0, 5, 6, 7]
     assert pool.free_block_ids()[-4:] == [4, 3, 2, 1]  # freed last-first, hashed -> tail
     assert all(pool.blocks[i].block_hash is not None for i in (1, 2, 3, 4))
     kvm.check_integrity()
 
 
 def test_skip_removal_happens_even_if_the_allocation_then_fails():
-    kvm = HybridKVCacheManager([SWA(16, 32)], 9, 1024)  # 8 usable blocks
+    kvm = group_manager([SWA(16, 32)], 9, 1024)  # 8 usable blocks
     pool = kvm.block_pool
     h = make_block_hasher("sha256", 16)
     a = Request("a", toks(200), 1, hasher=h)
@@ -246,13 +256,13 @@ def test_skip_removal_happens_even_if_the_allocation_then_fails():
     assert pool.get_num_free_blocks() == 0
     # skipped = 64 - 31 = 33 tokens -> 2 blocks freed; the 64-token chunk needs 4 more: refused
     assert kvm.allocate_slots(a, 64) is None
-    assert ids(kvm.req_to_blocks["a"]) == [0, 0, 3, 4]
+    assert ids(kvm.get_blocks("a")) == [0, 0, 3, 4]
     assert pool.free_block_ids() == [2, 1] and pool.blocks[1].block_hash is not None
     kvm.check_integrity()
 
 
 def test_full_sequence_gate_counts_only_non_skipped_hits_and_refusal_touches_nothing():
-    kvm = HybridKVCacheManager([SWA(16, 32)], 5, 1024)  # 4 usable
+    kvm = group_manager([SWA(16, 32)], 5, 1024)  # 4 usable
     h = make_block_hasher("sha256", 16)
     a = Request("a", toks(64), 1, hasher=h)
     assert kvm.allocate_slots(a, 64) is not None
@@ -261,9 +271,9 @@ def test_full_sequence_gate_counts_only_non_skipped_hits_and_refusal_touches_not
     hit, n = kvm.get_computed_blocks(b)
     assert n == 64 and ids(hit[0]) == [0, 0, 3, 4]  # the window run ending at 64 tokens
     # gate: 13 blocks for 200 tokens - max(2 skipped, 4 hits) = 9 new + 2 free non-skipped hits = 11 > 4
-    assert kvm.managers[0].get_num_blocks_to_allocate("b", 200, hit[0], 64, apply_admission_cap=True) == 11
+    assert managers(kvm)[0].get_num_blocks_to_allocate("b", 200, hit[0], 64, apply_admission_cap=True) == 11
     assert kvm.allocate_slots(b, 136, n, hit, full_sequence_must_fit=True) is None
-    assert "b" not in kvm.req_to_blocks and kvm.block_pool.get_num_free_blocks() == 4
+    assert "b" not in kvm.request_ids() and kvm.block_pool.get_num_free_blocks() == 4
 
 
 # -- §5.2: skipped hits and the admission cap ---------------------------------------------------
@@ -275,12 +285,12 @@ def test_skipped_hits_are_not_counted_as_evictable():
     kvm = s.kv_cache_manager
     b = make_request(s, "b", toks(100))
     hit, n = kvm.get_computed_blocks(b)
-    m = kvm.managers[0]
+    m = managers(kvm)[0]
     # 7 required - max(4 skipped, 6 hits) = 1 new, plus the 2 free non-null hits b5, b6
     assert m.get_num_blocks_to_allocate("b", 100, hit[0], n) == 3
     # full attention over the same hits would count all 6 as evictable
-    full = HybridKVCacheManager([FA(16)], 64, 1024)
-    assert full.managers[0].get_num_blocks_to_allocate("b", 100, kvm.block_pool.blocks[1:7], 96) == 7
+    full = group_manager([FA(16)], 64, 1024)
+    assert managers(full)[0].get_num_blocks_to_allocate("b", 100, kvm.block_pool.blocks[1:7], 96) == 7
 
 
 def test_admission_cap_lets_a_long_prompt_into_a_small_pool():
@@ -293,15 +303,15 @@ def test_admission_cap_lets_a_long_prompt_into_a_small_pool():
     peak = [0]
 
     def track(log, sc):
-        blocks = kvm.req_to_blocks.get("a", [])
+        blocks = kvm.get_blocks("a")
         peak[0] = max(peak[0], sum(not b.is_null for b in blocks))
 
     res = drive(s, [make_request(s, "a", toks(400), max_tokens=3)], after_step=track)
     assert "a" in res.finished and res.first_hits["a"] == 0
     assert peak[0] <= cap and peak[0] == 6  # cdiv(64(k+1), 16) - (64k - 31) // 16
     # the gate caps the required blocks: 25 blocks of prompt -> min(25, 7)
-    assert kvm.managers[0].get_num_blocks_to_allocate("x", 400, (), 0, apply_admission_cap=True) == 7
-    assert kvm.managers[0].get_num_blocks_to_allocate("x", 400, (), 0) == 25
+    assert managers(kvm)[0].get_num_blocks_to_allocate("x", 400, (), 0, apply_admission_cap=True) == 7
+    assert managers(kvm)[0].get_num_blocks_to_allocate("x", 400, (), 0) == 25
     # without the cap (full attention) the same prompt can never be admitted into 8 blocks
     full = make_scheduler(9, max_num_batched_tokens=budget, max_model_len=1024)
     res = drive(full, [make_request(full, "a", toks(400))], max_steps=5)
@@ -349,8 +359,8 @@ def test_hybrid_eagle_groups_cache_one_block_past_the_aligned_boundary(use_eagle
     s.add_request(make_request(s, "a", toks(120), max_tokens=2))
     s.schedule()
     kvm = s.kv_cache_manager
-    assert kvm.managers[1].num_cached_block["a"] == swa_cached
-    assert kvm.managers[0].num_cached_block["a"] == 3  # min(120, 96 + 32) // 32 with EAGLE, 96 // 32 without
+    assert kvm.get_num_cached_blocks("a", 1) == swa_cached
+    assert kvm.get_num_cached_blocks("a", 0) == 3  # min(120, 96 + 32) // 32 with EAGLE, 96 // 32 without
     kvm.check_integrity()
 
 
@@ -362,7 +372,7 @@ def test_hybrid_caching_rounds_down_to_the_scheduler_block_size():
     s.add_request(r)
     out = s.schedule()
     assert out.scheduled[0].num_new_tokens == 50
-    assert kvm.managers[0].num_cached_block["a"] == 2 and kvm.managers[1].num_cached_block.get("a", 0) == 1
+    assert kvm.get_num_cached_blocks("a", 0) == 2 and kvm.get_num_cached_blocks("a", 1) == 1
     fa = kvm.get_blocks_by_group("a")[0]
     assert [b.block_hash is not None for b in fa] == [True, True, False, False]
     # the key of the SWA group's block carries group id 1 and the coarse (2nd fine) hash
@@ -437,7 +447,7 @@ def test_engine_config_kv_cache_groups():
     groups = [{"kind": "full", "block_size": 32}, {"kind": "sliding_window", "block_size": 16, "sliding_window": 128}]
     cfg = config_from_dict(_cfg({"kv_cache_groups": groups}))
     s = build_scheduler(cfg)
-    assert isinstance(s.kv_cache_manager, HybridKVCacheManager)
+    assert isinstance(s.kv_cache_manager.coordinator, HybridKVCacheCoordinator)
     assert s.cache_config.block_size == 32 and s.hasher.block_size == 16
     assert s.cache_config.kv_groups == (FA(32), SWA(16, 128))
     result, _ = replay_experiment(cfg, progress=False)
@@ -516,8 +526,8 @@ def test_random_hybrid_workloads_keep_integrity_and_lcm_hits(cfg_idx, seed, extr
         for rid, hits in log.admitted.items():
             assert hits % lcm == 0, (rid, hits, lcm)
         for r in sc.running:
-            for m, blocks in zip(kvm.managers, kvm.get_blocks_by_group(r.request_id)):
-                assert len(blocks) * m.block_size >= r.num_computed_tokens
+            for spec, blocks in zip(kvm.kv_groups, kvm.get_blocks_by_group(r.request_id)):
+                assert len(blocks) * spec.block_size >= r.num_computed_tokens
 
     res = drive(s, arrivals, max_steps=1500, after_step=after)
     assert not res.unfinished

@@ -1,5 +1,7 @@
 """Property tests: random workloads (shared prefixes, salts, LoRAs, tiny pools, random scheduler
-configs) driven through the scheduler, with invariants checked after every step."""
+configs) driven through the scheduler, with invariants checked after every step -- on the unitary
+full-attention fast path, and against the generic per-group coordinators as its oracle (the hybrid
+coordinator's random workloads are in ``test_kv_groups.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 
 from sim.core.block_pool import BlockPool
 from sim.core.hashing import make_block_hasher
+from sim.core.kv_cache_spec import KVGroupSpec
 from sim.core.request import Request
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
@@ -134,9 +137,10 @@ def check_step(sc: Scenario, log: StepLog, sched) -> None:
                 assert s.hit_tokens == 0
     # block lists: the first num_cached blocks carry exactly the request's own hashes, the rest none
     holders: dict[int, list[tuple[Request, int]]] = {}
-    for rid, blocks in kvm.req_to_blocks.items():
+    for rid in kvm.request_ids():
+        blocks = kvm.get_blocks(rid)
         r = sched.requests[rid]
-        n_cached = kvm.num_cached_block.get(rid, 0)
+        n_cached = kvm.get_num_cached_blocks(rid)
         for i, b in enumerate(blocks):
             if i < n_cached:
                 assert b.block_hash == r.block_hashes[i], (rid, i)
@@ -154,7 +158,7 @@ def check_step(sc: Scenario, log: StepLog, sched) -> None:
             assert i == i0, (bid, r.request_id)
             assert (r.cache_salt or None, r.lora_name, r.all_token_ids[: (i + 1) * bs]) == content0, bid
     # never a hit across different salts
-    held = {rid: {b.block_id for b in blocks} for rid, blocks in kvm.req_to_blocks.items()}
+    held = {rid: {b.block_id for b in kvm.get_blocks(rid)} for rid in kvm.request_ids()}
     rids = sorted(held)
     for x in range(len(rids)):
         for y in range(x + 1, len(rids)):
@@ -163,8 +167,8 @@ def check_step(sc: Scenario, log: StepLog, sched) -> None:
                 assert held[rids[x]].isdisjoint(held[rids[y]]), (rids[x], rids[y])
 
 
-def run(sc: Scenario, algo: str = "sha256"):
-    sched, arrivals = build(sc, algo)
+def run(sc: Scenario, algo: str = "sha256", **extra):
+    sched, arrivals = build(sc, algo, **extra)
     res = drive(sched, arrivals, max_steps=20_000, after_step=lambda log, s: check_step(sc, log, s))
     return sched, res
 
@@ -194,7 +198,7 @@ def test_random_workloads_keep_every_invariant(sc):
     # everything is free at the end; the pool holds nothing
     pool = sched.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == sc.num_blocks - 1
-    assert not sched.kv_cache_manager.req_to_blocks
+    assert not sched.kv_cache_manager.request_ids()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -207,6 +211,24 @@ def test_fast_hasher_gives_the_same_simulation_as_sha256(sc):
     for x, y in zip(a.steps, b.steps):
         assert (x.scheduled, x.admitted, x.preempted, x.finished, x.free_block_ids) == (
             y.scheduled, y.admitted, y.preempted, y.finished, y.free_block_ids
+        )
+        assert [s.new_block_ids for s in x.output.scheduled] == [s.new_block_ids for s in y.output.scheduled]
+    assert a.stats == b.stats
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(sc=scenarios(max_requests=8))
+def test_generic_coordinator_gives_the_same_simulation_as_the_fast_path(sc):
+    """One full-attention group given as ``kv_groups`` goes through the per-group managers (the
+    unitary coordinator, or the no-prefix-cache one with caching off) -- the fast path's oracle:
+    every step, block id, free queue and stat is identical; integrity holds after every step."""
+    fast, a = run(sc)
+    generic, b = run(sc, kv_groups=(KVGroupSpec("full", sc.block_size),))
+    assert fast.kv_cache_manager.is_unitary_full_attention and not generic.kv_cache_manager.is_unitary_full_attention
+    assert len(a.steps) == len(b.steps)
+    for x, y in zip(a.steps, b.steps):
+        assert (x.scheduled, x.admitted, x.preempted, x.finished, x.free_block_ids, x.stats) == (
+            y.scheduled, y.admitted, y.preempted, y.finished, y.free_block_ids, y.stats
         )
         assert [s.new_block_ids for s in x.output.scheduled] == [s.new_block_ids for s in y.output.scheduled]
     assert a.stats == b.stats

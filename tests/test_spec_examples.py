@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 from conftest import drive, make_request, make_scheduler, stats_tuple, toks
 
-from sim.core.block_pool import BlockPool, make_block_key
+from sim.core.block_pool import BlockPool
 from sim.core.hashing import external_block_hash, make_block_hasher
+from sim.core.kv_cache_block import make_block_key
 from sim.core.kv_cache_manager import KVCacheManager
 from sim.core.kv_events import AllBlocksCleared, BlockRemoved
 from sim.core.request import RequestStatus
@@ -287,7 +288,7 @@ def test_row17_fcfs_preempts_the_later_admitted_request():
             seen["status"] = b.status
             seen["computed"] = b.num_computed_tokens
             seen["head"] = sch.waiting.peek().request_id
-            seen["holds"] = "B" in sch.kv_cache_manager.req_to_blocks
+            seen["holds"] = "B" in sch.kv_cache_manager.request_ids()
 
     res = drive(s, [a, b], after_step=after)
     assert res.steps[0].admitted == {"A": 0, "B": 0}
@@ -515,11 +516,11 @@ def test_row32_evictable_hits_do_cost_capacity():
     kvm.allocate_slots(a, 64)
     b = make_request(hasher, "B", toks(64))
     hits, n = kvm.get_computed_blocks(b)
-    assert n == 48 and all(x.ref_cnt == 1 for x in hits)
-    assert kvm._num_blocks_to_allocate("B", 64, hits) == 1
+    assert n == 48 and all(x.ref_cnt == 1 for x in hits[0])
+    assert kvm.get_num_blocks_to_allocate(b, 64, hits, n) == 1
     kvm.free(a)
     hits, n = kvm.get_computed_blocks(b)
-    assert n == 48 and kvm._num_blocks_to_allocate("B", 64, hits) == 4
+    assert n == 48 and kvm.get_num_blocks_to_allocate(b, 64, hits, n) == 4
 
 
 # -- row 33: abort before allocation ------------------------------------------------------------
@@ -531,7 +532,7 @@ def test_row33_free_before_allocation_is_a_noop():
     r = make_request(hasher, "r", toks(40))
     order = kvm.block_pool.free_block_ids()
     kvm.free(r)
-    assert kvm.block_pool.free_block_ids() == order and "r" not in kvm.req_to_blocks
+    assert kvm.block_pool.free_block_ids() == order and "r" not in kvm.request_ids()
     # a failed allocation leaves nothing behind either
     big = make_request(hasher, "big", toks(100))
     assert kvm.allocate_slots(big, 100, full_sequence_must_fit=True) is None
@@ -550,8 +551,8 @@ def test_row34_unaligned_chunks_cache_per_full_block():
 
     def after(log, sch):
         kvm = sch.kv_cache_manager
-        if "A" in kvm.req_to_blocks:
-            seen.append((kvm.num_cached_block.get("A", 0), [b.block_hash is not None for b in kvm.get_blocks("A")]))
+        if "A" in kvm.request_ids():
+            seen.append((kvm.get_num_cached_blocks("A"), [b.block_hash is not None for b in kvm.get_blocks("A")]))
 
     res = drive(s, [a], after_step=after)
     assert [log.scheduled for log in res.steps] == [{"A": 20}, {"A": 20}, {"A": 10}]
@@ -560,5 +561,4 @@ def test_row34_unaligned_chunks_cache_per_full_block():
 
 
 # -- rows 22-24 need sliding-window / hybrid KV groups ------------------------------------------
-# Not expressible: the core has one full-attention group and no KV-cache spec / group API
-# (KVCacheManager takes a single block_size; no sliding window, no coordinator). See the report.
+# They are in tests/test_kv_groups.py (KVCacheManager over CacheConfig.kv_groups).

@@ -1,11 +1,11 @@
-"""Differential check of sim.core.hybrid_kv_cache_manager against vLLM 0.25.1's own KVCacheManager
+"""Differential check of sim.core's grouped KV-cache coordinators against vLLM 0.25.1's own KVCacheManager
 (not collected by pytest: it needs vLLM's Python sources and their import-time dependencies).
 
 The same ``sim.core.scheduler.Scheduler`` drives, on identical random workloads, either our
-``HybridKVCacheManager`` or vLLM's ``KVCacheManager`` (through a thin adapter that maps the request
-status enum); after every step it compares scheduled tokens, admissions and hit tokens, new block
-ids, preemptions, finishes, the free-queue order, ``PrefixCacheStats``, every group's block ids and
-all KV events.
+``KVCacheManager`` (over ``CacheConfig.kv_groups``) or vLLM's ``KVCacheManager`` (through a thin
+adapter that maps the request status enum); after every step it compares scheduled tokens,
+admissions and hit tokens, new block ids, preemptions, finishes, the free-queue order,
+``PrefixCacheStats``, every group's block ids and all KV events.
 
 Usage: ``python tools/vllm_diff_kv_groups.py [trials]`` with ``VLLM_SRC`` = the unpacked 0.25.1
 wheel (default /tmp/vllm/full) and ``VLLM_DEPS`` = a ``pip install --target`` folder with what its
@@ -37,10 +37,11 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 )
 from vllm.v1.request import RequestStatus as VllmStatus  # noqa: E402
 
+from sim.core.config import CacheConfig, SchedulerConfig  # noqa: E402
 from sim.core.hashing import make_block_hasher  # noqa: E402
-from sim.core.kv_groups import KVGroupSpec, blocks_for_one_sequence, resolve_block_sizes  # noqa: E402
+from sim.core.kv_cache_spec import KVGroupSpec, blocks_for_one_sequence, resolve_block_sizes  # noqa: E402
 from sim.core.request import RequestStatus  # noqa: E402
-from sim.core.scheduler import CacheConfig, Scheduler, SchedulerConfig  # noqa: E402
+from sim.core.scheduler import Scheduler  # noqa: E402
 
 register_all_kvcache_specs(None)
 _STATUS = {

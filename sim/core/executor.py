@@ -1,6 +1,6 @@
 """The executor interface: the one seam between the scheduler and time (simulated or measured).
 
-An executor takes a :class:`~sim.core.scheduler.SchedulerOutput` (which requests compute how many tokens
+An executor takes a :class:`~sim.core.scheduler_output.SchedulerOutput` (which requests compute how many tokens
 after how much context, into which blocks) and returns a :class:`StepResult`: how long the step
 took and the token each request whose prefill completed has sampled. ``sim.timing``'s ``SimulatedExecutor`` asks a
 latency model; ``gpu_backend``'s executor runs real forward passes. Imports neither simpy nor torch.
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.core.scheduler import SchedulerOutput
+    from sim.core.scheduler_output import SchedulerOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,7 @@ class Executor(Protocol):
 def step_shape(output: SchedulerOutput) -> StepShape:
     """Aggregate the work of a step for latency models (see :class:`StepShape`); memoised."""
     if output.shape is not None:
-        return output.shape  # type: ignore[no-any-return]
+        return output.shape
     num_decode = 0
     num_prefill_tokens = 0
     new_total = 0

@@ -27,7 +27,8 @@ Hash functions:
   (splitmix64 of each token keyed by its position, combined by two independent random linear forms)
   and extra keys, and each stored hash a bijective finalisation of ``h_i``.
 
-This module imports neither simpy nor torch.
+Imports ``sim.core.request`` for types only (a request never imports this module); neither simpy nor
+torch.
 """
 
 from __future__ import annotations
@@ -35,13 +36,12 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.core.request import Request
+    from sim.core.request import MMFeature, Request
 
 BlockHash = bytes
 """The hash of one block, as bytes (32 bytes for sha256, 16 for xxhash and fast)."""
@@ -50,15 +50,6 @@ HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "fast")
 
 _MASK64 = (1 << 64) - 1
 _GEN_TAG = b"\x00gen"
-
-
-@dataclass(frozen=True, slots=True)
-class MMFeature:
-    """A multimodal item's placeholder range in the prompt (vLLM's ``mm_position``) and identifier."""
-
-    identifier: str
-    offset: int
-    length: int
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,106 +1,102 @@
-"""KVCacheManager for one full-attention KV-cache group (mirrors vLLM 0.25.1's
-``vllm/v1/core/kv_cache_manager.py`` with its ``UnitaryKVCacheCoordinator`` and
-``FullAttentionManager``).
+"""The KV cache manager the scheduler sees (mirrors ``KVCacheManager`` of vLLM 0.25.1's
+``vllm/v1/core/kv_cache_manager.py``), over a coordinator chosen at construction
+(:mod:`sim.core.kv_cache_coordinator`).
 
 Behaviour mirrored exactly:
 
-* ``get_computed_blocks``: longest contiguous run of cached block hashes, capped at
-  ``num_tokens - 1`` tokens (so a fully cached prompt of k full blocks hits k-1 of them), minus
-  the last block when EAGLE is on; skipped (no stats) when caching is off or the request skips
-  reading the prefix cache (``prompt_logprobs``); every lookup is recorded in
-  ``PrefixCacheStats`` in *tokens*, with ``queries = num_tokens``, resumed requests counted apart.
-  Hits are returned untouched: no reference is taken until ``allocate_slots``.
-* ``allocate_slots``: the watermark applies only to WAITING/PREEMPTED requests while something is
-  running; the full-sequence admission gate (``scheduler_reserve_full_isl``) checks the whole
-  current sequence; a hit block with ``ref_cnt == 0`` costs one free block (touching removes it
-  from the free queue); on None nothing was touched, allocated or cached. Otherwise hits are
-  touched first, then new blocks are popped, then newly full blocks are cached up to
-  ``min(computed + new, request.num_tokens)`` tokens -- at schedule time, before compute.
-* ``free``: a request's blocks are freed in reverse order.
+* ``get_computed_blocks``: skipped (no stats) when caching is off or the request skips reading the
+  prefix cache (``prompt_logprobs``); otherwise the coordinator's longest hit within
+  ``num_tokens - 1`` tokens, recorded in ``PrefixCacheStats`` in *tokens* (``queries =
+  num_tokens``; resumed requests counted apart). Hits are returned untouched.
+* ``allocate_slots``: the coordinator's, in vLLM's order -- watermark (only for WAITING/PREEMPTED
+  requests while something is running), full-sequence gate, capacity check, touching, popping and
+  caching at schedule time.
+* ``reset_prefix_cache``: only with no block in use; flags the stats as reset.
 
-This module imports neither simpy nor torch.
+The coordinator is picked when the manager is built (``from_configs`` is the scheduler's factory):
+no ``kv_groups`` -> one full-attention group of ``block_size``, the optimised
+:class:`~sim.core.full_attention_coordinator.UnitaryFullAttentionCoordinator` (caching on or off);
+explicit groups ->
+:class:`~sim.core.grouped_kv_cache_coordinator.KVCacheCoordinatorNoPrefixCache` with caching off,
+:class:`~sim.core.grouped_kv_cache_coordinator.UnitaryKVCacheCoordinator` for one group,
+:class:`~sim.core.hybrid_kv_cache_coordinator.HybridKVCacheCoordinator` for several.
+
+Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from itertools import islice
+from collections.abc import KeysView, Sequence
 
-from sim.core.block_pool import BlockPool, KVCacheBlock
+from sim.core.block_pool import BlockPool
+from sim.core.config import CacheConfig, SchedulerConfig
+from sim.core.full_attention_coordinator import UnitaryFullAttentionCoordinator
+from sim.core.grouped_kv_cache_coordinator import (
+    GroupedKVCacheCoordinator,
+    KVCacheCoordinatorNoPrefixCache,
+    UnitaryKVCacheCoordinator,
+)
+from sim.core.hybrid_kv_cache_coordinator import HybridKVCacheCoordinator
+from sim.core.kv_cache_block import KVCacheBlock
+from sim.core.kv_cache_coordinator import NO_HITS, HitBlocks, KVCacheCoordinator
+from sim.core.kv_cache_spec import KVGroupSpec, check_groups
 from sim.core.kv_events import EventSink
-from sim.core.request import Request, RequestStatus
+from sim.core.prefix_cache_stats import PrefixCacheStats
+from sim.core.request import Request
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def _make_coordinator(
+    num_gpu_blocks: int,
+    block_size: int,
+    max_model_len: int,
+    kv_groups: Sequence[KVGroupSpec],
+    hash_block_size: int | None,
+    max_num_batched_tokens: int | None,
+    enable_caching: bool,
+    use_eagle: bool,
+    watermark_blocks: int,
+    event_sink: EventSink | None,
+    retention_interval: int | None,
+) -> KVCacheCoordinator:
+    """The coordinator for a group layout (vLLM ``get_kv_cache_coordinator``, plus the fast path)."""
+    if not kv_groups:
+        if retention_interval is not None:
+            raise ValueError("retention_interval only applies to models with a sliding-window group")
+        return UnitaryFullAttentionCoordinator(
+            num_gpu_blocks, block_size, max_model_len,
+            enable_caching=enable_caching, use_eagle=use_eagle, watermark_blocks=watermark_blocks,
+            event_sink=event_sink,
+        )
+    groups = tuple(kv_groups)
+    sched_bs, hash_bs = check_groups(groups, enable_caching, hash_block_size)
+    if block_size != sched_bs:
+        raise ValueError(
+            f"CacheConfig.block_size ({block_size}) must be the scheduler block size of "
+            f"kv_groups (the LCM of their block sizes: {sched_bs})"
+        )
+    cls: type[GroupedKVCacheCoordinator]
+    if not enable_caching:
+        cls = KVCacheCoordinatorNoPrefixCache
+    elif len(groups) == 1:
+        cls = UnitaryKVCacheCoordinator
+    else:
+        cls = HybridKVCacheCoordinator
+    return cls(
+        groups, num_gpu_blocks, max_model_len,
+        block_size=sched_bs, hash_block_size=hash_bs,
+        max_num_batched_tokens=max_model_len if max_num_batched_tokens is None else max_num_batched_tokens,
+        enable_caching=enable_caching, use_eagle=use_eagle, watermark_blocks=watermark_blocks,
+        event_sink=event_sink, retention_interval=retention_interval,
+    )
 
 
-@dataclass(slots=True)
-class PrefixCacheStats:
-    """vLLM's ``PrefixCacheStats``: per-lookup token counts, drained by the scheduler each step."""
+class KVCacheManager:
+    """Block bookkeeping per request, prefix-cache lookups and their stats.
 
-    requests: int = 0
-    queries: int = 0
-    hits: int = 0
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
-    reset: bool = False
-
-    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
-        if preempted:
-            self.preempted_requests += 1
-            self.preempted_queries += num_tokens
-            self.preempted_hits += num_hits
-        else:
-            self.requests += 1
-            self.queries += num_tokens
-            self.hits += num_hits
-
-    def add(self, other: PrefixCacheStats) -> None:
-        self.requests += other.requests
-        self.queries += other.queries
-        self.hits += other.hits
-        self.preempted_requests += other.preempted_requests
-        self.preempted_queries += other.preempted_queries
-        self.preempted_hits += other.preempted_hits
-        self.reset |= other.reset
-
-
-_NO_BLOCKS: tuple[KVCacheBlock, ...] = ()
-
-
-class PrefixCacheAccounting:
-    """What every KV cache manager shares: its pool's reset and the per-step stats it records.
-
-    Subclasses set ``block_pool`` and ``prefix_cache_stats`` (None when stats are off).
+    ``block_size`` is the scheduler block size: with ``kv_groups`` it must be their LCM (the hash
+    block size is then their GCD, or ``hash_block_size``). Every method says whether it changes
+    state; lookups never take references.
     """
-
-    block_pool: BlockPool
-    prefix_cache_stats: PrefixCacheStats | None
-
-    def reset_prefix_cache(self) -> bool:
-        """vLLM's reset: only with no block in use; flags the stats as reset."""
-        if not self.block_pool.reset_prefix_cache():
-            return False
-        if self.prefix_cache_stats is not None:
-            self.prefix_cache_stats.reset = True
-        return True
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """Take the stats gathered since the last call (vLLM drains them every step)."""
-        if self.prefix_cache_stats is None:
-            return None
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
-        return stats
-
-    @property
-    def usage(self) -> float:
-        return self.block_pool.get_usage()
-
-
-class KVCacheManager(PrefixCacheAccounting):
-    """Block bookkeeping per request on top of a :class:`BlockPool`."""
 
     def __init__(
         self,
@@ -108,165 +104,201 @@ class KVCacheManager(PrefixCacheAccounting):
         block_size: int,
         max_model_len: int,
         *,
+        kv_groups: Sequence[KVGroupSpec] = (),
+        hash_block_size: int | None = None,
+        max_num_batched_tokens: int | None = None,
         enable_caching: bool = True,
         use_eagle: bool = False,
         log_stats: bool = True,
         watermark: float = 0.0,
         event_sink: EventSink | None = None,
+        retention_interval: int | None = None,
     ) -> None:
         if watermark < 0:
             raise ValueError("watermark must be non-negative")
+        self.coordinator: KVCacheCoordinator = _make_coordinator(
+            num_gpu_blocks, block_size, max_model_len, kv_groups, hash_block_size, max_num_batched_tokens,
+            enable_caching, use_eagle, int(watermark * num_gpu_blocks), event_sink, retention_interval,
+        )
+        self.block_pool: BlockPool = self.coordinator.block_pool
+        self.kv_groups: tuple[KVGroupSpec, ...] = self.coordinator.groups
         self.block_size = block_size
+        self.hash_block_size = self.coordinator.hash_block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
-        self.use_eagle = use_eagle
-        self.log_stats = log_stats
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, event_sink)
-        self.watermark_blocks = int(watermark * num_gpu_blocks)
+        self._allocate_slots = self.coordinator.allocate_slots  # bound once: the decode hot path
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        self.num_cached_block: dict[str, int] = {}
+
+    @classmethod
+    def from_configs(
+        cls,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        *,
+        log_stats: bool = True,
+        event_sink: EventSink | None = None,
+    ) -> KVCacheManager:
+        """The manager a scheduler with these configs uses (the one factory the scheduler calls)."""
+        return cls(
+            cache_config.num_gpu_blocks,
+            cache_config.block_size,
+            scheduler_config.max_model_len,
+            kv_groups=cache_config.kv_groups,
+            hash_block_size=cache_config.hash_block_size,
+            max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
+            enable_caching=cache_config.enable_prefix_caching,
+            use_eagle=cache_config.use_eagle,
+            log_stats=log_stats,
+            watermark=scheduler_config.watermark,
+            event_sink=event_sink,
+        )
+
+    @property
+    def watermark_blocks(self) -> int:
+        """Query: ``int(watermark * num_gpu_blocks)``, the blocks an admission must leave free."""
+        return self.coordinator.watermark_blocks
+
+    @property
+    def is_unitary_full_attention(self) -> bool:
+        """Query: whether the optimised one-full-attention-group coordinator is in use (the decode
+        fast-forward of ``sim.replay`` relies on its single-group block arithmetic)."""
+        return type(self.coordinator) is UnitaryFullAttentionCoordinator
 
     # -- lookup -------------------------------------------------------------------------------
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """The cached prefix usable by ``request`` and its length in tokens (a multiple of bs)."""
+    def get_computed_blocks(self, request: Request) -> tuple[HitBlocks, int]:
+        """Lookup; records stats, touches no ref counts: the cached prefix usable by ``request``
+        (one list per group, ``()`` for none) and its length in tokens."""
         if not self.enable_caching or request.skip_reading_prefix_cache:
-            return [], 0
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        get = self.block_pool.cached_block_hash_to_block._cache.get
-        blocks: list[KVCacheBlock] = []
-        for h in islice(request.block_hashes, max_blocks):
-            b = get(h)  # BlockHashToBlockMap.get_one_block, inlined
-            if b is None:
-                break
-            blocks.append(b if type(b) is KVCacheBlock else next(iter(b.values())))  # type: ignore[union-attr]
-        if self.use_eagle and blocks:
-            blocks.pop()
-        num_hits = len(blocks) * self.block_size
+            return NO_HITS, 0
+        blocks, num_hits = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
         if self.prefix_cache_stats is not None:
             self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
         return blocks, num_hits
 
+    def peek_computed_blocks(self, request: Request) -> tuple[HitBlocks, int]:
+        """Lookup; records no stats, changes no state: what ``get_computed_blocks`` would return."""
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return NO_HITS, 0
+        return self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
+
     def repeat_lookup(self, request: Request, num_hits: int) -> None:
-        """Record a lookup known to return ``num_hits`` again (same effect as get_computed_blocks)."""
+        """Records stats only: one lookup known to return ``num_hits`` again (the stats effect of
+        ``get_computed_blocks``)."""
         if self.enable_caching and not request.skip_reading_prefix_cache and self.prefix_cache_stats is not None:
             self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
 
     # -- allocation ---------------------------------------------------------------------------
-    def _num_blocks_to_allocate(self, request_id: str, num_tokens: int, hits: list[KVCacheBlock]) -> int:
-        required = cdiv(num_tokens, self.block_size)
-        req_blocks = self.req_to_blocks.get(request_id, _NO_BLOCKS)
-        if request_id in self.num_cached_block:  # running: no new hits
-            return max(required - len(req_blocks), 0)
-        new = max(required - len(hits) - len(req_blocks), 0)
-        evictable = 0
-        for b in hits:
-            if b.ref_cnt == 0 and not b.is_null:
-                evictable += 1
-        return new + evictable
+    def get_num_blocks_to_allocate(
+        self,
+        request: Request,
+        num_tokens: int,
+        new_computed_blocks: HitBlocks = NO_HITS,
+        num_computed_tokens: int = 0,
+        *,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        """Query: free-queue blocks ``allocate_slots`` needs for the request to hold ``num_tokens``
+        tokens with these hits after ``num_computed_tokens`` computed ones (free hits count,
+        touching takes them off the queue; the watermark is not included)."""
+        return self.coordinator.get_num_blocks_to_allocate(
+            request.request_id, num_tokens, new_computed_blocks, num_computed_tokens, apply_admission_cap
+        )
+
+    def full_sequence_fits(
+        self,
+        request: Request,
+        new_computed_blocks: HitBlocks = NO_HITS,
+        num_new_computed_tokens: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> bool:
+        """Query: whether ``allocate_slots``' full-sequence gate would pass now (the whole current
+        sequence, with these hits, plus the watermark, fits the free queue)."""
+        total = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
+        need = self.coordinator.get_num_blocks_to_allocate(
+            request.request_id, min(request.num_tokens, self.max_model_len), new_computed_blocks, total, True
+        )
+        watermark = self.coordinator.watermark_for(request, has_scheduled_reqs)
+        return need + watermark <= self.block_pool.get_num_free_blocks()
 
     def allocate_slots(
         self,
         request: Request,
         num_new_tokens: int,
         num_new_computed_tokens: int = 0,
-        new_computed_blocks: list[KVCacheBlock] | None = None,
+        new_computed_blocks: HitBlocks = NO_HITS,
         num_lookahead_tokens: int = 0,
         full_sequence_must_fit: bool = False,
         has_scheduled_reqs: bool = True,
     ) -> list[KVCacheBlock] | None:
-        """Reserve slots for ``num_new_tokens`` more tokens; None (and no side effect) if short."""
+        """Changes state: reserve slots for ``num_new_tokens`` more tokens (attaching the hits
+        first); the new blocks, every group, group 0 first -- or None if they do not fit, and then
+        nothing was touched, allocated or cached (a sliding-window skip removal aside)."""
         if num_new_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0")
-        rid = request.request_id
-        if num_new_tokens == 1 and not new_computed_blocks and not num_lookahead_tokens:
-            # Hot path, same outcome as the general path below: a running request's next token
-            # whose slot is already allocated and whose block does not become full needs no new
-            # block (so no capacity check can fail: a running request has no watermark) and
-            # caches nothing.
-            req_blocks = self.req_to_blocks.get(rid)
-            if req_blocks is not None and request.status == RequestStatus.RUNNING:
-                n = request.num_computed_tokens + num_new_computed_tokens + 1
-                if (
-                    n <= len(req_blocks) * self.block_size
-                    and n // self.block_size <= self.num_cached_block.get(rid, 0)
-                    and n <= self.max_model_len
-                ):
-                    return []
-        hits = new_computed_blocks or []
-        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
-        total_computed = min(num_local_computed, self.max_model_len)
-        watermark = 0
-        if has_scheduled_reqs and (
-            request.status == RequestStatus.WAITING or request.status == RequestStatus.PREEMPTED
-        ):
-            watermark = self.watermark_blocks
-        num_free = self.block_pool.free_block_queue.num_free_blocks
-        if full_sequence_must_fit:
-            full = min(request.num_tokens, self.max_model_len)
-            if self._num_blocks_to_allocate(rid, full, hits) + watermark > num_free:
-                return None
-        num_tokens_main = total_computed + num_new_tokens
-        num_need_slot = min(num_tokens_main + num_lookahead_tokens, self.max_model_len)
-        if self._num_blocks_to_allocate(rid, num_need_slot, hits) + watermark > num_free:
-            return None
+        return self._allocate_slots(
+            request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
+            full_sequence_must_fit, has_scheduled_reqs,
+        )
 
-        req_blocks = self.req_to_blocks.get(rid)
-        if req_blocks is None:
-            req_blocks = self.req_to_blocks[rid] = []
-        if hits:
-            if rid in self.num_cached_block:
-                raise AssertionError(f"{rid}: a running request cannot get new prefix hits")
-            if self.enable_caching:
-                self.block_pool.touch(hits)
-            req_blocks.extend(hits)
-            self.num_cached_block[rid] = len(req_blocks)
-
-        num_new_blocks = cdiv(num_need_slot, self.block_size) - len(req_blocks)
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
-        if new_blocks:
-            req_blocks.extend(new_blocks)
-        if self.enable_caching:
-            self.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
-        return new_blocks
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        """Changes state: pop what every group needs to hold ``num_tokens`` tokens of a running
+        request, with no capacity, watermark or window check (for callers that know they fit: the
+        decode fast-forward); the new blocks, group 0 first. Caches nothing."""
+        return self.coordinator.allocate_new_blocks(request_id, num_tokens)
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Cache the request's blocks that are full within its first ``num_tokens`` tokens."""
-        rid = request.request_id
-        num_cached = self.num_cached_block.get(rid, 0)
-        num_full = num_tokens // self.block_size
-        if num_cached >= num_full:
-            return
-        self.block_pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full, self.block_size)
-        self.num_cached_block[rid] = num_full
+        """Changes state: cache the request's blocks that are full within its first ``num_tokens``
+        tokens (the async scheduler's deferred caching; the decode fast-forward)."""
+        self.coordinator.cache_blocks(request, num_tokens)
 
     def free(self, request: Request) -> None:
-        """Release the request's blocks, last block first (its chain tail is evicted first)."""
-        blocks = self.req_to_blocks.pop(request.request_id, None)
-        self.num_cached_block.pop(request.request_id, None)
-        if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+        """Changes state: release the request's blocks, each group last block first (its chain tail
+        is evicted first). A request without blocks is a no-op."""
+        self.coordinator.free(request.request_id)
 
-    # -- misc ---------------------------------------------------------------------------------
-    def get_block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_to_blocks.get(request_id, _NO_BLOCKS)]
+    # -- prefix cache -------------------------------------------------------------------------
+    def reset_prefix_cache(self) -> bool:
+        """Changes state: vLLM's reset -- only with no block in use; flags the stats as reset."""
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
 
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Changes state: take the stats gathered since the last call (vLLM drains them every
+        step); None when stats are off."""
+        if self.prefix_cache_stats is None:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    # -- queries ------------------------------------------------------------------------------
     def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
-        return self.req_to_blocks.get(request_id, [])
+        """Query: the request's blocks, every group, group 0 first (null blocks included); do not
+        mutate the list."""
+        return self.coordinator.get_blocks(request_id)
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """Query: ids of ``get_blocks``."""
+        return [b.block_id for b in self.coordinator.get_blocks(request_id)]
+
+    def get_blocks_by_group(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+        """Query: the request's blocks, one list per group."""
+        return self.coordinator.get_blocks_by_group(request_id)
+
+    def get_block_ids_by_group(self, request_id: str) -> tuple[list[int], ...]:
+        """Query: ids of ``get_blocks_by_group``."""
+        return tuple([b.block_id for b in blocks] for blocks in self.coordinator.get_blocks_by_group(request_id))
+
+    def get_num_cached_blocks(self, request_id: str, group_id: int = 0) -> int:
+        """Query: how many of the request's blocks in ``group_id`` are counted cached (0 if none)."""
+        return self.coordinator.get_num_cached_blocks(request_id, group_id)
+
+    def request_ids(self) -> KeysView[str]:
+        """Query: the requests holding blocks (a live view)."""
+        return self.coordinator.request_ids()
 
     def check_integrity(self) -> None:
-        """Pool invariants plus: ref counts equal the number of requests holding each block."""
-        self.block_pool.check_integrity()
-        refs: dict[int, int] = {}
-        for rid, blocks in self.req_to_blocks.items():
-            assert len({b.block_id for b in blocks}) == len(blocks), f"{rid} holds a block twice"
-            for b in blocks:
-                refs[b.block_id] = refs.get(b.block_id, 0) + 1
-            n_cached = self.num_cached_block.get(rid, 0)
-            assert n_cached <= len(blocks), f"{rid}: num_cached_block {n_cached} > {len(blocks)} blocks"
-            for b in blocks[:n_cached]:
-                assert b.block_hash is not None, f"{rid}: block {b.block_id} counted cached but has no hash"
-        for b in self.block_pool.blocks[1:]:
-            assert b.ref_cnt == refs.get(b.block_id, 0), (
-                f"block {b.block_id}: ref_cnt {b.ref_cnt} != holders {refs.get(b.block_id, 0)}"
-            )
+        """Query: assert the pool's and every request's block invariants (after each step in tests)."""
+        self.coordinator.check_integrity()

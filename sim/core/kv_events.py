@@ -1,7 +1,9 @@
 """KV-cache events, with the fields of vLLM 0.25.1's ``vllm/distributed/kv_events.py``.
 
-Hashes are ints: the low 64 bits of the hash bytes read big-endian, which is vLLM's default
-(``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``). A sink is any callable taking one event.
+Invariants: hashes are ints, the low 64 bits of the hash bytes read big-endian, which is vLLM's
+default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``); events are emitted by the block pool in the
+order its operations happen. A sink is any callable taking one event. Imports nothing from the
+project.
 """
 
 from __future__ import annotations

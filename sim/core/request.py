@@ -12,20 +12,19 @@ Invariants:
 Output tokens come from the executor. Unless a trace supplies ``output_token_ids``, the simulator
 generates ids ``GENERATED_TOKEN_BASE | uid << 24 | j`` that never occur in a prompt, which is what
 lets the fast hasher key generated blocks cheaply (see ``sim.core.hashing``).
+
+Imports nothing from the project (the hasher is any :class:`RequestBlockHasher`), neither simpy nor
+torch.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
-
-from sim.core.hashing import BlockHash, MMFeature
-
-if TYPE_CHECKING:  # pragma: no cover
-    from sim.core.hashing import BlockHasher
 
 GENERATED_TOKEN_BASE = 1 << 62
 """Prompt token ids must stay below this; simulator-generated output ids live above it."""
@@ -35,6 +34,25 @@ _MAX_OUTPUTS = 1 << 24
 def generated_token_id(uid: int, j: int) -> int:
     """The j-th output token the simulator generates for the request with integer id ``uid``."""
     return GENERATED_TOKEN_BASE | (uid << 24) | j
+
+
+@dataclass(frozen=True, slots=True)
+class MMFeature:
+    """A multimodal item's placeholder range in the prompt (vLLM's ``mm_position``) and identifier."""
+
+    identifier: str
+    offset: int
+    length: int
+
+
+class RequestBlockHasher(Protocol):
+    """What a request needs of its block hasher (``sim.core.hashing.BlockHasher`` is one)."""
+
+    block_size: int
+
+    def hash_new_blocks(self, request: Request) -> list[bytes]:
+        """The hashes of the request's full blocks not hashed yet (changes no state of the request)."""
+        ...
 
 
 @runtime_checkable
@@ -49,7 +67,7 @@ class LazyTokens(Protocol):
 def token_array(tokens: Sequence[int] | np.ndarray | LazyTokens) -> np.ndarray:
     """Token ids as an int64 array, expanding a :class:`LazyTokens`."""
     if not isinstance(tokens, np.ndarray) and hasattr(tokens, "materialize"):  # a LazyTokens
-        return tokens.materialize()  # type: ignore[union-attr]
+        return tokens.materialize()
     return np.asarray(tokens, dtype=np.int64)
 
 
@@ -122,7 +140,7 @@ class Request:
         prompt_logprobs: bool = False,
         mm_features: Sequence[MMFeature] = (),
         output_token_ids: Sequence[int] | np.ndarray | None = None,
-        hasher: BlockHasher | None = None,
+        hasher: RequestBlockHasher | None = None,
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id}: output_tokens must be >= 1, got {max_tokens}")
@@ -162,7 +180,7 @@ class Request:
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.output_token_ids: list[int] = []
-        self._block_hashes: list[BlockHash] | None = None  # computed on first use (see block_hashes)
+        self._block_hashes: list[bytes] | None = None  # computed on first use (see block_hashes)
         self.hash_state: tuple[int, int] = (0, 0)
         self.num_output_placeholders = 0
         self.is_prefill_chunk = False
@@ -178,7 +196,7 @@ class Request:
         return self._prompt
 
     @property
-    def block_hashes(self) -> list[BlockHash]:
+    def block_hashes(self) -> list[bytes]:
         """Hashes of every full block of prompt + outputs.
 
         vLLM hashes the prompt when the request is created; here the prompt is hashed on first
@@ -190,10 +208,6 @@ class Request:
             if self._hasher is not None:
                 self._block_hashes.extend(self._hasher.hash_new_blocks(self))
         return self._block_hashes
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
 
     def token_slice(self, start: int, end: int) -> np.ndarray:
         """Tokens ``[start, end)`` of prompt + outputs as int64."""

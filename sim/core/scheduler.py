@@ -1,6 +1,7 @@
 """The v1 scheduler (mirrors ``Scheduler.schedule`` / ``update_from_output`` of vLLM 0.25.1's
-``vllm/v1/core/sched/scheduler.py``, synchronous mode), for one full-attention KV group (or, with
-``CacheConfig.kv_groups``, sliding-window / hybrid groups through ``sim.core.hybrid_kv_cache_manager``).
+``vllm/v1/core/sched/scheduler.py``, synchronous mode, and its ``AsyncScheduler``), over the one
+:class:`~sim.core.kv_cache_manager.KVCacheManager` that ``KVCacheManager.from_configs`` builds for
+the configs (one full-attention group, or the sliding-window / hybrid groups of ``CacheConfig.kv_groups``).
 
 One ``schedule()`` call is one engine step:
 
@@ -20,143 +21,26 @@ C. ``num_computed_tokens += scheduled`` for everything scheduled (at schedule ti
 stops it at ``max_tokens`` or ``max_model_len``, and frees finished requests immediately, in the
 order they were scheduled.
 
+Async mode (``SchedulerConfig.async_scheduling``): every request that samples gets an output
+placeholder at schedule time, so the next step is planned before the token is known; blocks the
+token completes are cached when it arrives (``update_from_output``), and a request whose in-flight
+step already reaches ``max_tokens`` is not scheduled again.
+
 The scheduler knows nothing about time: executors (simulated or real) turn a
-:class:`SchedulerOutput` into a step duration and sampled tokens. Imports neither simpy nor torch.
+:class:`~sim.core.scheduler_output.SchedulerOutput` into a step duration and sampled tokens.
+Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
-
-from sim.core.block_pool import KVCacheBlock
+from sim.core.config import CacheConfig, SchedulerConfig
 from sim.core.hashing import BlockHasher
-from sim.core.hybrid_kv_cache_manager import HybridKVCacheManager
-from sim.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
+from sim.core.kv_cache_manager import KVCacheManager
 from sim.core.kv_events import EventSink
-from sim.core.kv_groups import KVGroupSpec, resolve_block_sizes
+from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import Request, RequestStatus
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    """The scheduling knobs vLLM exposes (defaults: ``SchedulerConfig`` on its own)."""
-
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 128
-    max_model_len: int = 8192
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
-    policy: Literal["fcfs", "priority"] = "fcfs"
-    scheduler_reserve_full_isl: bool = True
-    watermark: float = 0.0
-    async_scheduling: bool = False  # vLLM's AsyncScheduler (output placeholders; see module doc)
-
-
-@dataclass(frozen=True, slots=True)
-class CacheConfig:
-    """KV cache knobs: pool size in blocks (block 0 is the null block) and prefix caching."""
-
-    block_size: int = 16
-    num_gpu_blocks: int = 1024
-    enable_prefix_caching: bool = True
-    use_eagle: bool = False
-    # Sliding-window / hybrid models (sim.core.kv_groups): empty = one full-attention group of
-    # ``block_size`` (the fast KVCacheManager). Otherwise ``block_size`` must be the scheduler block
-    # size (LCM of the group sizes) and the hasher's block size the hash block size (GCD, or
-    # ``hash_block_size`` when set).
-    kv_groups: tuple[KVGroupSpec, ...] = ()
-    hash_block_size: int | None = None
-
-
-@dataclass(slots=True)
-class ScheduledRequest:
-    """What one request does in a step: ``num_new_tokens`` tokens after ``num_computed_before``."""
-
-    request: Request
-    num_new_tokens: int
-    num_computed_before: int
-    new_blocks: list[KVCacheBlock]  # admitted: all its blocks (hits included); running: new ones
-    admitted: bool = False  # moved from waiting to running in this step
-    hit_tokens: int = 0  # prefix-cache hit granted at this admission
-    samples: bool = False  # this step completes the prefill, so the model samples a token
-
-    @property
-    def new_block_ids(self) -> list[int]:
-        """vLLM's ``req_to_new_blocks`` ids: what a model runner appends to its block table."""
-        return [b.block_id for b in self.new_blocks]
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """One step's plan, in vLLM's ``num_scheduled_tokens`` order (running, then admissions)."""
-
-    step: int
-    scheduled: list[ScheduledRequest]
-    preempted: list[Request]
-    finished_req_ids: set[str]
-    total_num_scheduled_tokens: int
-    shape: Any = None  # the step's StepShape, memoised by sim.core.executor.step_shape
-
-    @property
-    def num_scheduled_tokens(self) -> dict[str, int]:
-        return {s.request.request_id: s.num_new_tokens for s in self.scheduled}
-
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-
-class _FCFSQueue(deque[Request]):
-    def add(self, r: Request) -> None:
-        self.append(r)
-
-    def prepend(self, r: Request) -> None:
-        self.appendleft(r)
-
-    def peek(self) -> Request:
-        return self[0]
-
-    def pop_head(self) -> Request:
-        return self.popleft()
-
-    def remove_where(self, pred: Callable[[Request], bool]) -> None:
-        keep = [r for r in self if not pred(r)]
-        self.clear()
-        self.extend(keep)
-
-
-class _PriorityQueue:
-    """Heap on ``Request.__lt__``: (priority, arrival_time, request_id); prepend = push."""
-
-    def __init__(self) -> None:
-        self._heap: list[Request] = []
-
-    def add(self, r: Request) -> None:
-        heapq.heappush(self._heap, r)
-
-    prepend = add
-
-    def peek(self) -> Request:
-        return self._heap[0]
-
-    def pop_head(self) -> Request:
-        return heapq.heappop(self._heap)
-
-    def remove_where(self, pred: Callable[[Request], bool]) -> None:
-        self._heap = [r for r in self._heap if not pred(r)]
-        heapq.heapify(self._heap)
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __bool__(self) -> bool:
-        return bool(self._heap)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(sorted(self._heap))
+from sim.core.request_queue import RequestQueue, create_request_queue
+from sim.core.scheduler_output import ScheduledRequest, SchedulerOutput
 
 
 class Scheduler:
@@ -173,34 +57,15 @@ class Scheduler:
     ) -> None:
         self.config = scheduler_config
         self.cache_config = cache_config
-        hash_bs = cache_config.block_size
-        if cache_config.kv_groups:
-            hash_bs = resolve_block_sizes(
-                cache_config.kv_groups, cache_config.enable_prefix_caching, cache_config.hash_block_size
-            )[1]
+        self.kv_cache_manager = KVCacheManager.from_configs(
+            scheduler_config, cache_config, log_stats=log_stats, event_sink=event_sink
+        )
+        hash_bs = self.kv_cache_manager.hash_block_size
         if hasher is not None and hasher.block_size != hash_bs:
             raise ValueError(f"hasher block size {hasher.block_size} differs from the hash block size {hash_bs}")
         self.hasher = hasher
-        self.kv_cache_manager: KVCacheManager | HybridKVCacheManager
-        if cache_config.kv_groups:
-            self.kv_cache_manager = HybridKVCacheManager.from_configs(
-                scheduler_config, cache_config, log_stats=log_stats, event_sink=event_sink
-            )
-        else:
-            self.kv_cache_manager = KVCacheManager(
-                cache_config.num_gpu_blocks,
-                cache_config.block_size,
-                scheduler_config.max_model_len,
-                enable_caching=cache_config.enable_prefix_caching,
-                use_eagle=cache_config.use_eagle,
-                log_stats=log_stats,
-                watermark=scheduler_config.watermark,
-                event_sink=event_sink,
-            )
         self.requests: dict[str, Request] = {}
-        self.waiting: _FCFSQueue | _PriorityQueue = (
-            _PriorityQueue() if scheduler_config.policy == "priority" else _FCFSQueue()
-        )
+        self.waiting: RequestQueue = create_request_queue(scheduler_config.policy)
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
         self.step_index = 0
@@ -208,23 +73,27 @@ class Scheduler:
 
     # -- requests -----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        """Changes state: queue a new request (its id must be new)."""
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.waiting.add(request)
         self.requests[request.request_id] = request
 
     def has_unfinished_requests(self) -> bool:
+        """Query: anything waiting or running."""
         return bool(self.waiting) or bool(self.running)
 
     def has_requests(self) -> bool:
-        """vLLM's ``has_requests``: unfinished ones, or finished ones not yet reported by a step."""
+        """Query: vLLM's ``has_requests`` -- unfinished ones, or finished ones not yet reported."""
         return bool(self.waiting) or bool(self.running) or bool(self.finished_req_ids)
 
     def get_num_unfinished_requests(self) -> int:
+        """Query: waiting plus running."""
         return len(self.waiting) + len(self.running)
 
     # -- scheduling ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        """Changes state: plan one engine step, phases A-C of the module docstring."""
         cfg = self.config
         kvm = self.kv_cache_manager
         token_budget = cfg.max_num_batched_tokens
@@ -333,7 +202,8 @@ class Scheduler:
         return out
 
     def _preempt(self, request: Request) -> None:
-        """Free all blocks, reset progress (outputs kept), requeue at the front."""
+        """Free all blocks, reset progress (outputs kept), requeue at the front (vLLM
+        ``Scheduler._preempt_request``: ``prepend_request``, so FCFS resumes it first)."""
         assert request.status == RequestStatus.RUNNING
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
@@ -346,7 +216,8 @@ class Scheduler:
     def update_from_output(
         self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]
     ) -> list[Request]:
-        """Append sampled tokens, stop finished requests and free them; returns the finished."""
+        """Changes state: append sampled tokens, stop finished requests and free them (in scheduled
+        order); returns the finished."""
         finished: list[Request] = []
         max_len = self.config.max_model_len
         is_async = self.config.async_scheduling
@@ -375,7 +246,7 @@ class Scheduler:
                         request, request.num_computed_tokens - request.num_output_placeholders
                     )
             if request.status > RequestStatus.PREEMPTED:
-                self._free_request(request)
+                self.free_request(request)
                 finished.append(request)
                 stopped_preempted |= status_before == RequestStatus.PREEMPTED
         if finished:
@@ -385,36 +256,43 @@ class Scheduler:
                 self.waiting.remove_where(lambda r: id(r) in done)
         return finished
 
-    def _free_request(self, request: Request) -> None:
+    def free_request(self, request: Request) -> None:
+        """Changes state: a finished request is reported in the next output, its blocks are freed
+        and the scheduler forgets it (the caller sets its finished status and drops it from
+        ``running``)."""
         self.finished_req_ids.add(request.request_id)
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
 
     def make_stats(self) -> PrefixCacheStats | None:
-        """The prefix-cache stats since the last call (vLLM drains them every step)."""
+        """Changes state: drain the prefix-cache stats since the last call (vLLM does every step)."""
         return self.kv_cache_manager.make_prefix_cache_stats()
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
-        """vLLM's reset: optionally preempt every running request (reverse order) first."""
+        """Changes state: vLLM's reset, optionally preempting every running request first (last
+        first, as vLLM's ``reset_prefix_cache(reset_running_requests=True)`` pops ``running``)."""
         if reset_running_requests:
             while self.running:
                 self._preempt(self.running.pop())
         return self.kv_cache_manager.reset_prefix_cache()
 
     def check_integrity(self) -> None:
-        """Scheduler + KV manager + pool invariants (run after every step in tests)."""
-        self.kv_cache_manager.check_integrity()
-        holders = set(self.kv_cache_manager.req_to_blocks)
+        """Query: assert the scheduler's, KV manager's and pool's invariants (after every step in
+        tests); raises AssertionError."""
+        kvm = self.kv_cache_manager
+        kvm.check_integrity()
+        holders = set(kvm.request_ids())
         running_ids = {r.request_id for r in self.running}
         assert len(running_ids) == len(self.running), "request twice in running"
         assert len(self.running) <= self.config.max_num_seqs
         for r in self.running:
             assert r.status == RequestStatus.RUNNING
             assert r.num_computed_tokens <= r.num_tokens
-            n_blocks = len(self.kv_cache_manager.req_to_blocks.get(r.request_id, ()))
-            assert n_blocks * self.cache_config.block_size >= r.num_computed_tokens, (
-                f"{r.request_id}: {n_blocks} blocks for {r.num_computed_tokens} computed tokens"
-            )
+            for spec, blocks in zip(kvm.kv_groups, kvm.get_blocks_by_group(r.request_id)):
+                assert len(blocks) * spec.block_size >= r.num_computed_tokens, (
+                    f"{r.request_id}: {len(blocks)} blocks of {spec.block_size} for "
+                    f"{r.num_computed_tokens} computed tokens"
+                )
         for r in self.waiting:
             assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
             assert r.num_computed_tokens == 0

@@ -21,7 +21,7 @@ from pydantic_core import ErrorDetails
 
 from sim.core.errors import ApcsimError
 from sim.core.hashing import HASH_ALGOS
-from sim.core.kv_groups import KVGroupSpec, check_groups
+from sim.core.kv_cache_spec import KVGroupSpec, check_groups
 from workloads.paths import input_path
 from workloads.schema import UNION_TAGS as _WORKLOAD_TAGS
 from workloads.schema import (  # noqa: F401  (re-exported: the workload models)
@@ -47,7 +47,7 @@ class _Strict(BaseModel):
 
 
 class KVCacheGroupConfig(_Strict):
-    """One KV-cache group of a sliding-window or hybrid model (see ``sim.core.kv_groups``)."""
+    """One KV-cache group of a sliding-window or hybrid model (see ``sim.core.kv_cache_spec``)."""
 
     kind: Literal["full", "sliding_window"]
     block_size: Annotated[int, Field(gt=0, le=4096)]
@@ -104,7 +104,7 @@ class EngineConfig(_Strict):
         return self
 
     def kv_cache_group_specs(self) -> tuple[KVGroupSpec, ...]:
-        """``kv_cache_groups`` as ``sim.core.kv_groups.KVGroupSpec`` objects (empty when unset)."""
+        """``kv_cache_groups`` as ``sim.core.kv_cache_spec.KVGroupSpec`` objects (empty when unset)."""
         return tuple(KVGroupSpec(g.kind, g.block_size, g.sliding_window) for g in self.kv_cache_groups or ())
 
     @model_validator(mode="after")

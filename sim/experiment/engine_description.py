@@ -26,10 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
+from sim.core.config import CacheConfig, SchedulerConfig
 from sim.core.hashing import BlockHasher, make_block_hasher
-from sim.core.kv_cache_manager import cdiv
-from sim.core.kv_groups import KVGroupSpec, blocks_for_one_sequence, resolve_block_sizes
-from sim.core.scheduler import CacheConfig, SchedulerConfig
+from sim.core.kv_cache_spec import KVGroupSpec, blocks_for_one_sequence, cdiv, resolve_block_sizes
 from sim.experiment.config import ConfigError, ExperimentConfig
 from sim.timing.roofline import GIB, GPUSpec, ModelSpec, kv_cache_blocks, load_gpu_spec, load_model_spec
 

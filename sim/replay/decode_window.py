@@ -30,15 +30,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sim.core.block_pool import KVCacheBlock
 from sim.core.executor import StepShape
-from sim.core.kv_cache_manager import KVCacheManager
+from sim.core.kv_cache_spec import cdiv
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler import Scheduler
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(slots=True)
@@ -64,6 +59,8 @@ class Window:
     lookups: list[bool]  # whether the waiting head is looked up (and refused) in the step
     first_tokens: list[list[Request]]  # requests sampling their first-ever token, per step
     lookup_head: Request | None = None
+    bulk_blocks: list[int] = field(default_factory=list)  # blocks each bulk request holds at the start
+    tail_blocks: list[int] = field(default_factory=list)  # same for the tail
     per_step: list[tuple[int, int, int]] = field(default_factory=list)  # free, cached, finished
 
     @property
@@ -71,7 +68,7 @@ class Window:
         return len(self.durations)
 
 
-def _head_stays_refused(scheduler: Scheduler, kvm: KVCacheManager, tail: list[Request]) -> Request | None | bool:
+def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | None | bool:
     """The waiting head if it is refused at every window step, None if no lookup happens, False if
     a lookup could admit something (no window then)."""
     if not scheduler.waiting:
@@ -84,28 +81,18 @@ def _head_stays_refused(scheduler: Scheduler, kvm: KVCacheManager, tail: list[Re
     if not all(r.unique_outputs for r in scheduler.running):
         return False
     head = scheduler.waiting.peek()
-    num_cached = kvm.num_cached_block
+    kvm = scheduler.kv_cache_manager
     head_hashes = head.block_hashes
     for r in tail:
-        c = num_cached.get(r.request_id, 0)
+        c = kvm.get_num_cached_blocks(r.request_id)
         hashes = r.block_hashes
         if c < len(hashes) and c < len(head_hashes) and hashes[c] == head_hashes[c]:
             return False  # this prefill could cache the head's next missing block
     # Refused now (full-sequence gate, as allocate_slots would compute it, without recording a
     # lookup) => refused at every window step: the free queue only shrinks and the hit chain only
     # loses blocks, which never lowers the need.
-    hits: list[KVCacheBlock] = []
-    if kvm.enable_caching and not head.skip_reading_prefix_cache:
-        get = kvm.block_pool.cached_block_hash_to_block.get_one_block
-        for h in head_hashes[: (head.num_tokens - 1) // kvm.block_size]:
-            b = get(h)
-            if b is None:
-                break
-            hits.append(b)
-        if kvm.use_eagle and hits:
-            hits.pop()
-    need = kvm._num_blocks_to_allocate(head.request_id, min(head.num_tokens, cfg.max_model_len), hits)
-    if need + kvm.watermark_blocks <= kvm.block_pool.get_num_free_blocks():
+    hits, num_hits = kvm.peek_computed_blocks(head)
+    if kvm.full_sequence_fits(head, hits, num_hits, has_scheduled_reqs=True):
         return False
     return head
 
@@ -118,9 +105,8 @@ def plan_window(
     next_arrival: float,
 ) -> Window | None:
     """The longest allowed window of at least 2 steps, or None (then run a plain step)."""
-    kvm = scheduler.kv_cache_manager
-    if type(kvm) is not KVCacheManager:
-        return None  # sliding-window / hybrid managers (sim.core.hybrid_kv_cache_manager): plain steps only
+    if not scheduler.kv_cache_manager.is_unitary_full_attention:
+        return None  # explicit (sliding-window / hybrid) KV-cache groups: plain steps only
     cfg = scheduler.config
     running = scheduler.running
     if max_steps < 2 or not running:
@@ -140,6 +126,7 @@ def plan_window(
     bulk, tail = running[:n_bulk], running[n_bulk:]
     if n_bulk > cfg.max_num_batched_tokens:
         return None
+    kvm = scheduler.kv_cache_manager
     bs = kvm.block_size
     max_len = cfg.max_model_len
     # bulk: how long until one finishes; context sum
@@ -150,22 +137,25 @@ def plan_window(
         bulk_ctx += r.num_computed_tokens
     if k_max < 2:
         return None
-    head = _head_stays_refused(scheduler, kvm, tail)
+    head = _head_stays_refused(scheduler, tail)
     if head is False:
         return None
     arrivals_harmless = bool(scheduler.waiting)
     free = kvm.block_pool.get_num_free_blocks()
     # a decoder at position p0 holding nb blocks allocates at step nb*bs - p0, then every bs steps
     bulk_need = [0] * k_max
-    for r in bulk:
-        for j in range(max(0, len(kvm.req_to_blocks[r.request_id]) * bs - r.num_computed_tokens), k_max, bs):
+    get_blocks = kvm.get_blocks
+    bulk_blocks = [len(get_blocks(r.request_id)) for r in bulk]
+    for r, nb in zip(bulk, bulk_blocks):
+        for j in range(max(0, nb * bs - r.num_computed_tokens), k_max, bs):
             bulk_need[j] += 1
 
     # tail: simulate per step
     t_comp = [r.num_computed_tokens for r in tail]
     t_tokens = [r.num_tokens for r in tail]
     t_outs = [len(r.output_token_ids) for r in tail]
-    t_blocks = [len(kvm.req_to_blocks.get(r.request_id, ())) for r in tail]
+    tail_blocks = [len(get_blocks(r.request_id)) for r in tail]
+    t_blocks = list(tail_blocks)
     tail_steps: list[list[_TailStep]] = [[] for _ in tail]
     shapes: list[StepShape] = []
     durations: list[float] = []
@@ -195,7 +185,7 @@ def plan_window(
             n = min(n, budget, max_len - c - 1)
             if n <= 0:
                 continue
-            blocks_needed = max(0, _cdiv(c + n, bs) - t_blocks[i])
+            blocks_needed = max(0, cdiv(c + n, bs) - t_blocks[i])
             need += blocks_needed
             samples = c + n >= nt
             step_plan.append((i, n, blocks_needed, samples))
@@ -236,31 +226,30 @@ def plan_window(
     if len(durations) < 2:
         return None
     return Window(bulk, tail, tail_steps, shapes, durations, lookups, first_tokens,
-                  head if isinstance(head, Request) else None)
+                  head if isinstance(head, Request) else None, bulk_blocks, tail_blocks)
 
 
 def apply_window(scheduler: Scheduler, window: Window) -> None:
-    """Play the window's steps on the scheduler, KV manager and pool (see module docstring).
+    """Play the window's steps on the scheduler, KV manager and pool (see module docstring); right
+    after ``plan_window``, on the state it was planned on (it reuses the block counts read there).
 
     Fills ``window.per_step`` with ``(free_blocks, cached_blocks, finished)`` after each step.
     Finished requests (last step only) are freed in ``running`` order, as ``update_from_output``.
     """
     k = window.k
     kvm = scheduler.kv_cache_manager
-    if type(kvm) is not KVCacheManager:  # plan_window plans no window for the other managers
-        raise TypeError(f"a decode window needs the plain KVCacheManager, not {type(kvm).__name__}")
     pool = kvm.block_pool
     bs = kvm.block_size
-    # events: (step, running index, kind, request, arg): kind 0 = allocate arg blocks, 1 = cache
-    # up to arg tokens. Tokens are appended first: hashes depend only on tokens, and caching reads
+    # events: (step, running index, kind, request, arg): kind 0 = allocate the blocks that hold arg
+    # tokens, 1 = cache up to arg tokens. Tokens are appended first: hashes depend only on tokens, and caching reads
     # only hashes step-by-step replay would already have computed at that point.
     events: list[tuple[int, int, int, Request, int]] = []
-    for idx, r in enumerate(window.bulk):
+    for idx, (r, nb) in enumerate(zip(window.bulk, window.bulk_blocks)):
         p0 = r.num_computed_tokens
         r.append_output_token_ids(r.planned_output_tokens(len(r.output_token_ids), k))
         # allocation at step nb*bs - p0 (the first position past its blocks), then every bs steps
-        for j in range(max(0, len(kvm.req_to_blocks[r.request_id]) * bs - p0), k, bs):
-            events.append((j, idx, 0, r, 1))
+        for j in range(max(0, nb * bs - p0), k, bs):
+            events.append((j, idx, 0, r, p0 + j + 1))  # one new block: step j computes position p0 + j
         # each step caches floor((p0 + j + 1) / bs) blocks; step 0 always (any lag is caught up
         # where the plain path would), then at each block boundary
         events.append((0, idx, 1, r, p0 + 1))
@@ -268,15 +257,14 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
         for j in range(first if first else bs, k, bs):
             events.append((j, idx, 1, r, p0 + j + 1))
     n_bulk = len(window.bulk)
-    for t, (r, steps) in enumerate(zip(window.tail, window.tail_steps)):
+    for t, (r, steps, n_blocks) in enumerate(zip(window.tail, window.tail_steps, window.tail_blocks)):
         n_samples = sum(1 for s in steps if s.samples)
         if n_samples:
             r.append_output_token_ids(r.planned_output_tokens(len(r.output_token_ids), n_samples))
-        n_blocks = len(kvm.req_to_blocks.get(r.request_id, ()))
         for s in steps:
-            nb = _cdiv(s.computed_before + s.num_new, bs) - n_blocks
+            nb = cdiv(s.computed_before + s.num_new, bs) - n_blocks
             if nb > 0:
-                events.append((s.step, n_bulk + t, 0, r, nb))
+                events.append((s.step, n_bulk + t, 0, r, s.computed_before + s.num_new))
                 n_blocks += nb
             events.append((s.step, n_bulk + t, 1, r, s.cache_upto))
     events.sort(key=lambda e: (e[0], e[1], e[2]))
@@ -295,8 +283,7 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
         while ev < n_ev and events[ev][0] == j:
             _, _, kind, r, arg = events[ev]
             if kind == 0:
-                new_blocks = pool.get_new_blocks(arg)
-                kvm.req_to_blocks[r.request_id].extend(new_blocks)
+                new_blocks = kvm.allocate_new_blocks(r.request_id, arg)
                 if chain and any(id(b) in chain for b in new_blocks):
                     head_hits = -1
             else:
@@ -304,8 +291,8 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
             ev += 1
         if head is not None and window.lookups[j]:
             if head_hits < 0:
-                blocks, head_hits = kvm.get_computed_blocks(head)
-                chain = {id(b) for b in blocks}
+                hit_blocks, head_hits = kvm.get_computed_blocks(head)
+                chain = {id(b) for blocks in hit_blocks for b in blocks}
             else:
                 kvm.repeat_lookup(head, head_hits)
         per_step.append((pool.get_num_free_blocks(), pool.num_cached_blocks, 0))
@@ -321,7 +308,7 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     for r in window.bulk + window.tail:
         if r.output_token_ids and (len(r.output_token_ids) >= r.max_tokens or r.num_tokens >= max_len):
             r.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            scheduler._free_request(r)
+            scheduler.free_request(r)
             finished.append(r)
     if finished:
         done = {id(r) for r in finished}

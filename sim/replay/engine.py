@@ -36,7 +36,7 @@ import pandas as pd
 import simpy
 
 from sim.core.executor import Executor
-from sim.core.kv_cache_manager import PrefixCacheStats
+from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.scheduler import Scheduler
 from sim.replay.async_loop import async_steps
 from sim.replay.errors import ReplayError

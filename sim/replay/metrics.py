@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.core.kv_cache_manager import PrefixCacheStats
+from sim.core.prefix_cache_stats import PrefixCacheStats
 
 REQUEST_COLUMNS = (
     "request_id",

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.core.kv_cache_manager import PrefixCacheStats
+from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import Request
 from sim.replay.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RecordTable, finalize_requests
 

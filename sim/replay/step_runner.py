@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sim.core.executor import Executor, StepResult, step_shape
-from sim.core.kv_cache_manager import cdiv
-from sim.core.scheduler import Scheduler, SchedulerOutput
+from sim.core.kv_cache_spec import cdiv
+from sim.core.scheduler import Scheduler
+from sim.core.scheduler_output import SchedulerOutput
 from sim.replay.decode_window import Window, plan_window
 from sim.replay.errors import ReplayError
 from sim.replay.intake import ARRIVAL_EPS_S, RequestIntake

@@ -13,7 +13,7 @@ from sim.core.executor import StepResult, StepShape, planned_samples, step_shape
 from sim.timing.latency import LatencyModel
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.core.scheduler import SchedulerOutput
+    from sim.core.scheduler_output import SchedulerOutput
 
 
 class SimulatedExecutor:

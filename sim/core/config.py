@@ -1,0 +1,45 @@
+"""The engine core's plain configs (mirror the knobs of vLLM 0.25.1's ``vllm/config/scheduler.py``
+``SchedulerConfig`` and ``vllm/config/cache.py`` ``CacheConfig`` that prefix caching depends on).
+
+Invariants: frozen values, resolved once above the core (``sim.experiment``); the core checks only
+its own preconditions (e.g. ``KVCacheManager`` that ``block_size`` is the LCM of ``kv_groups``).
+Imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sim.core.kv_cache_spec import KVGroupSpec
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The scheduling knobs vLLM exposes (defaults: ``SchedulerConfig`` on its own)."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 128
+    max_model_len: int = 8192
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0
+    async_scheduling: bool = False  # vLLM's AsyncScheduler (output placeholders; see sim.core.scheduler)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """KV cache knobs: pool size in blocks (block 0 is the null block) and prefix caching."""
+
+    block_size: int = 16
+    num_gpu_blocks: int = 1024
+    enable_prefix_caching: bool = True
+    use_eagle: bool = False
+    # Sliding-window / hybrid models (sim.core.kv_cache_spec): empty = one full-attention group of
+    # ``block_size`` (the optimised coordinator). Otherwise ``block_size`` must be the scheduler block
+    # size (LCM of the group sizes) and the hasher's block size the hash block size (GCD, or
+    # ``hash_block_size`` when set).
+    kv_groups: tuple[KVGroupSpec, ...] = ()
+    hash_block_size: int | None = None

@@ -1,0 +1,221 @@
+"""The single full-attention group's coordinator: the optimised path (mirrors vLLM 0.25.1's
+``UnitaryKVCacheCoordinator`` over one ``FullAttentionManager``, ``vllm/v1/core/kv_cache_coordinator.py``
+and ``single_type_kv_cache_manager.py``, fused into one class).
+
+Behaviour mirrored exactly:
+
+* lookup: the longest contiguous run of cached block hashes within ``max_cache_hit_length`` tokens
+  (so a fully cached prompt of k full blocks hits k-1 of them), minus the last block with EAGLE;
+* ``allocate_slots``: the full-sequence gate checks the whole current sequence; a hit block with
+  ``ref_cnt == 0`` costs one free block (touching removes it from the free queue); on None nothing
+  was touched, allocated or cached. Otherwise hits are touched first, then new blocks are popped,
+  then newly full blocks are cached up to ``min(computed + new, request.num_tokens)`` tokens -- at
+  schedule time, before compute;
+* with prefix caching off it is vLLM's ``KVCacheCoordinatorNoPrefixCache`` over this group: hits
+  never reach it, and ``allocate_slots`` caches nothing;
+* ``free``: a request's blocks in reverse order.
+
+Cost: lookups O(hit blocks) in one hash-map call; a decode token whose slot is already allocated
+returns before any block work. Its oracle is the generic
+:class:`~sim.core.grouped_kv_cache_coordinator.UnitaryKVCacheCoordinator` (equality is a test).
+Imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import KeysView, Sequence
+from itertools import islice
+
+from sim.core.block_pool import BlockPool
+from sim.core.hashing import BlockHash
+from sim.core.kv_cache_block import KVCacheBlock
+from sim.core.kv_cache_coordinator import NO_HITS, HitBlocks, KVCacheCoordinator
+from sim.core.kv_cache_spec import KVGroupSpec, cdiv
+from sim.core.kv_events import EventSink
+from sim.core.request import Request, RequestStatus
+
+_NO_BLOCKS: list[KVCacheBlock] = []  # never mutated
+
+
+class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
+    """One full-attention group of ``block_size`` on its own pool (request -> blocks, cached count)."""
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        *,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        watermark_blocks: int = 0,
+        event_sink: EventSink | None = None,
+    ) -> None:
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, event_sink)
+        self.groups = (KVGroupSpec("full", block_size),)
+        self.block_size = self.hash_block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
+        self.watermark_blocks = watermark_blocks
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_block: dict[str, int] = {}
+
+    # -- lookup -------------------------------------------------------------------------------
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[HitBlocks, int]:
+        blocks = self.block_pool.cached_block_hash_to_block.longest_cached_prefix(
+            islice(block_hashes, max_cache_hit_length // self.block_size)
+        )
+        if not blocks:
+            return NO_HITS, 0
+        if self.use_eagle:
+            blocks.pop()
+            if not blocks:
+                return NO_HITS, 0
+        return (blocks,), len(blocks) * self.block_size
+
+    # -- allocation ---------------------------------------------------------------------------
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: HitBlocks,
+        total_computed_tokens: int = 0,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        # full attention skips no token and has no admission cap: the last two do not matter
+        hits = new_computed_blocks[0] if new_computed_blocks else _NO_BLOCKS
+        return self._num_blocks_to_allocate(request_id, num_tokens, hits)
+
+    def _num_blocks_to_allocate(self, request_id: str, num_tokens: int, hits: list[KVCacheBlock]) -> int:
+        required = cdiv(num_tokens, self.block_size)
+        req_blocks = self.req_to_blocks.get(request_id, _NO_BLOCKS)
+        if request_id in self.num_cached_block:  # running: no new hits
+            return max(required - len(req_blocks), 0)
+        new = max(required - len(hits) - len(req_blocks), 0)
+        evictable = 0
+        for b in hits:
+            if b.ref_cnt == 0 and not b.is_null:
+                evictable += 1
+        return new + evictable
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: HitBlocks,
+        num_lookahead_tokens: int,
+        full_sequence_must_fit: bool,
+        has_scheduled_reqs: bool,
+    ) -> list[KVCacheBlock] | None:
+        rid = request.request_id
+        if num_new_tokens == 1 and not new_computed_blocks and not num_lookahead_tokens:
+            # Hot path, same outcome as the general path below: a running request's next token
+            # whose slot is already allocated and whose block does not become full needs no new
+            # block (so no capacity check can fail: a running request has no watermark) and
+            # caches nothing.
+            req_blocks = self.req_to_blocks.get(rid)
+            if req_blocks is not None and request.status == RequestStatus.RUNNING:
+                n = request.num_computed_tokens + num_new_computed_tokens + 1
+                if (
+                    n <= len(req_blocks) * self.block_size
+                    and n // self.block_size <= self.num_cached_block.get(rid, 0)
+                    and n <= self.max_model_len
+                ):
+                    return []
+        hits = new_computed_blocks[0] if new_computed_blocks else _NO_BLOCKS
+        # KVCacheCoordinator.watermark_for, inlined
+        watermark_blocks = 0
+        if has_scheduled_reqs and (
+            request.status == RequestStatus.WAITING or request.status == RequestStatus.PREEMPTED
+        ):
+            watermark_blocks = self.watermark_blocks
+        total_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
+        num_free = self.block_pool.free_block_queue.num_free_blocks
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            if self._num_blocks_to_allocate(rid, full, hits) + watermark_blocks > num_free:
+                return None
+        num_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        if self._num_blocks_to_allocate(rid, num_need_slot, hits) + watermark_blocks > num_free:
+            return None
+
+        req_blocks = self.req_to_blocks.get(rid)
+        if req_blocks is None:
+            req_blocks = self.req_to_blocks[rid] = []
+        if hits:
+            if rid in self.num_cached_block:
+                raise AssertionError(f"{rid}: a running request cannot get new prefix hits")
+            if self.enable_caching:
+                self.block_pool.touch(hits)
+            req_blocks.extend(hits)
+            self.num_cached_block[rid] = len(req_blocks)
+
+        num_new_blocks = cdiv(num_need_slot, self.block_size) - len(req_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        if new_blocks:
+            req_blocks.extend(new_blocks)
+        if self.enable_caching:
+            self.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        return new_blocks
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        req_blocks = self.req_to_blocks.setdefault(request_id, [])
+        n = -(-num_tokens // self.block_size) - len(req_blocks)  # cdiv, inlined (decode fast-forward)
+        if n <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(n)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        rid = request.request_id
+        num_cached = self.num_cached_block.get(rid, 0)
+        num_full = num_tokens // self.block_size
+        if num_cached >= num_full:
+            return
+        self.block_pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full, self.block_size)
+        self.num_cached_block[rid] = num_full
+
+    def free(self, request_id: str) -> None:
+        # reverse order, as vLLM's SingleTypeKVCacheManager.free: the chain tail is evicted first
+        blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    # -- queries ------------------------------------------------------------------------------
+    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        """Query: the live block list (do not mutate it), or an empty list."""
+        return self.req_to_blocks.get(request_id, [])
+
+    def get_blocks_by_group(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+        return (self.get_blocks(request_id),)
+
+    def get_num_cached_blocks(self, request_id: str, group_id: int = 0) -> int:
+        if group_id:
+            raise IndexError(f"group {group_id}: this coordinator has one group")
+        return self.num_cached_block.get(request_id, 0)
+
+    def request_ids(self) -> KeysView[str]:
+        return self.req_to_blocks.keys()
+
+    def check_integrity(self) -> None:
+        """Pool invariants plus: ref counts equal the number of requests holding each block."""
+        self.block_pool.check_integrity()
+        refs: dict[int, int] = {}
+        for rid, blocks in self.req_to_blocks.items():
+            assert len({b.block_id for b in blocks}) == len(blocks), f"{rid} holds a block twice"
+            for b in blocks:
+                refs[b.block_id] = refs.get(b.block_id, 0) + 1
+            n_cached = self.num_cached_block.get(rid, 0)
+            assert n_cached <= len(blocks), f"{rid}: num_cached_block {n_cached} > {len(blocks)} blocks"
+            for b in blocks[:n_cached]:
+                assert b.block_hash is not None, f"{rid}: block {b.block_id} counted cached but has no hash"
+        for b in self.block_pool.blocks[1:]:
+            assert b.ref_cnt == refs.get(b.block_id, 0), (
+                f"block {b.block_id}: ref_cnt {b.ref_cnt} != holders {refs.get(b.block_id, 0)}"
+            )
