@@ -76,7 +76,7 @@ class Replay:
         fast_forward: bool = True,
         integrity_check: bool = False,
         progress: bool = False,
-        total: int | None = None,
+        total: int | Callable[[], int] | None = None,
         record_events: bool = False,
         max_window_steps: int = 1 << 16,
         on_step: Callable[[Scheduler], None] | None = None,

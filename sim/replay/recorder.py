@@ -7,6 +7,7 @@ happen, ``step`` once per engine step and ``add_stats`` with each step's drained
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -24,12 +25,13 @@ _OUTPUT_TOKENS = _COL["output_tokens"]
 class _Progress:
     """A tqdm bar over finished requests, or nothing."""
 
-    def __init__(self, enabled: bool, total: int | None) -> None:
+    def __init__(self, enabled: bool, total: int | Callable[[], int] | None) -> None:
         self.bar = None
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="req", desc="replay", mininterval=0.5, smoothing=0.05)
+            count = total() if callable(total) else total  # a deferred count runs only for the bar
+            self.bar = tqdm(total=count, unit="req", desc="replay", mininterval=0.5, smoothing=0.05)
 
     def update(self, n: int) -> None:
         if self.bar is not None and n:
@@ -43,7 +45,7 @@ class _Progress:
 class ReplayRecorder:
     """Per-request and per-step rows of one replay, plus the summed prefix-cache stats."""
 
-    def __init__(self, progress: bool = False, total: int | None = None) -> None:
+    def __init__(self, progress: bool = False, total: int | Callable[[], int] | None = None) -> None:
         self._rows: dict[str, list[Any]] = {}  # request id -> its (mutable) row
         self._requests = RecordTable(REQUEST_COLUMNS)
         self._steps = RecordTable(STEP_COLUMNS)
