@@ -1,9 +1,11 @@
 """Build hook for the optional compiled modules (everything else is in ``pyproject.toml``).
 
-``sim/core/compiled_pool.pyx`` (the compiled block pool) and ``workloads/trace_scan.pyx`` (the trace
-line scanner) are compiled with Cython and the system C compiler by ``pip install -e .``. Both are
-optional: if Cython or the compiler fails, the install still succeeds; ``sim.core.pool_impl`` then
-says once that it falls back to the Python pool, and traces are read by the stdlib ``json`` path.
+``sim/core/compiled_pool.pyx`` (the compiled block pool), ``sim/core/compiled_hash.pyx`` (the fast
+hash chain over runs) and ``workloads/trace_scan.pyx`` (the trace line scanner) are compiled with
+Cython and the system C compiler by ``pip install -e .``. All are optional: if Cython or the
+compiler fails, the install still succeeds; ``sim.core.pool_impl`` then says once that it falls
+back to the Python pool, the hash uses its numpy code and traces the stdlib ``json`` path (same
+results, slower).
 In a checkout, ``python setup.py build_ext --inplace`` builds it next to its source.
 """
 
@@ -11,7 +13,11 @@ from __future__ import annotations
 
 from setuptools import Extension, setup
 
-_MODULES = {"sim.core.compiled_pool": "sim/core/compiled_pool.pyx", "workloads.trace_scan": "workloads/trace_scan.pyx"}
+_MODULES = {
+    "sim.core.compiled_pool": "sim/core/compiled_pool.pyx",
+    "sim.core.compiled_hash": "sim/core/compiled_hash.pyx",
+    "workloads.trace_scan": "workloads/trace_scan.pyx",
+}
 
 
 def _extensions() -> list[Extension]:

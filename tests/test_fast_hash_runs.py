@@ -86,7 +86,7 @@ def test_appended_outputs_continue_the_chain_from_runs():
     reqs = [Request("r", p, len(outs), uid=1, hasher=hasher, output_token_ids=outs)
             for p in (RunTokens.of((100, 10)), np.arange(100, 110))]
     for r in reqs:
-        r.block_hashes  # noqa: B018 - hash the prompt
+        assert r.block_hashes  # hash the prompt now
         r.append_output_token_ids(outs)
     assert reqs[0].block_hashes == reqs[1].block_hashes and len(reqs[0].block_hashes) == 4
 
@@ -101,4 +101,28 @@ def test_slice_runs():
 def test_runs_are_range_checked():
     r = Request("r", RunTokens.of((2**62 - 2, 4)), 1, hasher=FastBlockHasher(2, 0))
     with pytest.raises(ValueError, match=r"prompt token ids must be in \[0, 2\*\*62\)"):
-        r.block_hashes  # noqa: B018
+        assert r.block_hashes
+
+
+@SETTINGS
+@given(runs=run_lists(), bs=st.sampled_from([1, 3, 4, 16]), cut=st.integers(0, 100))
+def test_compiled_chain_equals_numpy_chain(runs, bs, cut):
+    """The compiled chain (sim.core.compiled_hash) and the numpy oracle give the same keys and
+    chain state, from the start of a prompt and resumed mid-prompt."""
+    pytest.importorskip("sim.core.compiled_hash")
+    got = []
+    for compiled in (True, False):
+        hasher = FastBlockHasher(bs, 7)
+        hasher.compiled = compiled
+        lazy = _unmerged(runs)
+        n = len(lazy) // bs
+        first = min(cut // bs, n)
+        starts, lengths = lazy.runs()
+        head = ([], hasher.initial_state)
+        if first:
+            head = hasher._chain_runs(starts, lengths, first, hasher.initial_state, None)
+        rest = ([], head[1])
+        if n > first:
+            rest = hasher._chain_runs(*slice_runs(starts, lengths, first * bs, n * bs), n - first, head[1], None)
+        got.append((head[0] + rest[0], rest[1], hasher.hash_token_blocks(lazy)))
+    assert got[0] == got[1]

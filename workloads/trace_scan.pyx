@@ -21,7 +21,7 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, realloc
-from libc.string cimport memchr, memcmp
+from libc.string cimport memchr, memcmp, memcpy
 
 cnp.import_array()
 
@@ -132,12 +132,40 @@ cdef Py_ssize_t _skip_value(const unsigned char* s, Py_ssize_t p, Py_ssize_t end
     return p
 
 
-cdef Py_ssize_t _scan_ints(const unsigned char* s, Py_ssize_t p, Py_ssize_t end, _Buffers b,
+cdef extern from *:
+    int __builtin_ctzll(unsigned long long x) nogil
+
+cdef uint64_t[9] POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000]
+
+
+cdef inline int _digits8(uint64_t w) noexcept nogil:
+    """How many of the 8 bytes of ``w`` (little-endian: first byte lowest) lead as ASCII digits.
+    A digit byte has high nibble 3 and stays below 0x40 when 6 is added; carries run upwards, so
+    the lowest non-digit byte is flagged exactly."""
+    cdef uint64_t bad = ((w & <uint64_t>0xF0F0F0F0F0F0F0F0) ^ <uint64_t>0x3030303030303030) | (
+        ((w + <uint64_t>0x0606060606060606) & <uint64_t>0xF0F0F0F0F0F0F0F0) ^ <uint64_t>0x3030303030303030)
+    if bad == 0:
+        return 8
+    return __builtin_ctzll(bad) >> 3
+
+
+cdef inline uint64_t _parse_digits(uint64_t w, int k) noexcept nogil:
+    """The value of the first ``k`` (1..8) digit bytes of ``w``: shifted up so that zero bytes
+    stand in as leading zeros, then the classic SWAR conversion of 8 digits."""
+    w = (w - <uint64_t>0x3030303030303030) << (8 * (8 - k))
+    w = w * 10 + (w >> 8)
+    return (((w & <uint64_t>0x000000FF000000FF) * <uint64_t>0x000F424000000064)
+            + (((w >> 16) & <uint64_t>0x000000FF000000FF) * <uint64_t>0x0000271000000001)) >> 32
+
+
+cdef Py_ssize_t _scan_ints(const unsigned char* s, Py_ssize_t p, Py_ssize_t end, Py_ssize_t limit, _Buffers b,
                            Py_ssize_t* n_tok, Py_ssize_t* n_runs) except -2:
     """Parse ``[int, ...]`` at ``s[p]`` into ``b`` (tokens and runs); the position after ``]``, or
-    -1 when the array is not a plain non-empty list of ids in [0, 2**62)."""
+    -1 when the array is not a plain non-empty list of ids in [0, 2**62). ``limit`` is where the
+    buffer ends (8 bytes are read at a time while they fit; a line ends with a non-digit)."""
     cdef Py_ssize_t n = 0, r = 0, digits
-    cdef uint64_t v
+    cdef uint64_t v, w
+    cdef int k
     cdef int64_t prev = -2
     cdef unsigned char c
     b.grow((end - p) // 2 + 2)  # an id takes at least 2 bytes with its comma
@@ -154,12 +182,24 @@ cdef Py_ssize_t _scan_ints(const unsigned char* s, Py_ssize_t p, Py_ssize_t end,
             return -1  # a leading zero is not JSON
         v = 0
         digits = 0
-        while p < end and 48 <= s[p] <= 57:
-            v = v * 10 + (s[p] - 48)
-            digits += 1
-            p += 1
-            if digits > 19:
-                return -1
+        while p + 8 <= limit:
+            memcpy(&w, s + p, 8)
+            k = _digits8(w)
+            if k:
+                v = v * POW10[k] + _parse_digits(w, k)
+                digits += k
+                p += k
+            if k < 8 or digits > 19:
+                break
+        else:
+            while p < end and 48 <= s[p] <= 57:
+                v = v * 10 + (s[p] - 48)
+                digits += 1
+                p += 1
+                if digits > 19:
+                    return -1
+        if digits > 19:
+            return -1
         if v >= ID_LIMIT:
             return -1
         if p < end and (s[p] == 46 or s[p] == 101 or s[p] == 69):  # . e E: not an int
@@ -209,7 +249,7 @@ cdef object _array_value(_Buffers b, Py_ssize_t n, Py_ssize_t r):
     return out
 
 
-cdef object _scan_line(const unsigned char* s, Py_ssize_t p, Py_ssize_t end, _Buffers b):
+cdef object _scan_line(const unsigned char* s, Py_ssize_t p, Py_ssize_t end, Py_ssize_t limit, _Buffers b):
     """``(BLANK, None)``, ``(SLOW, None)`` or ``(FAST, [(key_index, start, stop, value), ...])``."""
     cdef Py_ssize_t ks, ke, vs, ve, n_tok = 0, n_runs = 0
     cdef bint esc
@@ -245,7 +285,7 @@ cdef object _scan_line(const unsigned char* s, Py_ssize_t p, Py_ssize_t end, _Bu
                     key_index = 1
             vs = p
             if key_index >= 0:
-                p = _scan_ints(s, p, end, b, &n_tok, &n_runs)
+                p = _scan_ints(s, p, end, limit, b, &n_tok, &n_runs)
                 if p < 0:
                     return (SLOW, None)
                 subs.append((key_index, vs, p, _array_value(b, n_tok, n_runs)))
@@ -286,7 +326,7 @@ def scan_lines(const unsigned char[::1] buf, Py_ssize_t n, bint final):
         q = n if nl == NULL else nl - s
         if q == n and not final:
             break
-        kind, subs = _scan_line(s, p, q, b)
+        kind, subs = _scan_line(s, p, q, n, b)
         lines.append((p, q, kind, subs))
         p = q + 1
     return lines, min(p, n)

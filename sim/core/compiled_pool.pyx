@@ -36,7 +36,12 @@ from sim.core.hashing import external_block_hash
 from sim.core.kv_cache_block import make_block_key
 from sim.core.kv_events import AllBlocksCleared, BlockRemoved
 
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) nogil
+
 cdef int32_t NONE = -1
+cdef enum:
+    GROUP = 16  # keys digested and their table slots prefetched ahead of the inserts
 cdef uint64_t M1 = 0xBF58476D1CE4E5B9
 cdef uint64_t M2 = 0x94D049BB133111EB
 cdef uint64_t GOLD = 0x9E3779B97F4A7C15
@@ -141,6 +146,7 @@ cdef class CompiledBlockPool:
     cdef readonly object cached_block_hash_to_block
     cdef bint _grouped
     cdef Link* _link
+    cdef int32_t* _scratch  # block ids of one pop
     cdef int32_t _fhead, _ftail, _nfree
     cdef Slot* _slots
     cdef list _tkeys  # the key object of each slot whose key is not 16 bytes (exact compare), else None
@@ -150,7 +156,8 @@ cdef class CompiledBlockPool:
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be >= 2 (block 0 is the null block), got {num_gpu_blocks}")
         self._link = <Link*>malloc(num_gpu_blocks * sizeof(Link))
-        if self._link == NULL:
+        self._scratch = <int32_t*>malloc(num_gpu_blocks * sizeof(int32_t))
+        if self._link == NULL or self._scratch == NULL:
             raise MemoryError()
         self._slots = NULL
         self._alloc_table(_table_size(num_gpu_blocks))
@@ -181,6 +188,7 @@ cdef class CompiledBlockPool:
 
     def __dealloc__(self):
         free(self._link)
+        free(self._scratch)
         free(self._slots)
 
     # -- C internals --------------------------------------------------------------------------
@@ -198,9 +206,17 @@ cdef class CompiledBlockPool:
         self._tn_used = 0
         self._tlive = 0
 
+    cdef inline int32_t _home(self, uint64_t k0, uint64_t k1) noexcept:
+        """The slot a key's probe starts at."""
+        return <int32_t>(_mix(k0 ^ (k1 * GOLD)) & <uint64_t>self._tmask)
+
     cdef inline int32_t _probe(self, uint64_t k0, uint64_t k1, Py_ssize_t n, object key, bint* found) except -2:
-        """The slot holding ``key``, else the empty slot where it would go (``found`` says which)."""
-        cdef int32_t s = <int32_t>(_mix(k0 ^ (k1 * GOLD)) & <uint64_t>self._tmask)
+        return self._probe_at(self._home(k0, k1), k0, k1, n, key, found)
+
+    cdef inline int32_t _probe_at(self, int32_t s, uint64_t k0, uint64_t k1, Py_ssize_t n, object key,
+                                  bint* found) except -2:
+        """The slot holding ``key``, else the empty slot where it would go (``found`` says which);
+        linear probing from ``s``, its home slot."""
         cdef Slot* t
         cdef object other
         while True:
@@ -232,14 +248,14 @@ cdef class CompiledBlockPool:
         return -1 if s < 0 else self._slots[s].head
 
     cdef void _rebuild(self) except *:
-        """Drop the keys whose list is empty (lazy evictions), growing the table if a quarter is live."""
+        """Drop the keys whose list is empty (lazy evictions), at the same size: a live key holds a
+        cached block, so at most a quarter of the slots are live (``_table_size``) and the home
+        slot of a key never changes."""
         cdef Slot* old = self._slots
         cdef list okeys = self._tkeys
-        cdef int32_t old_cap = self._tcap, cap = self._tcap, s, t, b
+        cdef int32_t old_cap = self._tcap, s, t, b
         cdef bint found
-        while self._tlive * 4 > cap:
-            cap *= 2
-        self._alloc_table(cap)
+        self._alloc_table(old_cap)
         for s in range(old_cap):
             if old[s].klen and old[s].head != NONE:
                 key = <object>PyList_GET_ITEM(okeys, s)
@@ -258,13 +274,16 @@ cdef class CompiledBlockPool:
     cdef void _insert(self, CompiledBlock blk, object key) except *:
         """Cache ``blk`` under ``key`` after any block already there (no de-duplication)."""
         cdef uint64_t k0 = 0, k1 = 0
+        _digest(key, &k0, &k1)
+        self._insert_at(blk, key, k0, k1, self._home(k0, k1))
+
+    cdef void _insert_at(self, CompiledBlock blk, object key, uint64_t k0, uint64_t k1, int32_t home) except *:
+        """:meth:`_insert` with the key's digest and home slot already computed."""
         cdef bint found
-        cdef Py_ssize_t n
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(key)
         cdef int32_t s, bid = blk.block_id, tail
         cdef Slot* t
-        _digest(key, &k0, &k1)
-        n = PyBytes_GET_SIZE(key)
-        s = self._probe(k0, k1, n, key, &found)
+        s = self._probe_at(home, k0, k1, n, key, &found)
         if not found:
             if (self._tn_used + 1) * 2 > self._tcap:
                 self._rebuild()
@@ -416,11 +435,7 @@ cdef class CompiledBlockPool:
         if block_hashes is None and group_id == 0 and mask is None and not self._grouped and self.event_sink is None:
             # hot path (one full-attention group: no null blocks, group ids all 0), no events
             if type(blocks) is list and type(hashes) is list:
-                for i in range(num_cached_blocks, num_full_blocks):
-                    blk = <CompiledBlock?>PyList_GET_ITEM(blocks, i)
-                    if blk._key is not None:
-                        raise AssertionError(f"block {blk.block_id} already cached")
-                    self._insert(blk, <object>PyList_GET_ITEM(hashes, i))
+                self._insert_list(blocks, hashes, num_cached_blocks, num_full_blocks)
             else:
                 for i in range(num_cached_blocks, num_full_blocks):
                     blk = <CompiledBlock?>blocks[i]
@@ -450,38 +465,78 @@ cdef class CompiledBlockPool:
             emit_stored(self.event_sink, request, hashes, stored, kept, num_cached_blocks, num_full_blocks,
                         block_size, group_id, spec_kind, sliding_window)
 
+    cdef void _insert_list(self, list blocks, list hashes, int start, int stop) except *:
+        """Cache ``blocks[start:stop]`` under ``hashes[start:stop]``, a group at a time: first every
+        key of the group is digested and its table slot and block prefetched, then the group is
+        inserted (the slots are random: waiting on one cache miss at a time would dominate)."""
+        cdef uint64_t k0[GROUP]
+        cdef uint64_t k1[GROUP]
+        cdef int32_t home[GROUP]
+        cdef int i = start, g, m
+        cdef CompiledBlock blk
+        while i < stop:
+            m = stop - i if stop - i < GROUP else GROUP
+            for g in range(m):
+                _digest(<object>PyList_GET_ITEM(hashes, i + g), &k0[g], &k1[g])
+                home[g] = self._home(k0[g], k1[g])
+                __builtin_prefetch(&self._slots[home[g]])
+                __builtin_prefetch(PyList_GET_ITEM(blocks, i + g))
+            for g in range(m):
+                blk = <CompiledBlock?>PyList_GET_ITEM(blocks, i + g)
+                if blk._key is not None:
+                    raise AssertionError(f"block {blk.block_id} already cached")
+                self._insert_at(blk, <object>PyList_GET_ITEM(hashes, i + g), k0[g], k1[g], home[g])
+            i += m
+
     # -- allocation ---------------------------------------------------------------------------
     def get_new_blocks(self, int num_blocks):
         """Pop ``num_blocks`` from the head with ``ref_cnt = 1``, evicting their hashes now ("free
-        is not evict"). Raises ValueError if the queue is shorter."""
+        is not evict"). Raises ValueError if the queue is shorter.
+
+        The popped blocks are a prefix of the free list: their ids are collected first, then each
+        block object (and, for a cached one, its table slot) is fetched ``GROUP`` blocks ahead of
+        its turn -- after churn the LRU order is random in memory."""
         cdef int i
-        cdef int32_t bid
+        cdef int32_t bid, slot
         cdef CompiledBlock blk
+        cdef int32_t* ids = self._scratch
         if num_blocks > self._nfree:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         if num_blocks <= 0:
             return []
+        bid = self._fhead
+        for i in range(num_blocks):
+            ids[i] = bid
+            self._link[bid].in_free = 0
+            bid = self._link[bid].fnext
+        self._fhead = bid
+        if bid == NONE:
+            self._ftail = NONE
+        else:
+            self._link[bid].fprev = NONE
+        self._nfree -= num_blocks
+        for i in range(min(num_blocks, GROUP)):
+            __builtin_prefetch(PyList_GET_ITEM(self.blocks, ids[i]))
         cdef list ret = PyList_New(num_blocks)
         for i in range(num_blocks):
-            bid = self._fhead
-            self._unlink_free(bid)
-            blk = self._block(bid)
+            if i + GROUP < num_blocks:
+                __builtin_prefetch(PyList_GET_ITEM(self.blocks, ids[i + GROUP]))
+                slot = self._link[ids[i + GROUP]].slot
+                if slot != NONE:
+                    __builtin_prefetch(&self._slots[slot])
+            blk = self._block(ids[i])
             Py_INCREF(blk)
             PyList_SET_ITEM(ret, i, blk)
-        if self.enable_caching:
-            if self.event_sink is None:
-                for i in range(num_blocks):
-                    blk = <CompiledBlock>PyList_GET_ITEM(ret, i)
-                    if blk._key is not None:
-                        self._unlink_hash(blk)
-                        self.num_evictions += 1
-                        self.num_cached_blocks -= 1
-            else:
-                # all popped first, then evicted in pop order (the order of the BlockRemoved events)
-                for i in range(num_blocks):
-                    blk = <CompiledBlock>PyList_GET_ITEM(ret, i)
-                    if blk._key is not None:
-                        self._evict(blk)
+            if self.enable_caching and blk._key is not None and self.event_sink is None:
+                self._unlink_hash(blk)
+                self.num_evictions += 1
+                self.num_cached_blocks -= 1
+        if self.enable_caching and self.event_sink is not None:
+            # all popped first, then evicted in pop order (the order of the BlockRemoved events)
+            for i in range(num_blocks):
+                blk = <CompiledBlock>PyList_GET_ITEM(ret, i)
+                if blk._key is not None:
+                    self._evict(blk)
         for i in range(num_blocks):
             (<CompiledBlock>PyList_GET_ITEM(ret, i)).ref_cnt = 1
         return ret

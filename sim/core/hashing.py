@@ -48,6 +48,12 @@ import numpy as np
 
 from sim.core.extra_keys import block_extra_keys, blocks_extra_keys
 
+_chain_runs: Callable[..., tuple[list[bytes], tuple[int, int]]] | None
+try:  # the compiled chain over runs (same keys; built by pip install -e .)
+    from sim.core.compiled_hash import chain_runs as _chain_runs
+except ImportError:  # pragma: no cover - where the extension is not built
+    _chain_runs = None
+
 if TYPE_CHECKING:  # pragma: no cover
     from sim.core.request import Request
 
@@ -215,6 +221,7 @@ class FastBlockHasher(BlockHasher):
         # drawn last, so the constants above are those of the token digest as it always was
         self._run_keys = rng.integers(0, 2**63, size=(self._LANES, 2), dtype=np.int64).astype(np.uint64)
         self._ramp = np.arange(block_size, dtype=np.uint64)
+        self.compiled = True  # use sim.core.compiled_hash when built (False: the numpy oracle only)
 
     def _powers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """P^k and P^-k for k in [0, n] per lane (grown geometrically, cached)."""
@@ -278,6 +285,21 @@ class FastBlockHasher(BlockHasher):
         c[:, across] = self._token_digest((starts[ri] + (pos - offs[ri])).view(np.uint64))
         return c
 
+    def _chain_runs(
+        self,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        n: int,
+        state: tuple[int, int],
+        extras: Sequence[tuple[Any, ...] | None] | None,
+    ) -> tuple[list[BlockHash], tuple[int, int]]:
+        """Hash ``n`` full blocks of tokens given as runs, continuing the chain from ``state``: the
+        compiled chain when it is built and there are no extra keys, else numpy (same keys)."""
+        if extras is None and _chain_runs is not None and self.compiled:
+            return _chain_runs(starts, lengths, n, self.block_size, self._run_keys, self._pos_key, self._pos_mult,
+                               self._lane_keys, self._p, state[0], state[1])
+        return self._chain(self._runs_digest(starts, lengths, n), state, extras)
+
     def _chain_blocks(
         self,
         tokens: np.ndarray,
@@ -340,7 +362,7 @@ class FastBlockHasher(BlockHasher):
         state = request.hash_state if request.block_hashes else self.initial_state
         runs = request.token_runs(start, start + n_blocks * bs)
         if runs is not None:
-            keys, request.hash_state = self._chain(self._runs_digest(*runs, n_blocks), state, extras)
+            keys, request.hash_state = self._chain_runs(runs[0], runs[1], n_blocks, state, extras)
         else:
             tokens = request.token_slice(start, start + n_blocks * bs)
             keys, request.hash_state = self._chain_blocks(tokens, state, extras)
@@ -355,7 +377,7 @@ class FastBlockHasher(BlockHasher):
         n = len(tokens) // self.block_size
         extras = list(extra_keys[:n]) if extra_keys is not None else None
         if runs is not None:
-            keys, _ = self._chain(self._runs_digest(runs[0], runs[1], n), self.initial_state, extras)
+            keys, _ = self._chain_runs(runs[0], runs[1], n, self.initial_state, extras)
             return keys
         keys, _ = self._chain_blocks(np.asarray(tokens, dtype=np.int64), self.initial_state, extras)
         return keys

@@ -26,12 +26,14 @@ import sys
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import yaml
 
 from sim.core.kv_events import event_to_dict
+
+if TYPE_CHECKING:  # pandas (and pyarrow, which it loads) are imported by the tables, when written
+    import pandas as pd
 
 _PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib")
 

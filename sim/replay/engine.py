@@ -27,12 +27,12 @@ the loops ask for them. Nothing else in ``sim`` or ``workloads`` imports simpy (
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import simpy
 
 from sim.core.executor import Executor
@@ -46,6 +46,9 @@ from sim.replay.recorder import ReplayRecorder
 from sim.replay.step_runner import StepRunner
 from sim.replay.sync_loop import sync_steps
 from workloads.trace_format import TraceRequest
+
+if TYPE_CHECKING:  # pandas is imported only when the tables are built (sim.replay.metrics)
+    import pandas as pd
 
 __all__ = ["Replay", "ReplayError", "ReplayResult"]
 
@@ -109,6 +112,7 @@ class Replay:
         t0 = time.perf_counter()
         self.env.process(self._guard(self._arrivals()))
         engine = self.env.process(self._guard(self._engine()))
+        gc.freeze()  # what exists before the replay (modules, configs) stays out of its GC passes
         try:
             self.env.run(until=engine)
         except Exception:
@@ -117,6 +121,7 @@ class Replay:
                 raise self._error from None
             raise
         finally:
+            gc.unfreeze()
             self.rec.close()
         wall = time.perf_counter() - t0
         requests, steps = self.rec.tables()

@@ -7,14 +7,15 @@ happen, ``step`` once per engine step and ``add_stats`` with each step's drained
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
-import pandas as pd
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import Request
 from sim.replay.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RecordTable, finalize_requests
+
+if TYPE_CHECKING:  # pandas is imported only when the tables are built
+    import pandas as pd
 
 _COL = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
 _FIRST_SCHEDULED, _FIRST_TOKEN, _FINISH = _COL["first_scheduled"], _COL["first_token"], _COL["finish"]
@@ -87,6 +88,10 @@ class ReplayRecorder:
     def step(self, *values: Any) -> None:
         """One step row, in ``STEP_COLUMNS`` order."""
         self._steps.append(*values)
+
+    def steps(self, *columns: Iterable[Any]) -> None:
+        """Several step rows given as columns, in ``STEP_COLUMNS`` order (a fast-forward window)."""
+        self._steps.rows.extend(zip(*columns, strict=True))
 
     def add_stats(self, stats: PrefixCacheStats | None) -> None:
         if stats is not None:
