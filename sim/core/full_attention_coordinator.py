@@ -176,7 +176,10 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         num_full = num_tokens // self.block_size
         if num_cached >= num_full:
             return
-        self.block_pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full, self.block_size)
+        # vLLM's KVCacheManager annotates every BlockStored with its group's spec kind: one full-
+        # attention group here (the per-group managers pass KVGroupSpec.event_kind, the same value)
+        self.block_pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full, self.block_size,
+                                          spec_kind="full_attention")
         self.num_cached_block[rid] = num_full
 
     def free(self, request_id: str) -> None:
