@@ -45,6 +45,8 @@ class SweepData:
             axes = [a["key"] for a in m.get("axes", [])]
             self.name = m.get("name", self.name)
         self.axes = [a for a in axes if a in df.columns]
+        if "first_admission_token_hit_rate" not in df and "request_hit_rate" in df:  # a table of release 0.1
+            df["first_admission_token_hit_rate"] = df["request_hit_rate"]
         self.all = df
         self.df = df[df["status"] == "ok"].copy() if "status" in df else df.copy()
         self.block = BLOCK in self.axes and self.df["block_size"].nunique() > 1
