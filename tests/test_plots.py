@@ -146,3 +146,14 @@ def test_colours_are_colour_blind_safe_and_lines_distinct():
     marks = line_marks(6)
     assert len({m["marker"] for m in marks}) == 6
     assert [m["ms"] for m in marks] == sorted((m["ms"] for m in marks), reverse=True)
+
+
+def test_pivot_never_averages_a_hidden_axis(headline_like):
+    d = SweepData(headline_like.folder)
+    with pytest.raises(ValueError, match=r"hold .*kv_pool_gib.* fixed first"):
+        d.pivot("first_admission_token_hit_rate", "_config", "block_size", d.where(salt_policy="none"))
+    view = d.where(salt_policy="none", kv_pool_gib=0.25)
+    table = d.pivot("first_admission_token_hit_rate", "_config", "block_size", view)
+    assert list(table.index) == ["short", "long"] and list(table.columns) == [16, 64]  # order of appearance
+    row = view[(view["_config"] == "long") & (view["block_size"] == 64)]
+    assert table.loc["long", 64] == row["first_admission_token_hit_rate"].item()

@@ -14,7 +14,7 @@ it misses split into losses, each a fraction of prompt tokens, read from the sum
   sequential LRU reference (``lru_sequential_hit_rate``: vLLM's eviction order in this pool, one
   request at a time): ``overload = lru_sequential - hit rate`` (clamped to the gap) is what
   running requests at once costs -- their blocks fill the pool and a prefix is not cached before
-  its first request computed it --, ``capacity`` the rest (the pool evicts prefixes before they are
+  its first request is scheduled to compute it --, ``capacity`` the rest (the pool evicts prefixes before they are
   reused; Belady tells how much of it a better eviction order could win). Without the LRU
   reference (sliding-window or hybrid pools) the whole gap is ``capacity`` when blocks were evicted,
   else ``overload``.
@@ -108,7 +108,7 @@ def _sentence(cause: str, s: Mapping[str, Any], loss: dict[str, float]) -> str:
     if cause == "overload":
         return (f"overload -- requests run at once (queue time p50 {_f(_num(s, 'queue_time_p50_s'))} s, p99 "
                 f"{_f(_num(s, 'queue_time_p99_s'))} s): their blocks fill the pool and a prefix is cached only "
-                f"once its first request computed it; one request at a time this pool reaches {_f(lru)}, here "
+                f"once its first request is scheduled; one request at a time this pool reaches {_f(lru)}, here "
                 f"{_f(h)} -- lower the load (arrival rate) or add replicas")
     if cause == "isolation":
         n_salt, n_lora = (int(x) if math.isfinite(x) else 0 for x in (_num(s, "num_cache_salts"),
