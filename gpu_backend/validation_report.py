@@ -6,7 +6,8 @@ request's own error), and the report ends with a suggested next step (:func:`nex
 when a step kind is mispriced, accept the noise floor, or use the model).
 
 Invariants: renders only what ``gpu_backend.validate`` computed (the report dict also written as
-``report.json``); a missing or non-finite figure prints ``n/a``, never a made-up number. Imports nothing beyond the standard library and ``latency_error``'s metric names.
+``report.json``); a missing or non-finite figure prints ``n/a``, never a made-up number. Imports
+nothing beyond the standard library and ``latency_error``'s metric names.
 """
 
 from __future__ import annotations
