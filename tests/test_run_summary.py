@@ -145,3 +145,13 @@ def test_diagnosis_reads_miss_attribution_when_present():
 def test_diagnosis_without_bounds():
     d = diagnose({**BASE, "first_admission_token_hit_rate": 0.3})
     assert d.cause == "unknown" and "--no-bounds" in d.line
+
+
+def test_granularity_reference_for_blocks_above_16(tmp_path):
+    out = tmp_path / "bs64"
+    assert main(["run", str(MY_TRACE), "--out", str(out), "--no-progress", "--set", "engine.block_size=64"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    # at block size 16 the example trace hits 208 of its 630 prompt tokens in an infinite cache
+    assert s["infinite_cache_hit_rate_block_16"] == pytest.approx(208 / 630)
+    assert s["infinite_cache_hit_rate"] <= s["infinite_cache_hit_rate_block_16"]
+    assert s["engine"]["block_size"] == 64
