@@ -180,11 +180,14 @@ def finish(fig: Figure, title: str, handles: Sequence[Artist], ncol: int | None 
     :func:`section` entries in bold); the figure is widened by the legend's width, so the panels
     keep theirs. Returns the figure (saved by the caller)."""
     fig.suptitle(title, fontsize=12)
+    w, h = fig.get_size_inches()
+    legend_w = 0.0
     if handles:
         ncol = ncol or 1
         longest = max(len(line) for h in handles for line in str(h.get_label()).splitlines())
-        w, h = fig.get_size_inches()
-        fig.set_size_inches(w + ncol * (0.55 + 0.072 * longest), h)
+        legend_w = ncol * (0.55 + 0.072 * longest)
+    fig.set_size_inches(max(w + legend_w, 0.09 * len(title) + 0.4), h)  # the title fits too
+    if handles:
         leg = fig.legend(handles=handles, loc="outside right center", ncol=ncol, frameon=False,
                          handlelength=2.6)
         for handle, text in zip(handles, leg.get_texts()):
