@@ -1,4 +1,4 @@
-"""``apcsim calibrate``: fit the simulator's step-latency model on real forward passes (issue #6).
+"""``apcsim calibrate``: fit the simulator's step-latency model on real forward passes.
 
 Mirrors nothing in vLLM (vLLM measures; apcsim predicts, and this is where the prediction is fitted
 to measurements). The command, in three steps over modules of their own:

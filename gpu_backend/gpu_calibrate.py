@@ -1,4 +1,4 @@
-"""One prepared command for a GPU session (issue #6): calibrate the latency model on the device, then
+"""One prepared command for a GPU session: calibrate the latency model on the device, then
 validate simulated against real per-request latency on held-out chat and RAG workloads.
 
 Run from the repository root (``gpu_backend/gpu_calibrate.sh`` sets ``PYTHONPATH``, installs carried

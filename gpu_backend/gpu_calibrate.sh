@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU run of issue #6: calibrate the latency model (Llama-3-8B shapes, bf16) on the device
+# The prepared GPU run: calibrate the latency model (Llama-3-8B shapes, bf16) on the device
 # and validate simulated against real per-request TTFT/TPOT/E2E on held-out chat and RAG workloads,
 # < 8 minutes on an H200; model file and reports written to $OUT (or --out DIR). From any directory:
 #   bash gpu_backend/gpu_calibrate.sh                        # CUDA

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check of issue #5: correctness suite on CUDA + speed benchmark (< 8 minutes on an
+# The prepared GPU check: correctness suite on CUDA + speed benchmark (< 8 minutes on an
 # H200), figures written to $OUT/gpu_check.{json,txt} (or --out DIR). From any directory:
 #   bash gpu_backend/gpu_check.sh                       # CUDA
 #   bash gpu_backend/gpu_check.sh --device cpu --quick  # CPU smoke test of the script itself

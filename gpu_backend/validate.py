@@ -1,4 +1,4 @@
-"""``apcsim validate CONFIG``: simulated vs real per-request latency on one workload (issue #6).
+"""``apcsim validate CONFIG``: simulated vs real per-request latency on one workload.
 
 Mirrors nothing in vLLM (it checks the simulator against real forward passes). The same config
 (scheduler, pool, workload) is replayed
@@ -33,6 +33,8 @@ run; with a time budget, fewer real runs (never none) and a warning saying so. I
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,6 +44,7 @@ import torch
 
 from gpu_backend.host import load_average
 from gpu_backend.latency_error import pairs_table, summarize_pairs
+from gpu_backend.profiling_grid import PRESETS
 from gpu_backend.real_run import RealRun, per_step_error, real_run, steps_table
 from gpu_backend.validation_plots import plot_cdf, plot_scatter
 from gpu_backend.validation_report import render_markdown, validation_table
@@ -78,6 +81,16 @@ def consistency_warnings(cfg: ExperimentConfig, model: FittedLatency) -> list[st
         if key in meta and meta[key] != value:
             out.append(f"model file {key}={meta[key]!r} but this config runs {value!r}")
     return out
+
+
+def grid_preset_name(grid: Any) -> str | None:
+    """The name of the profiling-grid preset (``gpu_backend.profiling_grid.PRESETS``) a model was
+    calibrated on, from its metadata, or None when it matches none of them."""
+    preset = grid.get("preset") if isinstance(grid, dict) else None
+    for name, p in PRESETS.items():
+        if isinstance(preset, dict) and json.loads(json.dumps(dataclasses.asdict(p))) == preset:
+            return name
+    return None
 
 
 def _display_path(p: Path) -> str:
@@ -148,10 +161,11 @@ def validate(cfg: ExperimentConfig, out_dir: str | Path, *, real_runs: int = 2, 
                   "features": dict(model.coefs), "device": meta.get("device"), "created": meta.get("created"),
                   "git_commit": meta.get("git_commit"), "torch_version": meta.get("torch_version"),
                   "feature_set": fit_q.get("feature_set"), "holdout_mape": fit_q.get("holdout", {}).get("mape"),
-                  "noise_median_cv": noise.get("median_cv")},
+                  "noise_median_cv": noise.get("median_cv"), "grid": grid_preset_name(meta.get("grid"))},
         "warnings": warnings + consistency_warnings(cfg, model),
         "load_average": load_average(),
         "config": config_to_dict(cfg),
+        "config_path": _display_path(Path(cfg.source)),
         "git_commit": git_commit(Path(__file__).resolve().parent),
         "versions": package_versions(),
         "wall_s": 0.0,

@@ -15,6 +15,7 @@ comes in as an ``executor_factory`` from the registry ``sim.experiment.executor`
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -102,16 +103,43 @@ def replay_experiment(
     return result, workload
 
 
+def engine_facts(cfg: ExperimentConfig, engine: EngineDescription) -> dict[str, Any]:
+    """The resolved engine as ``summary.json`` records it (key ``engine``)."""
+    return {
+        "model": cfg.model, "gpu": cfg.gpu, "block_size": engine.block_size,
+        "num_gpu_blocks": engine.num_gpu_blocks, "capacity_tokens": engine.capacity_tokens,
+        "kv_pool_gib": engine.kv_pool_gib, "max_model_len": engine.max_model_len,
+        "num_kv_groups": len(engine.kv_groups),
+        "enable_prefix_caching": engine.cache_config.enable_prefix_caching,
+    }
+
+
 def run_experiment(
     cfg: ExperimentConfig,
     *,
     out: str | Path | None = None,
     progress: bool | None = None,
     executor_factory: ExecutorFactory | None = None,
+    bounds: bool = False,
 ) -> tuple[ReplayResult, Path]:
-    """Replay ``cfg`` and write its results folder; returns the result and the folder."""
-    result, workload = replay_experiment(cfg, progress=progress, executor_factory=executor_factory)
+    """Replay ``cfg`` and write its results folder; returns the result and the folder.
+
+    The summary gains the resolved engine (``engine``) and, with ``bounds``, the offline references
+    of ``sim.experiment.bounds`` over the replay's own stream (``infinite_cache_hit_rate``,
+    ``belady_hit_rate``, ``lru_sequential_hit_rate`` and the diagnosis references); their wall time
+    goes to ``meta.json`` (``bounds_wall_time_s``)."""
+    engine = resolve(cfg)
+    result, workload = replay_experiment(cfg, progress=progress, executor_factory=executor_factory, engine=engine)
+    result.summary["engine"] = engine_facts(cfg, engine)
     extra: dict[str, Any] = {"workload": workload.description}
+    if bounds:
+        from sim.experiment.bounds import limit_references, reference_hit_rates
+
+        t0 = time.perf_counter()
+        refs = reference_hit_rates(cfg, engine)
+        refs.update(limit_references(cfg, engine, refs["infinite_cache_hit_rate"]))
+        result.summary.update(refs)
+        extra["bounds_wall_time_s"] = time.perf_counter() - t0
     if workload.executor_info is not None:
         extra["executor"] = workload.executor_info
     if workload.reader is not None:
