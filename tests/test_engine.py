@@ -182,6 +182,17 @@ def test_async_same_step_sharing_and_output_block_caching():
     assert res.requests.set_index("request_id").loc["f", "hit_tokens"] == 32
 
 
+def test_async_without_prefix_caching_caches_nothing():
+    # vLLM's KVCacheManager.cache_blocks returns at once when caching is off: the async
+    # scheduler's deferred caching of generated blocks must not hash a single block either
+    sched = Scheduler(SchedulerConfig(async_scheduling=True, max_model_len=4096),
+                      CacheConfig(16, 1000, enable_prefix_caching=False), make_block_hasher("sha256", 16))
+    res = Replay(sched, SimulatedExecutor(FixedLatency(0.01)), _workload(2, 40, rate=20.0),
+                 integrity_check=True).run()
+    assert (res.steps["cached_blocks"] == 0).all()
+    assert sched.kv_cache_manager.block_pool.num_cached_blocks == 0
+
+
 def test_async_timing_and_integrity():
     reqs = _workload(3, 120, rate=60.0)
     res = Replay(_async_sched(num_blocks=300, max_num_batched_tokens=512, max_num_seqs=32),
