@@ -69,8 +69,9 @@ def _warm_up(ex: TorchExecutor, cfg: ExperimentConfig, steps: int = 3) -> None:
         ex.run_timed([pre, *dec])
 
 
-def real_run(cfg: ExperimentConfig, model: FittedLatency, warmup_steps: int = 3) -> RealRun:
-    """Replay ``cfg`` on the torch backend; keep the per-step shapes to price them with ``model``."""
+def real_run(cfg: ExperimentConfig, model: FittedLatency | None, warmup_steps: int = 3) -> RealRun:
+    """Replay ``cfg`` on the torch backend; keep the per-step shapes to price them with ``model``
+    (none: the predictions are NaN, e.g. when the replay is a calibration input)."""
     made: list[TorchExecutor] = []
 
     def factory(c: ExperimentConfig, scheduler: Scheduler) -> TorchExecutor:
@@ -84,7 +85,7 @@ def real_run(cfg: ExperimentConfig, model: FittedLatency, warmup_steps: int = 3)
     wall = time.perf_counter() - t0
     ex = made[0]
     measured = np.array([row[4] for row in ex.step_log])
-    predicted = np.array([model.step_time(s) for s in ex.step_shapes])
+    predicted = np.array([model.step_time(s) if model is not None else np.nan for s in ex.step_shapes])
     kinds = [row[1] for row in ex.step_log]
     ex_shapes = ex.step_shapes
     info = workload.executor_info or ex.describe()

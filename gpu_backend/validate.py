@@ -17,8 +17,8 @@ is what a user of the simulator reads -- and the report says how often the prefi
 ``hit_tokens`` granted at admission agree between the runs. Scheduler (Python) time is in neither.
 
 The figures (MAPE, signed percentile errors, Pearson r, quality band, noise floor between real
-runs) are :mod:`gpu_backend.latency_error`'s; plus the latency model's in-situ per-step error on
-every step of real run 1.
+runs, and issue 15's error targets) are :mod:`gpu_backend.latency_error`'s; plus the latency
+model's in-situ per-step error on every step of real run 1, by step kind.
 
 Output folder (default ``<output_dir>/<name>/validate``): ``report.md``
 (:mod:`gpu_backend.validation_report`), ``report.json``, ``pairs.csv`` (one row per request: sim,
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from gpu_backend.host import load_average
-from gpu_backend.latency_error import pairs_table, summarize_pairs
+from gpu_backend.latency_error import pairs_table, summarize_pairs, targets
 from gpu_backend.real_run import RealRun, per_step_error, real_run, steps_table
 from gpu_backend.validation_plots import plot_cdf, plot_scatter
 from gpu_backend.validation_report import render_markdown, validation_table
@@ -70,7 +70,9 @@ def consistency_warnings(cfg: ExperimentConfig, model: FittedLatency) -> list[st
     meta = model.metadata
     b = cfg.backend
     want: dict[str, Any] = {"model_shape": b.model_shape, "dtype": b.dtype, "device_type": b.device,
-                            "block_size": cfg.engine.block_size, "attention_requested": b.attention}
+                            "block_size": cfg.engine.block_size, "attention_requested": b.attention,
+                            "timing": b.timing if b.device == "cuda" or b.timing == "thread_cpu" else "wall",
+                            "timing_repeats": b.timing_repeats}
     if b.device == "cpu":
         want["num_threads"] = b.num_threads or torch.get_num_threads()
     out = []
@@ -78,6 +80,12 @@ def consistency_warnings(cfg: ExperimentConfig, model: FittedLatency) -> list[st
         if key in meta and meta[key] != value:
             out.append(f"model file {key}={meta[key]!r} but this config runs {value!r}")
     return out
+
+
+def _holdout_mape(fit_q: dict[str, Any]) -> float | None:
+    """The model file's held-out per-step MAPE (``fit.holdout.all`` now, ``fit.holdout`` in older files)."""
+    ho = fit_q.get("holdout", {})
+    return ho.get("all", ho).get("mape") if isinstance(ho, dict) else None
 
 
 def _display_path(p: Path) -> str:
@@ -128,6 +136,7 @@ def validate(cfg: ExperimentConfig, out_dir: str | Path, *, real_runs: int = 2, 
             f"TTFT p50 {run.summary['ttft_p50_s'] * 1e3:.2f} ms")
     pairs = pairs_table(sim_result.requests, [r.requests for r in reals])
     stats = summarize_pairs(pairs, real_runs)
+    per_step = per_step_error(reals[0])
     meta = model.metadata
     fit_q = meta.get("fit", {}) if isinstance(meta.get("fit"), dict) else {}
     noise = meta.get("noise_floor", {}) if isinstance(meta.get("noise_floor"), dict) else {}
@@ -138,7 +147,8 @@ def validate(cfg: ExperimentConfig, out_dir: str | Path, *, real_runs: int = 2, 
         "num_requests": int(len(pairs)),
         "num_real_runs": real_runs,
         "stats": stats,
-        "per_step": per_step_error(reals[0]),
+        "per_step": per_step,
+        "targets": targets(stats, per_step),
         "sim_summary": sim_result.summary,
         "real_summaries": [r.summary for r in reals],
         "real_wall_s": [r.wall_s for r in reals],
@@ -147,7 +157,7 @@ def validate(cfg: ExperimentConfig, out_dir: str | Path, *, real_runs: int = 2, 
         "model": {"path": _display_path(cfg.resolve_path(cfg.latency.path)) if cfg.latency.kind == "fitted" else None,
                   "features": dict(model.coefs), "device": meta.get("device"), "created": meta.get("created"),
                   "git_commit": meta.get("git_commit"), "torch_version": meta.get("torch_version"),
-                  "feature_set": fit_q.get("feature_set"), "holdout_mape": fit_q.get("holdout", {}).get("mape"),
+                  "feature_set": fit_q.get("feature_set"), "holdout_mape": _holdout_mape(fit_q),
                   "noise_median_cv": noise.get("median_cv")},
         "warnings": warnings + consistency_warnings(cfg, model),
         "load_average": load_average(),

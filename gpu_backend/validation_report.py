@@ -41,6 +41,30 @@ def validation_table(stats: dict[str, Any]) -> list[str]:
     return lines
 
 
+_TARGET_LABELS = {
+    "per_step_prefill_mape": "per-step MAPE, prefill steps", "per_step_decode_mape": "per-step MAPE, decode steps",
+    "per_step_mixed_mape": "per-step MAPE, mixed steps", "ttft_mape": "TTFT MAPE", "ttft_p50": "TTFT P50 |err|",
+    "ttft_p99": "TTFT P99 |err|", "e2e_mape": "E2E MAPE", "e2e_p50": "E2E P50 |err|", "e2e_p99": "E2E P99 |err|",
+}
+_BOUNDS = {"per_step": "< 10 %", "mape": "<= 1.2 x noise MAPE", "p50": "<= max(5 %, noise P50 |err|)",
+           "p99": "<= max(5 %, noise P99 |err|)"}
+
+
+def targets_table(tg: dict[str, Any]) -> list[str]:
+    """The targets of ``latency_error.targets`` as markdown lines."""
+    lines = ["| target | value | bound | rule | met |", "|---|---|---|---|---|"]
+    yn = {True: "yes", False: "**no**", None: "n/a"}
+    for key, label in _TARGET_LABELS.items():
+        if key not in tg:
+            continue
+        t = tg[key]
+        rule = _BOUNDS["per_step" if key.startswith("per_step") else key.rsplit("_", 1)[1]]
+        lines.append(f"| {label} | {_abs_pct(t['value'])} | {_abs_pct(t['bound'])} | {rule} | {yn[t['met']]} |")
+    if "all_met" in tg:
+        lines += ["", f"All targets met: {yn[tg['all_met']]}."]
+    return lines
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     st = report["stats"]
     cal = report["model"]
@@ -65,15 +89,11 @@ def render_markdown(report: dict[str, Any]) -> str:
              "distribution's statistic; MAPE and r are per request. Bands: excellent = MAPE < 10 % and r > 0.95, "
              "good = MAPE < 20 % and r > 0.85.", "",
              "Per-request signed relative error percentiles (P50 / P90 / P99):", ""]
-    tg = st.get("ttft_targets")
     for m in METRICS:
         s = st[m]["sim_vs_real"]
         lines.append(f"- {m.upper()}: {_pct(s.get('rel_err_p50'))} / {_pct(s.get('rel_err_p90'))} / "
                      f"{_pct(s.get('rel_err_p99'))}")
-    if tg:
-        yn = {True: "met", False: "not met"}
-        lines += ["", f"TTFT targets (issue #6, stated for an H200): P50 within 5 % {yn[tg['p50_within_5pct']]}, "
-                      f"P99 within 5 % {yn[tg['p99_within_5pct']]}, MAPE < 10 % {yn[tg['mape_under_10pct']]}."]
+    lines += ["", "## Error targets (issue 15)", "", *targets_table(report.get("targets", {}))]
     ps = report["per_step"]
     lines += ["", "## Latency model in situ (every step of real run 1, priced by the model)", "",
               f"- steps: {ps['n']}; per-step MAPE {_abs_pct(ps.get('mape'))}; sum of predicted / sum of measured "
