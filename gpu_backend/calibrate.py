@@ -64,7 +64,8 @@ from gpu_backend.kv_cache import PagedKVCache
 from gpu_backend.latency_fit import candidate_feature_sets, choose_and_fit, predict, rel_errors
 from gpu_backend.model import DTYPES, LlamaModel
 from gpu_backend.profiling_grid import KINDS, PRESETS, GridPoint, GridPreset, build_grid, pool_blocks
-from gpu_backend.replay_samples import replay_samples
+from gpu_backend.real_run import RealRun
+from gpu_backend.replay_samples import replay_samples, run_record, samples_of
 from gpu_backend.shapes import resolve_model_shape
 from sim.cli.calibrate import add_calibrate_arguments
 from sim.core.executor import StepShape
@@ -145,10 +146,11 @@ def _holdout(samples: list[Sample], share: float, seed: int) -> list[bool]:
 def calibrate(setup: CalibrationSetup, preset: GridPreset, *, replays: Sequence[str | Path] = (),
               replay_overrides: Sequence[str] = (), holdout: float = 0.25, grid_seed: int = 0,
               warmup: int | None = None, repeats: int | None = None, budget_s: float | None = None,
-              replay_budget_s: float | None = None,
+              replay_budget_s: float | None = None, premeasured: Sequence[tuple[str, RealRun]] = (),
               log: Callable[[str], object] = print) -> tuple[FittedLatency, list[dict[str, Any]]]:
     """Measure the grid and the calibration replays, fit, evaluate on held-out samples; returns the
-    model (metadata included) and one row per sample."""
+    model (metadata included) and one row per sample. ``premeasured``: calibration replays
+    already run (name, real run), joined to those of ``replays``."""
     t_start = time.perf_counter()
     if setup.device == "cpu" and setup.num_threads:
         torch.set_num_threads(setup.num_threads)
@@ -171,9 +173,13 @@ def calibrate(setup: CalibrationSetup, preset: GridPreset, *, replays: Sequence[
     samples = [Sample("grid", m.point.label, step_kind_of(m.point.shape), m.point.shape, m.median, m.cv,
                       min(m.times), max(m.times)) for m in meas]
     runs: list[dict[str, Any]] = []
+    rs: list[Any] = []
     if replays:
         rs, runs = replay_samples(replays, setup, overrides=replay_overrides, budget_s=replay_budget_s, log=log)
-        samples += [Sample("replay", f"{r.source}#{r.step}", r.kind, r.shape, r.seconds) for r in rs]
+    for name, run in premeasured:
+        rs += samples_of(name, run)
+        runs.append(run_record(name, None, run))
+    samples += [Sample("replay", f"{r.source}#{r.step}", r.kind, r.shape, r.seconds) for r in rs]
     held = _holdout(samples, holdout, grid_seed)
     shapes = [x.shape for x in samples]
     y = np.array([x.seconds for x in samples])

@@ -16,9 +16,11 @@ also assert that its scenario really occurred. Cases (``CASES``):
   re-admitted with a hit on the survivors;
 * ``salts``: identical tokens under two cache salts -- no cross-salt reuse, equal logits;
 * ``random_mix``: a seeded random workload on a small pool (everything at once);
+* ``long_context`` (``LONG_CASES``, separate for its cost): a 32k-token prompt in chunks, then a
+  request that hits all of its 2,048 blocks and decodes over them;
 * negative controls ``corrupt_shared_block`` and ``top_left_mask`` must make the comparison FAIL.
 
-Shared by ``tests/test_gpu_backend_*.py`` (CPU, fp32) and ``gpu_backend/gpu_check.py`` (CUDA).
+Shared by ``tests/test_gpu_backend_*.py`` (CPU, fp32) and ``gpu_backend/device_checks.py`` (the device run).
 """
 
 from __future__ import annotations
@@ -158,15 +160,27 @@ class Harness:
     def admissions_of(self, rid: str) -> list[Admission]:
         return [a for a in self.admissions if a.request_id == rid]
 
-    def compare(self, name: str, rids: list[str] | None = None) -> CaseResult:
-        """Every kept logit vector against the dense recompute of its request's full sequence."""
+    def compare(self, name: str, rids: list[str] | None = None, *, oracle: str | None = None) -> CaseResult:
+        """Every kept logit vector against the dense recompute of its request's full sequence (or,
+        with ``oracle``, of that one request's sequence, which must start with every compared
+        request's tokens: one dense pass for all of them, for long contexts)."""
         res = CaseResult(name, getattr(self.executor.attention, "name", "?"))
         rids = list(self.requests) if rids is None else rids
+        shared = None
+        if oracle is not None:
+            seq = self.requests[oracle].all_token_ids
+            want = sorted({pos for rid in rids for pos, _ in self.executor.kept_logits.get(rid, [])})
+            for rid in rids:
+                toks = self.requests[rid].all_token_ids
+                upto = max((pos for pos, _ in self.executor.kept_logits.get(rid, [])), default=-1) + 1
+                if list(toks[:upto]) != list(seq[:upto]):
+                    raise ValueError(f"{rid} is not a prefix of the oracle request {oracle}")
+            shared = dict(zip(want, self.model.dense_logits(seq, positions=want).cpu()))
         for rid in rids:
             kept = self.executor.kept_logits.get(rid, [])
             if not kept:
                 continue
-            dense = self.model.dense_logits(self.requests[rid].all_token_ids).cpu()
+            dense = shared if shared is not None else self.model.dense_logits(self.requests[rid].all_token_ids).cpu()
             worst = 0.0
             for pos, got in kept:
                 ref = dense[pos]
@@ -313,6 +327,31 @@ def case_random_mix(model: LlamaModel, attention: Attention | None = None, *, se
     return res
 
 
+def case_long_context(model: LlamaModel, attention: Attention | None = None, *, context: int = 32768,
+                      chunk: int | None = None, **hk: Any) -> CaseResult:
+    """Long context: a ``context``-token prompt (2,048 blocks of 16 at the default) prefilled in
+    chunks; a later request with the same prefix and a short tail hits all of its full blocks and
+    decodes over it. Both against one dense recompute of the longer sequence."""
+    bs = int(hk.get("block_size", 16))
+    chunk = chunk or min(2048, max(bs, context // 4))
+    tail, outs = 24, 2
+    h = Harness(model, attention, num_blocks=-(-(context + tail + outs) // bs) + -(-context // bs) // 8 + 4,
+                max_model_len=context + tail + outs + bs, max_num_batched_tokens=chunk, max_num_seqs=4,
+                hash_algo="fast", **hk)
+    prefix = _toks(40, context)
+    a = h.request("a", prefix, 1, outputs=_outs(40, 1))
+    b = h.request("b", np.concatenate([prefix, _toks(41, tail)]), outs, outputs=_outs(41, outs))
+    n_chunks = -(-context // chunk)
+    h.run({0: [a], n_chunks + 2: [b]}, max_steps=4 * n_chunks + 50)
+    res = h.compare("long_context", ["a", "b"], oracle="b")
+    hb = h.admissions_of("b")[0]
+    res.facts["hit_blocks"] = hb.hit_tokens // bs
+    res.facts["a_chunks"] = h.partial_chunks.get("a", 0) + 1
+    res.facts["ok_scenario"] = (hb.hit_tokens == (context // bs) * bs and res.facts["a_chunks"] >= 3
+                                and res.num_compared == 1 + outs)
+    return res
+
+
 # ----------------------------------------------------------------------------- negative controls
 
 
@@ -352,6 +391,7 @@ CASES: dict[str, Callable[..., CaseResult]] = {
     "salts": case_salts,
     "random_mix": case_random_mix,
 }
+LONG_CASES: dict[str, Callable[..., CaseResult]] = {"long_context": case_long_context}
 NEGATIVE_CASES: dict[str, Callable[..., CaseResult]] = {
     "corrupt_shared_block": case_corrupt_shared_block,
     "top_left_mask": case_top_left_mask,

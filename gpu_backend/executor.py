@@ -92,6 +92,8 @@ class TorchExecutor:
         self.kept_logits: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
         self.step_log: list[tuple[int, str, int, int, float]] = []  # (step, kind, seqs, tokens, seconds)
         self.step_shapes: list[StepShape] = []  # the StepShape of each logged step (validation, per-step error)
+        self.keep_inputs = False  # keep each logged step's inputs (re-timing, gpu_backend.real_run)
+        self.step_inputs: list[list[SeqInput]] = []
 
     # -- the Executor protocol ----------------------------------------------------------------
     def execute(self, output: SchedulerOutput) -> StepResult:
@@ -122,7 +124,15 @@ class TorchExecutor:
                 self.kept_logits[rid].append((pos, host[j]))
         self.step_log.append((output.step, step_kind(output), len(seqs), batch.num_tokens, duration))
         self.step_shapes.append(step_shape(output))
+        if self.keep_inputs:
+            self.step_inputs.append(seqs)
         return StepResult(duration, sampled)
+
+    def time_step(self, seqs: list[SeqInput]) -> float:
+        """One step's duration as :meth:`execute` measures it (median of ``repeats`` runs), without
+        touching the block tables or the logs: re-timing a step that already ran."""
+        times = [self.run_timed(seqs)[0] for _ in range(self.repeats)]
+        return times[0] if len(times) == 1 else statistics.median(times)
 
     def run_timed(self, seqs: list[SeqInput]) -> tuple[float, StepBatch, torch.Tensor | None]:
         """The measured part of a step: batch preparation + forward + logits of the sampling rows.

@@ -25,9 +25,9 @@ def render(data: dict[str, Any]) -> str:
              "first run / rest | steal |", "|---|---|---|---|---|---|---|---|---|"]
     for r in data.get("step_noise", []):
         m1, m3, m5 = r["median_of_1"], r["median_of_3"], r["median_of_5"]
-        lines.append(f"| {r['setting']} | {r['shape']} | {m1['median_ms']:.2f} ms | {_pct(m1['cv'])} | {_pct(m3['cv'])} | "
-                     f"{_pct(m5['cv'])} | {m1['p90_over_median']:.2f} | {r['first_run_penalty']:.2f} | "
-                     f"{_pct(r['steal_share'])} |")
+        lines.append(f"| {r['setting']} | {r['shape']} | {m1['median_ms']:.2f} ms | {_pct(m1['cv'])} | "
+                     f"{_pct(m3['cv'])} | {_pct(m5['cv'])} | {m1['p90_over_median']:.2f} | "
+                     f"{r['first_run_penalty']:.2f} | {_pct(r['steal_share'])} |")
     by_setting: dict[str, list[float]] = {}
     for r in data.get("step_noise", []):
         by_setting.setdefault(r["setting"], []).append(r["median_of_1"]["cv"])
@@ -40,7 +40,8 @@ def render(data: dict[str, Any]) -> str:
         lines.append(f"| {r['config']} | {_pct(r['step_sigma'])} | {_pct(r['ttft_mape'])} | {_pct(r['e2e_mape'])} |")
     if data.get("real_vs_real"):
         lines += ["", "## 3. Real vs real (two real replays per timing setting)", "",
-                  "| workload | setting | TTFT MAPE | TTFT P50 / P99 err | E2E MAPE | wall s |", "|---|---|---|---|---|---|"]
+                  "| workload | setting | TTFT MAPE | TTFT P50 / P99 err | E2E MAPE | wall s |",
+                  "|---|---|---|---|---|---|"]
         for r in data["real_vs_real"]:
             t, e = r["ttft"], r["e2e"]
             lines.append(f"| {r['config']} | {r['setting']} | {_pct(t.get('mape'))} | {_pct(t.get('p50_err'))} / "

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpu_backend.real_run import real_run
+from gpu_backend.real_run import RealRun, real_run
 from sim.core.executor import StepShape
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,6 +37,19 @@ class ReplaySample:
     kind: str  # prefill | decode | mixed (gpu_backend.executor.step_kind)
     shape: StepShape
     seconds: float
+
+
+def samples_of(name: str, run: RealRun) -> list[ReplaySample]:
+    """Every timed step of a real run as calibration samples."""
+    return [ReplaySample(name, i, kind, shape, float(secs))
+            for i, (shape, kind, secs) in enumerate(zip(run.step_shapes, run.step_kinds, run.steps_measured))]
+
+
+def run_record(name: str, path: str | Path | None, run: RealRun) -> dict[str, object]:
+    counts = {k: run.step_kinds.count(k) for k in ("prefill", "decode", "mixed")}
+    return {"name": name, "config": str(path) if path is not None else None, "steps": len(run.step_shapes),
+            "by_kind": counts, "requests": int(len(run.requests)), "wall_s": round(run.wall_s, 2),
+            "measured_s": round(float(run.steps_measured.sum()), 3)}
 
 
 def backend_overrides(setup: CalibrationSetup) -> list[str]:
@@ -72,11 +85,8 @@ def replay_samples(configs: Sequence[str | Path], setup: CalibrationSetup, *, ov
             continue
         run = real_run(cfg, None)
         last_wall = run.wall_s
-        for i, (shape, kind, secs) in enumerate(zip(run.step_shapes, run.step_kinds, run.steps_measured)):
-            samples.append(ReplaySample(cfg.name, i, kind, shape, float(secs)))
-        counts = {k: run.step_kinds.count(k) for k in ("prefill", "decode", "mixed")}
-        runs.append({"name": cfg.name, "config": str(path), "steps": len(run.step_shapes), "by_kind": counts,
-                     "requests": int(len(run.requests)), "wall_s": round(run.wall_s, 2),
-                     "measured_s": round(float(run.steps_measured.sum()), 3)})
-        log(f"   replay {cfg.name}: {len(run.step_shapes)} timed steps {counts} in {run.wall_s:.1f} s wall")
+        samples += samples_of(cfg.name, run)
+        runs.append(run_record(cfg.name, path, run))
+        log(f"   replay {cfg.name}: {len(run.step_shapes)} timed steps {runs[-1]['by_kind']} "
+            f"in {run.wall_s:.1f} s wall")
     return samples, runs

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpu_backend.host import load_average
@@ -98,13 +99,16 @@ def _display_path(p: Path) -> str:
 
 
 def validate(cfg: ExperimentConfig, out_dir: str | Path, *, real_runs: int = 2, warmup_steps: int = 3,
-             budget_s: float | None = None, step_overhead_s: float = 0.002,
-             log: Callable[[str], object] = print) -> dict[str, Any]:
+             budget_s: float | None = None, step_overhead_s: float = 0.002, retime_passes: int = 0,
+             reals: list[RealRun] | None = None, log: Callable[[str], object] = print) -> dict[str, Any]:
     """Run the simulated and ``real_runs`` real replays of ``cfg`` and write the report folder.
 
     With ``budget_s``, the real replays' wall time is estimated from the simulated one (its summed
     step time plus ``step_overhead_s`` per step for the scheduler) and fewer real runs are made (at
-    least one) when they would not fit; the report says so."""
+    least one) when they would not fit; the report says so. ``reals`` are real runs of ``cfg``
+    measured beforehand (e.g. interleaved with the calibration's replays, so that a shared
+    machine's slow drift affects both alike); then none is run here. ``retime_passes``: see
+    :func:`gpu_backend.real_run.real_run` (the first real run only)."""
     if real_runs < 1:
         raise ValueError("need at least one real run")
     t0 = time.perf_counter()
@@ -128,9 +132,13 @@ def validate(cfg: ExperimentConfig, out_dir: str | Path, *, real_runs: int = 2, 
                             f"(each estimated at {est:.1f} s from the simulated replay)")
             log("   " + warnings[-1])
             real_runs = fit
-    reals: list[RealRun] = []
-    for k in range(real_runs):
-        run = real_run(cfg, model, warmup_steps)
+    if reals is not None:
+        for run in reals:
+            run.steps_predicted = np.array([model.step_time(s) for s in run.step_shapes])
+        real_runs = len(reals)
+    todo, reals = (0 if reals else real_runs), list(reals or [])
+    for k in range(todo):
+        run = real_run(cfg, model, warmup_steps, retime_passes if k == 0 else 0)
         reals.append(run)
         log(f"   real run {k + 1}: {run.summary['num_steps']} steps in {run.wall_s:.1f} s wall, "
             f"TTFT p50 {run.summary['ttft_p50_s'] * 1e3:.2f} ms")
@@ -188,7 +196,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if cfg.backend.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{cfg.source}: backend.device: cuda requested but torch sees no CUDA device")
     out = Path(args.out) if args.out else cfg.results_dir() / "validate"
-    validate(cfg, out, real_runs=args.real_runs, warmup_steps=args.warmup_steps)
+    validate(cfg, out, real_runs=args.real_runs, warmup_steps=args.warmup_steps, retime_passes=args.retime_passes)
     return 0
 
 

@@ -297,23 +297,3 @@ def test_cli_choices_match_the_backend():
     assert GRID_PRESETS == tuple(pgrid.PRESETS)
     assert DTYPE_NAMES == tuple(DTYPES)
     assert ATTENTIONS == ATTENTION_CHOICES
-
-
-def test_gpu_calibrate_script_cpu_quick(tmp_path, calibrated):
-    """The prepared GPU run in its CPU smoke mode (one small workload): model file, summary, plots, archive."""
-    from gpu_backend.gpu_calibrate import main
-
-    rc = main(["--device", "cpu", "--quick", "--out", str(tmp_path), "--configs", "configs/validate_rag_cpu.yaml",
-               "--set", "workload.limit=8", "--calib-budget-s", "20"])
-    assert rc == 0
-    files = sorted(p.name for p in tmp_path.iterdir())
-    assert len(files) <= 8 and all(p.is_file() for p in tmp_path.iterdir())
-    assert {"model.json", "summary.md", "log.txt", "gpu_calibrate.tar.gz", "validate_rag_cpu_scatter.png"} <= set(files)
-    FittedLatency.from_file(tmp_path / "model.json")
-    summary = (tmp_path / "summary.md").read_text()
-    assert "## Calibration" in summary and "## validate_rag_cpu" in summary and "| TTFT |" in summary
-    import tarfile
-
-    with tarfile.open(tmp_path / "gpu_calibrate.tar.gz") as tar:
-        names = tar.getnames()
-    assert "gpu_calibrate/validate_rag_cpu/pairs.csv" in names and "gpu_calibrate/model.samples.csv" in names

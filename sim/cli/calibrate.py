@@ -61,6 +61,9 @@ def add_validate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="backend.device override")
     ap.add_argument("--real-runs", type=int, default=2, help="real replays (>= 2 gives the noise floor)")
     ap.add_argument("--warmup-steps", type=int, default=3, help="discarded warm-up steps before each real replay")
+    ap.add_argument("--retime-passes", type=int, default=0,
+                    help="time every step of real run 1 again in N passes after it; the per-step error is also "
+                         "reported against each step's median over them (measurement noise averaged out)")
     ap.add_argument("--out", default=None, help="report folder (default <output_dir>/<name>/validate)")
 
 
