@@ -227,6 +227,7 @@ def _metadata(setup: CalibrationSetup, preset: GridPreset, spec: Any, *, ex_timi
         "device_type": setup.device,
         "torch_version": torch.__version__,
         "git_commit": _git_commit(),
+        "versions": _versions(),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "python": platform.python_version(),
@@ -260,6 +261,12 @@ def _sample_rows(samples: list[Sample], held: list[bool], pred: np.ndarray, err:
                      "max_s": x.max_s if x.max_s is not None else "", "predicted_s": float(pred[i]),
                      "rel_error": float(err[i])})
     return rows
+
+
+def _versions() -> dict[str, str | None]:
+    from sim.experiment.results import package_versions
+
+    return package_versions()
 
 
 def _git_commit() -> str | None:

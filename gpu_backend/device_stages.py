@@ -33,13 +33,11 @@ from typing import Any
 
 STAGES = ("correctness", "long_context", "bench", "calibration", "validation")
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {
-    "cuda": {"calibrate": ("configs/calibrate_chat_h200.yaml", "configs/calibrate_rag_h200.yaml"),
-             "validate": {"validate_chat": "configs/validate_chat_h200.yaml",
-                          "validate_rag": "configs/validate_rag_h200.yaml"}},
-    "cpu": {"calibrate": ("configs/calibrate_chat_cpu.yaml", "configs/calibrate_rag_cpu.yaml"),
-            "validate": {"validate_chat": "configs/validate_chat_cpu.yaml",
-                         "validate_rag": "configs/validate_rag_cpu.yaml"}},
+CALIBRATE = {"cuda": ("configs/calibrate_chat_h200.yaml", "configs/calibrate_rag_h200.yaml"),
+             "cpu": ("configs/calibrate_chat_cpu.yaml", "configs/calibrate_rag_cpu.yaml")}
+VALIDATE = {
+    "cuda": {"validate_chat": "configs/validate_chat_h200.yaml", "validate_rag": "configs/validate_rag_h200.yaml"},
+    "cpu": {"validate_chat": "configs/validate_chat_cpu.yaml", "validate_rag": "configs/validate_rag_cpu.yaml"},
 }
 
 
@@ -88,11 +86,10 @@ def _calibration(device: str, results: Path, *, quick: bool, deadline: float | N
     from gpu_backend.calibrate import calibrate, setup_from_config, write_outputs
     from gpu_backend.profiling_grid import PRESETS
 
-    cfgs = CONFIGS[device]
-    setup, _ = setup_from_config(str(ROOT / cfgs["validate"]["validate_chat"]))
+    setup, _ = setup_from_config(str(ROOT / VALIDATE[device]["validate_chat"]))
     setup.device = device
     has_sim = all(importlib.util.find_spec(m) is not None for m in ("simpy", "pydantic"))
-    replays = [str(ROOT / p) for p in cfgs["calibrate"]] if has_sim else []
+    replays = [str(ROOT / p) for p in CALIBRATE[device]] if has_sim else []
     left = _left(deadline)
     grid_budget = None if left is None else max(10.0, 0.45 * left)
     model, rows = calibrate(setup, PRESETS["gpu" if device == "cuda" else "quick" if quick else "cpu"],
@@ -112,7 +109,7 @@ def _validation(device: str, results: Path, *, quick: bool, deadline: float | No
     model_path = results / "model.json"
     if not model_path.exists():
         raise FileNotFoundError(f"{model_path}: no calibrated model (the calibration stage did not finish)")
-    items = list(CONFIGS[device]["validate"].items())
+    items = list(VALIDATE[device].items())
     files: list[Path] = []
     summary: dict[str, Any] = {}
     for i, (key, cfg_path) in enumerate(items):

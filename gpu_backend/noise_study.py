@@ -198,11 +198,11 @@ def real_vs_real(config: str | Path, log: Callable[[str], object], limit: int | 
         runs = [real_run(cfg, None) for _ in range(2)]
         a, b = (r.requests.set_index("request_id") for r in runs)
         b = b.reindex(a.index)
-        rows.append({"config": cfg.name, "setting": label, "ttft": compare(b["ttft"], a["ttft"]),
-                     "e2e": compare(b["e2e"], a["e2e"]), "wall_s": [round(r.wall_s, 1) for r in runs],
-                     "steps": [len(r.step_shapes) for r in runs], "load_average": load_average()})
-        log(f"   {cfg.name} {label}: real-vs-real TTFT MAPE {rows[-1]['ttft']['mape']:.1%}, "
-            f"E2E MAPE {rows[-1]['e2e']['mape']:.1%}")
+        ttft, e2e = compare(b["ttft"], a["ttft"]), compare(b["e2e"], a["e2e"])
+        rows.append({"config": cfg.name, "setting": label, "ttft": ttft, "e2e": e2e,
+                     "wall_s": [round(r.wall_s, 1) for r in runs], "steps": [len(r.step_shapes) for r in runs],
+                     "load_average": load_average()})
+        log(f"   {cfg.name} {label}: real-vs-real TTFT MAPE {ttft['mape']:.1%}, E2E MAPE {e2e['mape']:.1%}")
     return rows
 
 

@@ -64,7 +64,8 @@ def check_device(device: str) -> dict[str, Any]:
     if device != "cuda":
         return {**info, "ok": True, "name": "cpu", "threads": torch.get_num_threads()}
     if not torch.cuda.is_available():
-        return {**info, "ok": False, "error": f"torch {torch.__version__} sees no CUDA device (cuda {torch.version.cuda})"}
+        return {**info, "ok": False,
+                "error": f"torch {torch.__version__} sees no CUDA device (cuda {torch.version.cuda})"}
     free, total = torch.cuda.mem_get_info()
     p = torch.cuda.get_device_properties(0)
     return {**info, "ok": True, "name": p.name, "capability": f"{p.major}.{p.minor}", "sms": p.multi_processor_count,

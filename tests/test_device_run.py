@@ -30,8 +30,9 @@ def _env(extra_path: str | None = None) -> dict[str, str]:
 def device_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("device_run")
     out, res = tmp / "out", tmp / "results"
-    p = subprocess.run(["bash", str(ROOT / "gpu_backend/device_run.sh"), "--device", "cpu", "--quick", "--out", str(out),
-                        "--results", str(res)], env=_env(), capture_output=True, text=True, timeout=1200)
+    p = subprocess.run(["bash", str(ROOT / "gpu_backend/device_run.sh"), "--device", "cpu", "--quick",
+                        "--out", str(out), "--results", str(res)], env=_env(), capture_output=True, text=True,
+                       timeout=1200)
     return p, out, res
 
 
