@@ -44,6 +44,7 @@ class RealRun:
     wall_s: float
     steps_retimed: np.ndarray | None = None  # per step: median over re-timing passes (None: not re-timed)
     retime_passes: int = 0
+    step_inputs: list[list[SeqInput]] | None = None  # kept for re-timing later (keep_inputs)
 
 
 def _warm_up(ex: TorchExecutor, cfg: ExperimentConfig, steps: int = 3) -> None:
@@ -72,7 +73,7 @@ def _warm_up(ex: TorchExecutor, cfg: ExperimentConfig, steps: int = 3) -> None:
 
 
 def real_run(cfg: ExperimentConfig, model: FittedLatency | None, warmup_steps: int = 3,
-             retime_passes: int = 0) -> RealRun:
+             retime_passes: int = 0, keep_inputs: bool = False) -> RealRun:
     """Replay ``cfg`` on the torch backend; keep the per-step shapes to price them with ``model``
     (none: the predictions are NaN, e.g. when the replay is a calibration input).
 
@@ -87,7 +88,7 @@ def real_run(cfg: ExperimentConfig, model: FittedLatency | None, warmup_steps: i
     def factory(c: ExperimentConfig, scheduler: Scheduler) -> TorchExecutor:
         ex = make_torch_executor(c, scheduler)
         _warm_up(ex, c, warmup_steps)
-        ex.keep_inputs = retime_passes > 0
+        ex.keep_inputs = retime_passes > 0 or keep_inputs
         made.append(ex)
         return ex
 
@@ -103,7 +104,8 @@ def real_run(cfg: ExperimentConfig, model: FittedLatency | None, warmup_steps: i
     if retime_passes > 0:
         passes = [[ex.time_step(seqs) for seqs in ex.step_inputs] for _ in range(retime_passes)]
         retimed = np.median(np.array(passes), axis=0) if ex.step_inputs else np.zeros(0)
-        ex.step_inputs.clear()
+    inputs = list(ex.step_inputs) if keep_inputs else None
+    ex.step_inputs.clear()
     info = workload.executor_info or ex.describe()
     made.clear()
     del ex
@@ -111,7 +113,22 @@ def real_run(cfg: ExperimentConfig, model: FittedLatency | None, warmup_steps: i
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return RealRun(result.requests, result.summary, measured, predicted, kinds, list(ex_shapes), info, wall,
-                   retimed, retime_passes)
+                   retimed, retime_passes, inputs)
+
+
+def retime(cfg: ExperimentConfig, inputs: list[list[SeqInput]], passes: int, warmup_steps: int = 3) -> np.ndarray:
+    """``passes`` x steps: the steps of an earlier real run of ``cfg`` (its kept inputs) timed again
+    in replay order on a fresh executor of the same config (same pool, so the block ids are valid;
+    the K/V they read are whatever the pool holds -- the time does not depend on the values)."""
+    from sim.experiment.engine_description import resolve
+    from sim.experiment.run import build_scheduler
+
+    ex = make_torch_executor(cfg, build_scheduler(resolve(cfg)))
+    _warm_up(ex, cfg, warmup_steps)
+    out = np.array([[ex.time_step(seqs) for seqs in inputs] for _ in range(passes)])
+    del ex
+    gc.collect()
+    return out
 
 
 def _errors(p: np.ndarray, y: np.ndarray, kinds: np.ndarray) -> dict[str, Any]:
