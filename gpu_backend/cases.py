@@ -16,8 +16,8 @@ also assert that its scenario really occurred. Cases (``CASES``):
   re-admitted with a hit on the survivors;
 * ``salts``: identical tokens under two cache salts -- no cross-salt reuse, equal logits;
 * ``random_mix``: a seeded random workload on a small pool (everything at once);
-* ``long_context`` (``LONG_CASES``, separate for its cost): a 32k-token prompt in chunks, then a
-  request that hits all of its 2,048 blocks and decodes over them;
+* ``long_context`` (:mod:`gpu_backend.cases_long`, separate for its cost): a 32k-token prompt in
+  chunks, then a request that hits all of its 2,048 blocks and decodes over them;
 * negative controls ``corrupt_shared_block`` and ``top_left_mask`` must make the comparison FAIL.
 
 Shared by ``tests/test_gpu_backend_*.py`` (CPU, fp32) and ``gpu_backend/device_checks.py`` (the device run).
@@ -327,31 +327,6 @@ def case_random_mix(model: LlamaModel, attention: Attention | None = None, *, se
     return res
 
 
-def case_long_context(model: LlamaModel, attention: Attention | None = None, *, context: int = 32768,
-                      chunk: int | None = None, **hk: Any) -> CaseResult:
-    """Long context: a ``context``-token prompt (2,048 blocks of 16 at the default) prefilled in
-    chunks; a later request with the same prefix and a short tail hits all of its full blocks and
-    decodes over it. Both against one dense recompute of the longer sequence."""
-    bs = int(hk.get("block_size", 16))
-    chunk = chunk or min(2048, max(bs, context // 4))
-    tail, outs = 24, 2
-    h = Harness(model, attention, num_blocks=-(-(context + tail + outs) // bs) + -(-context // bs) // 8 + 4,
-                max_model_len=context + tail + outs + bs, max_num_batched_tokens=chunk, max_num_seqs=4,
-                hash_algo="fast", **hk)
-    prefix = _toks(40, context)
-    a = h.request("a", prefix, 1, outputs=_outs(40, 1))
-    b = h.request("b", np.concatenate([prefix, _toks(41, tail)]), outs, outputs=_outs(41, outs))
-    n_chunks = -(-context // chunk)
-    h.run({0: [a], n_chunks + 2: [b]}, max_steps=4 * n_chunks + 50)
-    res = h.compare("long_context", ["a", "b"], oracle="b")
-    hb = h.admissions_of("b")[0]
-    res.facts["hit_blocks"] = hb.hit_tokens // bs
-    res.facts["a_chunks"] = h.partial_chunks.get("a", 0) + 1
-    res.facts["ok_scenario"] = (hb.hit_tokens == (context // bs) * bs and res.facts["a_chunks"] >= 3
-                                and res.num_compared == 1 + outs)
-    return res
-
-
 # ----------------------------------------------------------------------------- negative controls
 
 
@@ -391,7 +366,6 @@ CASES: dict[str, Callable[..., CaseResult]] = {
     "salts": case_salts,
     "random_mix": case_random_mix,
 }
-LONG_CASES: dict[str, Callable[..., CaseResult]] = {"long_context": case_long_context}
 NEGATIVE_CASES: dict[str, Callable[..., CaseResult]] = {
     "corrupt_shared_block": case_corrupt_shared_block,
     "top_left_mask": case_top_left_mask,

@@ -9,7 +9,7 @@ Mirrors nothing in vLLM. Each stage returns a JSON-able dict and logs its table 
   and bf16 (same top token where the dense margin exceeds 0.25, KL <= 1e-2), with ``reference`` and
   (CUDA) ``auto`` attention, both negative controls (which must fail); on CUDA (not ``quick``) also
   Llama-3-8B shapes in bf16 through the fast path;
-* :func:`long_context` -- ``cases.case_long_context``: a 32k-token prompt in chunks and a request
+* :func:`long_context` -- ``cases_long.case_long_context``: a 32k-token prompt in chunks and a request
   hitting its 2,048 blocks, fp32 tiny model (``quick``: 4k tokens), ``reference`` and (CUDA) ``auto``;
 * :func:`bench` -- measured copy bandwidth and matmul rate, decode attention at batch 64 x 4k, whole
   steps; every figure as a share of the GPU's nominal peaks (``sim/timing/specs/gpus.yaml``) and
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from gpu_backend import bench as bench_mod
-from gpu_backend import cases
+from gpu_backend import cases, cases_long
 from gpu_backend.attention import select_attention
 from gpu_backend.attention.flash import find_varlen_attn, varlen_takes_block_table
 from gpu_backend.model import LlamaModel
@@ -118,8 +118,12 @@ def long_context(device: torch.device, *, quick: bool, log: Log) -> dict[str, An
     model = LlamaModel(TINY, dtype=torch.float32, device=device, seed=0)
     rows = []
     for attn in ("reference", "auto") if device.type == "cuda" else ("reference",):
-        rows += _suite(log, model, attn, f"tiny/float32/{attn}/{ctx}", float("nan") if attn == "reference" else 1e4,
-                       {"long_context": lambda m, b, fill: cases.case_long_context(m, b, context=ctx, fill=fill)}, {})
+        fill = float("nan") if attn == "reference" else 1e4
+
+        def case(m: LlamaModel, b: Any, fill: float) -> cases.CaseResult:
+            return cases_long.case_long_context(m, b, context=ctx, fill=fill)
+
+        rows += _suite(log, model, attn, f"tiny/float32/{attn}/{ctx}", fill, {"long_context": case}, {})
     ok = all(r["verdict"] for r in rows)
     log(f"== long context ({ctx} tokens) {'PASSED' if ok else 'FAILED'}")
     return {"context_tokens": ctx, "cases": rows, "ok": ok}

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("torch_one_thread")  # the `model` fixture is in conftest.py
 
-from gpu_backend import cases  # noqa: E402
+from gpu_backend import cases, cases_long  # noqa: E402
 from gpu_backend.model import LlamaModel  # noqa: E402
 from gpu_backend.shapes import TINY  # noqa: E402
 
@@ -99,7 +99,7 @@ def test_long_context_reuse_equals_recompute():
     torch.set_num_threads(max(1, min(2, torch.get_num_interop_threads(), __import__("os").cpu_count() or 1)))
     try:
         m = LlamaModel(TINY, dtype=torch.float32, device="cpu", seed=0)
-        r = cases.case_long_context(m, context=32768)
+        r = cases_long.case_long_context(m, context=32768)
     finally:
         torch.set_num_threads(old)
     _check(r)
