@@ -215,7 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--configs", nargs="+", default=["configs/validate_chat_cpu.yaml", "configs/validate_rag_cpu.yaml"])
     ap.add_argument("--skip-real", action="store_true", help="leave out the real-vs-real replays")
     a = ap.parse_args(argv)
+    from sim.experiment.results import git_commit
+
     t0 = time.perf_counter()
+    commit = git_commit(Path(__file__).resolve().parent)  # the code that runs, before anything is written
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     log = print
@@ -229,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log("== real vs real")
         real = real_vs_real(a.configs[0], log, limit=8 if a.quick else None)
     write_report(out, {"step_noise": steps, "amplification": amp, "real_vs_real": real, "host": host_state(),
-                       "args": vars(a), "wall_s": round(time.perf_counter() - t0, 1)})
+                       "args": vars(a), "wall_s": round(time.perf_counter() - t0, 1), "git_commit": commit})
     log(f"wrote {out}/noise.json and noise.md")
     return 0
 
