@@ -50,8 +50,9 @@ def render(data: dict[str, Any]) -> str:
 
 
 def write_report(out: Path, data: dict[str, Any]) -> None:
+    """``data`` should hold ``git_commit``, read when the study started (its code's commit)."""
     from sim.experiment.results import git_commit, package_versions, write_json
 
-    data = {**data, "git_commit": git_commit(Path(__file__).resolve().parent), "versions": package_versions()}
+    data = {"git_commit": git_commit(Path(__file__).resolve().parent), **data, "versions": package_versions()}
     write_json(out / "noise.json", data)
     (out / "noise.md").write_text(render(data), encoding="utf-8")
