@@ -153,7 +153,8 @@ class BackendConfig(_Strict):
     """The real PyTorch backend, used only by ``apcsim run --backend torch`` (see ``gpu_backend``):
     model shape (``tiny``, a built-in model name or a YAML spec path), precision, device,
     attention path (``auto`` probes the fast CUDA paths and falls back to ``reference``), weight
-    seed (default: the experiment seed), CPU threads, step timing, and the per-step check that the
+    seed (default: the experiment seed), CPU threads, step timing (and how many times each step is
+    run to take the median: a noise reduction for shared CPUs), and the per-step check that the
     executor's block tables equal the KV manager's."""
 
     model_shape: str = "tiny"
@@ -162,7 +163,8 @@ class BackendConfig(_Strict):
     attention: Literal["auto", "reference", "triton", "flash_paged", "flash_gather"] = "auto"
     seed: int | None = None
     num_threads: Annotated[int, Field(gt=0)] | None = None
-    timing: Literal["wall", "cuda_events"] = "wall"
+    timing: Literal["wall", "cuda_events", "thread_cpu"] = "wall"
+    timing_repeats: Annotated[int, Field(ge=1)] = 1  # a step's time: median of this many runs of it
     verify_block_tables: bool = True
 
 

@@ -2,7 +2,8 @@
 
 ``results/<name>/`` holds:
 
-* ``requests.parquet`` / ``requests.csv`` -- one row per request (see ``sim.replay.metrics``);
+* ``requests.parquet`` / ``requests.csv`` -- one row per request (see ``sim.replay.metrics``; the
+  parquet file only where pyarrow is installed);
 * ``steps.parquet`` / ``steps.csv`` -- one row per engine step;
 * ``summary.json`` -- headline metrics (deterministic: same config and seed, same bytes);
 * ``config.resolved.yaml`` -- the validated config with every default filled in;
@@ -33,7 +34,7 @@ import yaml
 
 from sim.core.kv_events import event_to_dict
 
-_PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib")
+_PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib", "scipy")
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:
@@ -98,7 +99,11 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def write_table(out_dir: Path, name: str, df: pd.DataFrame) -> None:
-    _atomic_write(out_dir / f"{name}.parquet", lambda p: df.to_parquet(p, index=False))
+    """``<name>.csv`` and, when a parquet engine (pyarrow) is installed, ``<name>.parquet``."""
+    try:
+        _atomic_write(out_dir / f"{name}.parquet", lambda p: df.to_parquet(p, index=False))
+    except ImportError:  # no pyarrow (e.g. a bare GPU image): CSV only
+        (out_dir / f".{name}.parquet.tmp").unlink(missing_ok=True)
     _atomic_write(out_dir / f"{name}.csv", lambda p: df.to_csv(p, index=False))
 
 
