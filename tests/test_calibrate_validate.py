@@ -21,11 +21,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("scipy")
 
 from gpu_backend import calibrate as cal  # noqa: E402
-from gpu_backend.calibration_setup import CalibrationSetup  # noqa: E402
 from gpu_backend import latency_error as lerr  # noqa: E402
 from gpu_backend import latency_fit as lfit  # noqa: E402
 from gpu_backend import profiling_grid as pgrid  # noqa: E402
 from gpu_backend import validate as val  # noqa: E402
+from gpu_backend.calibration_setup import CalibrationSetup  # noqa: E402
 from sim.core.executor import StepShape  # noqa: E402
 from sim.experiment.config import load_config  # noqa: E402
 from sim.experiment.run import replay_experiment  # noqa: E402
