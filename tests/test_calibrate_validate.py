@@ -288,7 +288,7 @@ def test_validation_report_is_computed_from_its_pairs(validated):
     nz = rep["stats"]["ttft"]["noise_real2_vs_real1"]
     assert tg["ttft_mape"]["bound"] == pytest.approx(1.2 * nz["mape"])
     assert tg["ttft_p99"]["bound"] == pytest.approx(max(0.05, abs(nz["p99_err"])))
-    assert "## Error targets (issue 15)" in md
+    assert "## Error targets" in md
 
 
 def test_simulated_side_is_the_model_files_replay(validated, calibrated, tmp_path):

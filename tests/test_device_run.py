@@ -1,4 +1,4 @@
-"""``gpu_backend/device_run.sh`` end to end on a CPU (issue 15): every stage runs in its own process
+"""``gpu_backend/device_run.sh`` end to end on a CPU: every stage runs in its own process
 and writes its results the moment it ends; what the device tool would bring back stays within its
 limits; a missing package degrades the plan instead of crashing it."""
 

@@ -1,4 +1,4 @@
-"""An engine step that schedules nothing costs no time (issue 15, item 0).
+"""An engine step that schedules nothing costs no time.
 
 vLLM runs no forward pass for an empty batch (``GPUModelRunner.execute_model`` returns
 ``EMPTY_MODEL_RUNNER_OUTPUT`` at once), so the engine's next iteration starts at the same instant.

@@ -1,4 +1,4 @@
-"""The noise study's instruments (issue 15): seeded per-step noise on a simulated replay and how
+"""The noise study's instruments: seeded per-step noise on a simulated replay and how
 much per-request error it makes, and the report rendered from raw times."""
 
 from __future__ import annotations
