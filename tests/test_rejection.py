@@ -74,8 +74,8 @@ def test_strict_mode_stops_at_the_invalid_request():
         _replay([_req("a", 0.0, 10), _req("long", 0.5, 2000)], _sched(), reject_invalid=False)
 
 
-def _completes_without_the_check(monkeypatch, P: int, O: int, sched_kw: dict) -> bool:
-    """Does a lone request of P prompt / O output tokens finish when nothing rejects it?"""
+def _completes_without_the_check(monkeypatch, prompt: int, out: int, sched_kw: dict) -> bool:
+    """Does a lone request of ``prompt`` / ``out`` tokens finish when nothing rejects it?"""
     monkeypatch.setattr(intake, "reject_reason", lambda tr, s: None)
     steps = [0]
 
@@ -85,7 +85,7 @@ def _completes_without_the_check(monkeypatch, P: int, O: int, sched_kw: dict) ->
             raise TimeoutError
 
     try:
-        _replay([_req("r", 0.0, P, out=O)], _sched(**sched_kw), fast_forward=False, on_step=on_step)
+        _replay([_req("r", 0.0, prompt, out=out)], _sched(**sched_kw), fast_forward=False, on_step=on_step)
         return True
     except (ReplayError, TimeoutError):
         return False
@@ -100,12 +100,12 @@ def test_never_fits_pool_is_exactly_the_requests_that_cannot_finish(monkeypatch,
     bs, blocks = 4, 5
     kw = {"num_blocks": blocks, "block_size": bs, "max_model_len": bs * (blocks + 2), **mode}
     checked = 0
-    for P in range(1, bs * (blocks + 2)):
-        for O in (1, 2, 3, 4, 5, 9, 100):
-            reason = reject_reason(_req("r", 0.0, P, out=O), _sched(**kw))
+    for prompt in range(1, bs * (blocks + 2)):
+        for out in (1, 2, 3, 4, 5, 9, 100):
+            reason = reject_reason(_req("r", 0.0, prompt, out=out), _sched(**kw))
             if reason is not None and reason.startswith("prompt_too_long"):
                 continue
-            assert (reason is None) == _completes_without_the_check(monkeypatch, P, O, kw), (P, O, reason)
+            assert (reason is None) == _completes_without_the_check(monkeypatch, prompt, out, kw), (prompt, out, reason)
             checked += 1
     assert checked > 100
 

@@ -164,7 +164,8 @@ def test_sweep_rows_carry_the_skipped_line_count(tmp_path):
                                          "output_tokens": 2}) + "\n" for i in range(3)) + "{bad\n")
     base = {**SMALL, "workload": {"kind": "trace", "path": str(trace), "skip_bad_lines": True}}
     sw = tmp_path / "sweep.yaml"
-    sw.write_text(yaml.safe_dump({"name": "sk", "base": base, "grid": {"engine.block_size": [16, 32]}, "bounds": False}))
+    sw.write_text(yaml.safe_dump({"name": "sk", "base": base, "grid": {"engine.block_size": [16, 32]},
+                                  "bounds": False}))
     rep = run_sweep(sw, workers=1, progress=False, output_dir=str(tmp_path / "sweeps"))
     assert list(rep.table["skipped_bad_lines"]) == [1, 1] and list(rep.table["status"]) == ["ok", "ok"]
 
