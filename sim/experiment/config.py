@@ -18,6 +18,7 @@ line per bad key, ``file: key: problem``. Imports neither simpy nor torch.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -236,12 +237,23 @@ class ExperimentConfig(_Strict):
         return Path(self.output_dir).expanduser() / self.name
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_\-]+")
+
+
 def _format_loc(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if not (isinstance(p, str) and p in _UNION_TAGS)]
-    return ".".join(parts) or "<top level>"
+    # a key that is not plain (a space, a dot, a control character) is quoted, so that the
+    # message stays one readable line
+    parts = [p if not isinstance(p, str) or _PLAIN_KEY.fullmatch(p) else repr(p)
+             for p in loc if not (isinstance(p, str) and p in _UNION_TAGS)]
+    return ".".join(str(p) for p in parts) or "<top level>"
 
 
 _UNION_TAGS = {"fixed", "roofline", "fitted"} | _WORKLOAD_TAGS
+
+
+def _one_line(text: str) -> str:
+    """``text`` with control characters escaped (a value quoted in a message cannot break its line)."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _describe(err: ErrorDetails) -> str:
@@ -265,7 +277,7 @@ def config_from_dict(data: Any, source: str = "<config>", base_dir: str | Path =
         return ExperimentConfig.model_validate({**data, "base_dir": str(base_dir), "source": source},
                                                context={STARTUP_CHECKS: startup_checks})
     except ValidationError as exc:
-        lines = [f"{source}: {_format_loc(e['loc'])}: {_describe(e)}" for e in exc.errors()]
+        lines = [_one_line(f"{source}: {_format_loc(e['loc'])}: {_describe(e)}") for e in exc.errors()]
         raise ConfigError("\n".join(lines)) from None
 
 
@@ -282,16 +294,21 @@ def load_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}:{exc}" if exc.where else f"{path}: {exc}") from None
 
 
+def _override(item: str) -> str:
+    """``--set item`` for a message (quoted when it holds a control character or a line break)."""
+    return f"--set {item}" if item.isprintable() else f"--set {item!r}"
+
+
 def override_value(item: str) -> tuple[str, Any]:
     """``key.path=value`` split, the value parsed as (strict) YAML; problems raise ``ConfigError``
     naming the override (``--set engine.block_size=[: invalid YAML: ...``), not the config file."""
     key, sep, raw = item.partition("=")
     if not sep or not key:
-        raise ConfigError(f"--set {item}: an override must look like key.path=value")
+        raise ConfigError(f"{_override(item)}: an override must look like key.path=value")
     try:
         return key, load_yaml_text(raw)
     except YAMLInputError as exc:
-        raise ConfigError(f"--set {item}: {exc.problem}") from None
+        raise ConfigError(f"{_override(item)}: {exc.problem}") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "") -> dict[str, Any]:
@@ -302,7 +319,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = ""
         try:
             set_dotted(data, key, value)
         except ConfigError as exc:
-            raise ConfigError(f"--set {item}: {exc}") from None
+            raise ConfigError(f"{_override(item)}: {exc}") from None
     return data
 
 
@@ -318,7 +335,7 @@ def blame_override(line: str, source: str, overrides: list[str]) -> str:
     for item in reversed(overrides):  # the last override of a key is the one that counts
         key = item.partition("=")[0]
         if loc == key or loc.startswith(key + ".") or key.startswith(loc + "."):
-            return f"--set {item}: {line[len(prefix):]}"
+            return f"{_override(item)}: {line[len(prefix):]}"
     return line
 
 

@@ -73,6 +73,10 @@ def load_yaml_text(text: str) -> Any:
     except _DuplicateKey as exc:
         mark = exc.problem_mark
         raise YAMLInputError(str(mark.line + 1) if mark is not None else "", str(exc.problem)) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow: no mark, a position
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise YAMLInputError(f"{line}:{column}", f"invalid YAML: character {exc.character!r} is not allowed") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)

@@ -104,6 +104,13 @@ class RequestIntake:
         if reason is not None:
             return None
         self._uid += 1
+        try:
+            return self._request(tr)
+        except ValueError as exc:  # a record Request refuses (output_tokens >= 2**24): one line, no traceback
+            raise ReplayError(str(exc)) from None
+
+    def _request(self, tr: TraceRequest) -> Request:
+        sched = self.scheduler
         return Request(
             tr.id,
             tr.tokens,
