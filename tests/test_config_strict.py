@@ -139,11 +139,12 @@ def test_utf8_byte_order_mark_is_accepted(tmp_path):
 @pytest.mark.parametrize("override", ["engine.block_size=[", "engine.block_size={a: 1", "engine=: :", "x=\t"])
 def test_malformed_set_value_is_one_message_naming_the_override(tmp_path, capsys, override):
     p = _small(tmp_path)
+    shown = override if override.isprintable() else repr(override)  # a tab or a line break is quoted
     msg = _load_error(p, [override])
-    assert msg.startswith(f"--set {override}: invalid YAML: ") and str(p) not in msg, msg
+    assert msg.startswith(f"--set {shown}: invalid YAML: ") and str(p) not in msg, msg
     assert main(["run", str(p), "--set", override]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"apcsim: error: --set {override}: invalid YAML") and err.count("\n") == 1
+    assert err.startswith(f"apcsim: error: --set {shown}: invalid YAML") and err.count("\n") == 1
 
 
 def test_set_validation_errors_name_the_override_not_the_file(tmp_path):

@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"apcsim: error: {exc.filename}: no such file", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # RunInterrupted says what the results folder holds
-        print(f"apcsim: {exc or 'interrupted'}", file=sys.stderr)
+        print(f"apcsim: {str(exc) or 'interrupted'}", file=sys.stderr)
         return 130
 
 
