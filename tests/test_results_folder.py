@@ -189,3 +189,30 @@ def test_plot_refuses_an_incomplete_sweep_folder_and_sweeps_rerun_unmarked_point
     again = run_sweep(sw, workers=1, progress=False, output_dir=str(tmp_path / "sweeps"))
     assert (again.ran, again.skipped) == (1, 1)
     assert json.loads((point / "meta.json").read_text())["complete"] is True
+
+
+def test_two_concurrent_runs_on_one_folder_never_mix(tmp_path):
+    """Two ``apcsim run`` processes on the same folder at once: the one that finds it locked
+    refuses with the lock message; the folder is one run's complete results."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    p = tmp_path / "exp.yaml"
+    p.write_text(yaml.safe_dump({**SMALL, "workload": {**SMALL["workload"], "num_requests": 300}}))
+    out = tmp_path / "o"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-m", "sim.cli", "run", str(p), "--no-progress", "--out", str(out),
+                               "--set", f"seed={i}"], cwd=root, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in (1, 2)]
+    results = [(proc.wait(timeout=300), proc.communicate()[1]) for proc in procs]
+    assert any(code == 0 for code, _ in results), results
+    for code, err in results:
+        assert code == 0 or "another apcsim run is writing these results" in err, (code, err)
+    meta = require_complete(out)
+    seed = yaml.safe_load((out / "config.resolved.yaml").read_text())["seed"]
+    winners = [i for (code, _), i in zip(results, (1, 2)) if code == 0]
+    assert seed in winners  # the results of a run that succeeded, never of the refused one
+    assert sorted(os.listdir(out)) == [
+        "config.resolved.yaml", "meta.json", "requests.parquet", "steps.parquet", "summary.json"]
+    assert meta["argv"][-1] == f"seed={seed}"

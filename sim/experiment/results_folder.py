@@ -150,7 +150,7 @@ class ResultsFolder:
     """The atomic, locked writer of one results folder (see the module docstring)."""
 
     def __init__(self, final: str | Path) -> None:
-        self.final = Path(os.path.abspath(Path(final).expanduser()))
+        self.final = Path(final).expanduser()
         self.tmp: Path | None = None
         self._lock_fd: int | None = None
         self.run_id: str | None = None  # set by the writer: the run_id its meta.json carries
@@ -159,8 +159,8 @@ class ResultsFolder:
     def open(self) -> ResultsFolder:
         """Check, lock, recover, create the temporary folder (see the module docstring)."""
         final, parent = self.final, self.final.parent
-        if not final.name:
-            raise ResultsError(f"{final}: cannot be a results folder")
+        if final.name in ("", ".", ".."):
+            raise ResultsError(f"{final}: cannot be a results folder (name the folder itself)")
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
