@@ -135,10 +135,12 @@ def test_swap_without_renameat2_and_recovery_after_a_kill_between_its_renames(tm
     new_id = require_complete(out)["run_id"]
     assert new_id != old_id and not [p for p in os.listdir(tmp_path) if p.startswith((".tmp-", ".old-"))]
     # killed between "final -> .old-" and "tmp -> final": no folder, the complete old one aside
-    os.rename(out, tmp_path / ".old-o-deadbeef")
-    (tmp_path / ".tmp-o-cafe").mkdir()
+    os.rename(out, tmp_path / ".old-o-0123456789ab")
+    (tmp_path / ".tmp-o-cafecafecafe").mkdir()
+    (tmp_path / ".tmp-o-2-cafecafecafe").mkdir()  # another folder's ("o-2"): not ours to touch
     recover(out)
-    assert require_complete(out)["run_id"] == new_id and sorted(os.listdir(tmp_path)) == [".o.lock", "exp.yaml", "o"]
+    assert require_complete(out)["run_id"] == new_id
+    assert sorted(os.listdir(tmp_path)) == [".o.lock", ".tmp-o-2-cafecafecafe", "exp.yaml", "o"]
 
 
 def test_skipped_lines_are_counted_in_the_summary(tmp_path):

@@ -50,6 +50,7 @@ RESULT_FILES = frozenset({
 """What a results folder may hold (apart from the hidden temporary files of older versions): a
 folder with anything else is not replaced."""
 
+_SUFFIX = 12  # hex digits of a temporary folder's random suffix
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
@@ -135,14 +136,17 @@ def _exchange(a: Path, b: Path) -> bool:
 def recover(final: Path) -> None:
     """Clean up after killed runs on ``final`` (call with its lock held): put back an old folder
     left aside by an interrupted fallback swap, delete temporary folders."""
-    parent, name = final.parent, final.name
+    parent = final.parent
     if not parent.is_dir():
         return
-    olds = sorted(parent.glob(f".old-{name}-*"))
+    # exactly <prefix><name>-<12 hex>: never the leftovers of another folder whose name starts alike
+    mine = re.compile(rf"\.(tmp|old)-{re.escape(final.name)}-[0-9a-f]{{{_SUFFIX}}}")
+    ours = sorted(p for p in parent.iterdir() if mine.fullmatch(p.name))
+    olds = [p for p in ours if p.name.startswith(".old-")]
     if olds and not final.exists() and is_complete(olds[0]):
         os.rename(olds[0], final)
-        olds = olds[1:]
-    for p in [*olds, *parent.glob(f".tmp-{name}-*")]:
+        ours.remove(olds[0])
+    for p in ours:
         shutil.rmtree(p, ignore_errors=True)
 
 
@@ -169,7 +173,7 @@ class ResultsFolder:
         try:
             recover(final)
             self._check_target()
-            tmp = parent / f".tmp-{final.name}-{uuid.uuid4().hex[:12]}"
+            tmp = parent / f".tmp-{final.name}-{uuid.uuid4().hex[:_SUFFIX]}"
             tmp.mkdir()  # not mkdtemp: a results folder gets the umask's permissions, not 0700
             self.tmp = tmp
         except OSError as exc:
@@ -209,7 +213,9 @@ class ResultsFolder:
 
     def _check_target(self) -> None:
         final = self.final
-        if final.is_symlink() or (final.exists() and not final.is_dir()):
+        if final.is_symlink():
+            raise ResultsError(f"{final}: is a symbolic link; give the folder it points to, or another --out")
+        if final.exists() and not final.is_dir():
             raise ResultsError(f"{final}: exists and is not a folder; remove it or pick another --out")
         if final.is_dir():
             foreign = sorted(p.name for p in final.iterdir()
