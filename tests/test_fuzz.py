@@ -11,11 +11,13 @@ longer local run. Examples are derandomized (the same ones every run) and not st
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import math
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,8 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database
 """The two main properties (trace lines, config files): ``EXAMPLES`` each."""
 FUZZ_AUX = settings(FUZZ, max_examples=max(1, EXAMPLES // 4))
 """The narrower ones (raw bytes, ``--set`` values): a quarter as many."""
-_TMP = Path(tempfile.mkdtemp(prefix="apcsim-fuzz-"))
+_TMP = Path(tempfile.mkdtemp(prefix="apcsim-fuzz-"))  # one folder for every example, removed at exit
+atexit.register(shutil.rmtree, _TMP, True)
 
 # -- values ------------------------------------------------------------------------------------
 
