@@ -68,15 +68,15 @@ def test_hit_tokens_and_readmission_recorded():
     assert res.summary["prefix_cache"]["hits"] == res.prefix_cache.hits
 
 
-def test_stall_reports_a_clear_error():
+def test_request_that_never_fits_the_pool_stops_a_strict_run():
     sched = _sched(num_blocks=3, block_size=16, max_model_len=4096)
-    with pytest.raises(ReplayError, match="cannot be admitted"):
-        _replay([_req("big", 0.0, 100)], sched)
+    with pytest.raises(ReplayError, match=r"request big: never_fits_pool: 100 KV slots .* 7 blocks of 16, the pool"):
+        _replay([_req("big", 0.0, 100)], sched, reject_invalid=False)
 
 
-def test_prompt_longer_than_max_model_len_is_rejected():
-    with pytest.raises(ReplayError, match="exceeds max_model_len"):
-        _replay([_req("long", 0.0, 5000)], _sched(max_model_len=4096))
+def test_prompt_longer_than_max_model_len_stops_a_strict_run():
+    with pytest.raises(ReplayError, match="request long: prompt_too_long: prompt of 5000 tokens, max_model_len 4096"):
+        _replay([_req("long", 0.0, 5000)], _sched(max_model_len=4096), reject_invalid=False)
 
 
 def test_unsorted_arrivals_rejected():
