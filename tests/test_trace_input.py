@@ -136,7 +136,7 @@ def test_unusual_lines_take_the_slow_path_and_agree(tmp_path, line):
 def test_duplicate_keys_are_errors_naming_file_line_and_key(tmp_path, line, key):
     path = _write(tmp_path / "t.jsonl", [_line(id="ok"), line])
     err = _error(path)
-    assert str(err) == f"{path}:2: field '{key}': duplicate key"
+    assert str(err) == f"{path}:2: field '{key}': duplicate key '{key}'"
 
 
 @pytest.mark.parametrize("arrival", ["NaN", "Infinity", "-Infinity", "1e999"])
@@ -238,7 +238,7 @@ def _mc(ts=0, n_in=600, n_out=5, ids=(0, 1)) -> str:
 def test_mooncake_strictness(tmp_path):
     dup = '{"timestamp":0,"input_length":600,"output_length":5,"output_length":6,"hash_ids":[0,1]}'
     cases = [
-        (dup, "field 'output_length': duplicate key"),
+        (dup, "field 'output_length': duplicate key 'output_length'"),
         (_mc().encode()[:-1] + b' ,"x":"\xfe"}', "not UTF-8"),
         (_mc(n_out=1 << 24), "field 'output_length': expected int < 2**24"),
     ]

@@ -157,6 +157,14 @@ def parse_token_list(values: Any, field: str, *, min_len: int = 1) -> np.ndarray
     raise _FieldError(field, "not a flat list of ints")  # pragma: no cover - defensive
 
 
+def _finite(value: int | float) -> bool:
+    """A finite number that a float can hold (an int beyond the float range is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _opt_str(obj: dict[str, Any], key: str) -> str | None:
     v = obj.get(key)
     if v is not None and not isinstance(v, str):
@@ -188,7 +196,7 @@ def _request(obj: Any, arrays: dict[str, Any] | None) -> TraceRequest:
         raise _FieldError("id", f"expected non-empty str or int, got {_short(rid)}")
 
     arrival = obj["arrival"]
-    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival):
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not _finite(arrival):
         raise _FieldError("arrival", f"expected finite number >= 0, got {_short(arrival)}")
     if arrival < 0:
         raise _FieldError("arrival", f"expected finite number >= 0, got {arrival!r}")

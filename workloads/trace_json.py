@@ -35,7 +35,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise FieldProblem(key, "duplicate key")
+                raise FieldProblem(key, f"duplicate key {key!r}")
             seen.add(key)
     return obj
 

@@ -72,6 +72,9 @@ def open_trace(path: str | os.PathLike[str]) -> BinaryIO:
     return cast(BinaryIO, open(p, "rb"))
 
 
+_JSON_WS = b" \t\r\n"  # RFC 8259 whitespace; a line of other control bytes is malformed JSON
+
+
 def trace_lines(
     path: str | os.PathLike[str], *, scan: bool = True
 ) -> Iterator[tuple[int, bytes, dict[str, Any] | None]]:
@@ -85,7 +88,7 @@ def trace_lines(
     with open_trace(path) as fh:
         if scanner is None:
             for lineno, line in enumerate(fh, start=1):
-                if line.strip():
+                if line.strip(_JSON_WS):  # blank = JSON whitespace only, as the scanner's
                     yield lineno, line, None
             return
         buf = bytearray(CHUNK_BYTES)
