@@ -22,6 +22,8 @@ from pydantic_core import ErrorDetails
 from sim.core.errors import ApcsimError
 from sim.core.hashing import HASH_ALGOS
 from sim.core.kv_groups import KVGroupSpec, check_groups
+from sim.experiment.sidechannel_config import SideChannelConfig
+from sim.timing.step_noise import DEFAULT_SIGMA
 from workloads.paths import input_path
 from workloads.schema import UNION_TAGS as _WORKLOAD_TAGS
 from workloads.schema import (  # noqa: F401  (re-exported: the workload models)
@@ -119,17 +121,37 @@ class EngineConfig(_Strict):
         return self
 
 
-class FixedLatencyConfig(_Strict):
+class StepNoiseConfig(_Strict):
+    """Step-time jitter (``sim.timing.step_noise``): each simulated step's duration times a mean-1
+    lognormal factor, from its own stream (``seed``, default: the experiment seed). ``sigma``
+    defaults to the real backend's measured run-to-run noise (the CPU reference); unset
+    ``latency.noise`` = no jitter (durations exactly the latency model's)."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    sigma: Annotated[float, Field(ge=0, le=2)] = DEFAULT_SIGMA
+    seed: int | None = None
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+class _Latency(_Strict):
+    # left out of the resolved config when unset, so configs without it keep their point keys
+    noise: StepNoiseConfig | None = Field(default=None, exclude_if=_unset)
+
+
+class FixedLatencyConfig(_Latency):
     kind: Literal["fixed"]
     step_time_s: Annotated[float, Field(gt=0)] = 0.01
 
 
-class RooflineLatencyConfig(_Strict):
+class RooflineLatencyConfig(_Latency):
     kind: Literal["roofline"]
     overhead_s: Annotated[float, Field(ge=0)] | None = None
 
 
-class FittedLatencyConfig(_Strict):
+class FittedLatencyConfig(_Latency):
     kind: Literal["fitted"]
     path: str
 
@@ -179,6 +201,8 @@ class ExperimentConfig(_Strict):
     workload: WorkloadConfig
     replay: ReplayConfig = ReplayConfig()
     backend: BackendConfig = BackendConfig()
+    # a timing side-channel experiment (``apcsim sidechannel``); left out of the resolved config when unset
+    sidechannel: SideChannelConfig | None = Field(default=None, exclude_if=_unset)
     base_dir: str = Field(default=".", exclude=True)  # input paths resolve against this
     source: str = Field(default="<config>", exclude=True)  # the file, for error messages
 

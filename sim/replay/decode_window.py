@@ -113,11 +113,12 @@ def _head_stays_refused(scheduler: Scheduler, kvm: KVCacheManager, tail: list[Re
 def plan_window(
     scheduler: Scheduler,
     max_steps: int,
-    price: Callable[[StepShape], float],
+    price: Callable[[StepShape, int], float],
     now: float,
     next_arrival: float,
 ) -> Window | None:
-    """The longest allowed window of at least 2 steps, or None (then run a plain step)."""
+    """The longest allowed window of at least 2 steps, or None (then run a plain step).
+    ``price(shape, step)`` is the duration of the window's step that gets index ``step``."""
     kvm = scheduler.kv_cache_manager
     if type(kvm) is not KVCacheManager:
         return None  # sliding-window / hybrid managers (sim.core.hybrid_kv_cache_manager): plain steps only
@@ -225,7 +226,7 @@ def plan_window(
                 t_outs[i] += 1
                 t_tokens[i] += 1
         shape = StepShape(n_seqs, n_dec, new_tot, pf_tok, ctx, pairs)
-        d = price(shape)
+        d = price(shape, scheduler.step_index + j)  # the index step j will get (apply_window)
         shapes.append(shape)
         durations.append(d)
         lookups.append(head is not None and budget > 0)
