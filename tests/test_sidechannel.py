@@ -111,6 +111,15 @@ def test_per_request_salt_leaks_nothing_even_in_the_victims_domain():
     assert m["background_hit_rate"] == 0.0 and m["victim_hit_rate"] == 0.0
 
 
+def test_policy_cost_is_measured_on_the_background_alone():
+    same = _run(workload__tenants__salt="per_tenant", sidechannel__attacker__domain="same").metrics
+    other = _run(workload__tenants__salt="per_tenant").metrics
+    assert same["background_alone_hit_rate"] == other["background_alone_hit_rate"]  # the attacker plays no part
+    assert same["background_hit_rate"] != other["background_hit_rate"]  # (with it, its probes churn the pool)
+    none = _run().metrics
+    assert none["background_alone_hit_rate"] > same["background_alone_hit_rate"] > 0.0
+
+
 def test_same_seed_same_result_other_seed_other_result():
     a, b = _run(), _run()
     pd.testing.assert_frame_equal(a.probes, b.probes)

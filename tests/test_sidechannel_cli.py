@@ -61,7 +61,7 @@ def test_study_end_to_end(tmp_path, capsys):
     assert float(row["workload.arrival.rate_scale"]) == 0.5  # the reference: the first listed load
     lost = head[(head["salt policy"] == "per_tenant") & (head["attacker"] == "same")]["hit rate lost"].iloc[0]
     base = d.reference()
-    same = base[base["attacker_domain"] == "same"].set_index("salt_policy")["background_hit_rate"]
+    same = base[base["attacker_domain"] == "same"].set_index("salt_policy")["background_alone_hit_rate"]
     assert float(lost) == pytest.approx(same["none"] - same["per_tenant"], abs=1e-3)
     by_load = auc_by_load(d, "presence")
     assert list(by_load.columns) == ["salt policy", "attacker", "load x0.5", "load x1"]

@@ -26,6 +26,8 @@ SALT_AXIS = "workload.tenants.salt"
 DOMAIN_AXIS = "sidechannel.attacker.domain"
 POLICIES = ("none", "shared_system_prompt", "per_tenant", "per_user", "per_session", "per_request")
 DOMAINS = ("same", "same_tenant", "other")
+COST = "background_alone_hit_rate"
+"""What a policy costs is read from this column: the background's hit rate replayed alone."""
 DOMAIN_LABEL = {"same": "attacker in the victim's domain", "same_tenant": "attacker in the victim's tenant",
                 "other": "attacker in another tenant"}
 

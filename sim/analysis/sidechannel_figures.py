@@ -8,8 +8,8 @@ Mirrors nothing in vLLM. Figures (``FIGURES``):
 * ``sidechannel_auc_vs_load`` -- presence and capacity AUC (bootstrap 95 % CI as a band) against
   the load (``rate_scale``, log axis), one curve per policy, one panel per attacker domain, one row
   per attack and other swept setting (block size, noise, ...);
-* ``sidechannel_tradeoff`` -- the cost of each policy (hit rate lost against ``none``, on the
-  background traffic) against what still leaks (presence AUC; capacity AUC), filled markers with
+* ``sidechannel_tradeoff`` -- the cost of each policy (hit rate lost against ``none`` by the
+  background traffic replayed alone) against what still leaks (presence AUC; capacity AUC), filled markers with
   the attacker in the victim's domain, open ones outside it, CI as error bars.
 
 Invariants: a figure whose data is missing is skipped (None); failed points are left out; reads
@@ -31,7 +31,7 @@ from matplotlib.lines import Line2D
 from sklearn.metrics import roc_curve
 
 from sim.analysis import figure_style as fs
-from sim.analysis.sidechannel_data import DOMAIN_LABEL, SideChannelData
+from sim.analysis.sidechannel_data import COST, DOMAIN_LABEL, SideChannelData
 
 _ATTACKS = (("presence", "presence AUC", -1.0), ("capacity", "capacity (prime + probe) AUC", 1.0))
 
@@ -121,8 +121,8 @@ def auc_vs_load(d: SideChannelData) -> Figure | None:
 
 
 def _hit_rate_lost(ref: pd.DataFrame) -> pd.Series:
-    base = ref[ref["salt_policy"] == "none"].set_index("attacker_domain")["background_hit_rate"]
-    return ref["attacker_domain"].map(base) - ref["background_hit_rate"]
+    base = ref[ref["salt_policy"] == "none"].set_index("attacker_domain")[COST]
+    return ref["attacker_domain"].map(base) - ref[COST]
 
 
 def tradeoff(d: SideChannelData) -> Figure | None:
@@ -147,7 +147,7 @@ def tradeoff(d: SideChannelData) -> Figure | None:
                             color=colors[policy], mfc=colors[policy] if inside else "white", mew=1.6)
         ax.axhline(0.5, color="grey", ls=":", lw=1)
         ax.set_ylim(0.0, 1.02)
-        ax.set_xlabel("hit rate lost against salt none (background traffic)")
+        ax.set_xlabel("hit rate lost against salt none (background replayed alone)")
         ax.set_ylabel(label)
         ax.set_title(f"what {attack} leaks vs what the policy costs", fontsize=9.5)
     handles = _policy_handles(d, colors) + [

@@ -4,7 +4,8 @@ attack achieves and what the policy costs in hit rate.
 Mirrors nothing in vLLM. :func:`headline` -- one row per (policy, domain) at the reference point
 (``sim.analysis.sidechannel_data``): presence AUC with its bootstrap CI, best-threshold accuracy
 and KS statistic; reconstruction success over all its blocks; capacity (prime + probe) AUC with
-CI; the background's hit rate and the hit rate lost against ``none`` at the same settings.
+CI; the background's hit rate replayed alone (``background_alone_hit_rate``: free of the attack's
+own cache churn) and the hit rate it loses against ``none`` at the same settings.
 :func:`auc_by_load` -- presence (or capacity) AUC per policy and domain at every load.
 :func:`write_tables` writes both as Markdown (``headline.md``) and CSV.
 
@@ -20,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.analysis.sidechannel_data import SideChannelData
+from sim.analysis.sidechannel_data import COST, SideChannelData
 
 
 def _num(v: Any, fmt: str = ".3f") -> str:
@@ -55,8 +56,8 @@ def headline(d: SideChannelData) -> pd.DataFrame:
                 continue
             r = sub.iloc[0]
             base = ref[(ref["salt_policy"] == "none") & (ref["attacker_domain"] == domain)]
-            none_hr = float(base["background_hit_rate"].iloc[0]) if len(base) else math.nan
-            lost = none_hr - float(r["background_hit_rate"])
+            none_hr = float(base[COST].iloc[0]) if len(base) else math.nan
+            lost = none_hr - float(r[COST])
             rows.append({
                 "salt policy": policy, "attacker": domain,
                 "presence AUC [95% CI]": _auc_ci(r, "presence"),
@@ -65,7 +66,7 @@ def headline(d: SideChannelData) -> pd.DataFrame:
                 f"reconstruction success ({recon[15:]} blocks)" if recon else "reconstruction success":
                     _num(r.get(recon)) if recon else "-",
                 "capacity AUC [95% CI]": _auc_ci(r, "capacity"),
-                "background hit rate": _num(r.get("background_hit_rate")),
+                "background hit rate": _num(r.get(COST)),
                 "hit rate lost": _num(lost),
             })
     return pd.DataFrame(rows)

@@ -10,7 +10,8 @@ Mirrors nothing in vLLM. Steps:
    later can change a step that started earlier, so every probe whose first token came by then
    has exactly the TTFT of the full replay (``probes_after_cut`` counts the others);
 3. replay background + parties, merged by arrival, with :func:`sim.experiment.run.replay_experiment`
-   -- the engine, scheduler and executor of any other run; the probes are ordinary requests;
+   -- the engine, scheduler and executor of any other run; the probes are ordinary requests --,
+   and the background alone (the policy's cost in hit rate);
 4. the attacker's observation of a probe is its TTFT plus a network delay drawn from
    ``network`` (stream ``TAG_NETWORK``, one draw per probe in plan order);
 5. score: presence -- ``separation`` of the labels by ``-observed`` (a hit is faster); capacity --
@@ -22,7 +23,9 @@ Row columns (besides the replay's summary): ``presence_*`` / ``capacity_*`` (``a
 ``auc_ci_high``, ``best_accuracy``, ``ks_statistic``, ``ks_pvalue``, ``n_pos``, ``n_neg``, ...),
 ``recon_success_n{k}`` for k = 1..blocks, ``recon_block_accuracy``, ``recon_probes_per_block``,
 ``background_hit_rate`` / ``victim_hit_rate`` (hit tokens at first admission / prompt tokens of
-those requests), ``background_ttft_p50_s``, ``background_rps`` (background arrivals per second
+those requests), ``background_alone_hit_rate`` (the same for the background replayed alone up to
+the same cut: what the policy costs legitimate traffic, free of the attack's own cache churn;
+``background_alone_token_hit_rate``: vLLM's token hit rate of that replay), ``background_ttft_p50_s``, ``background_rps`` (background arrivals per second
 between the first and the last party request), ``engine_busy_fraction`` (the share of that span
 the engine was stepping), ``cut_s``, ``probes_after_cut``. Files: ``probes.parquet`` (one row
 per probe: attack, trial, label, block, candidate, arrival, first token, ``ttft``, ``observed_ttft``,
@@ -194,6 +197,9 @@ def run_point(cfg: ExperimentConfig, engine: EngineDescription) -> SideChannelRe
             f"{cfg.source}: workload: the background traffic ends at t={background[0].last_arrival:.1f} s, before "
             f"the side-channel parties (last request at t={plan.last_arrival:.1f} s); make the workload longer "
             f"(more sessions or requests) or the attacks shorter")
+    # the policy's cost: the same background up to the same cut, replayed alone (no attacker, no victim)
+    alone, _ = replay_experiment(cfg, progress=False, engine=engine,
+                                 requests=lambda w: iter(_Background(w.requests, cut)))
     req = result.requests
     party = req["request_id"].str.startswith(PREFIX)
     probes = pd.DataFrame([asdict(p) for p in plan.probes])
@@ -209,6 +215,8 @@ def run_point(cfg: ExperimentConfig, engine: EngineDescription) -> SideChannelRe
         "salt_policy": policy, "attacker_domain": sc.attacker.domain, "cut_s": cut,
         "probes_after_cut": int(probes["after_cut"].sum()), "background_requests": int(len(bg)),
         "background_hit_rate": _hit_rate(bg), "victim_hit_rate": _hit_rate(victim),
+        "background_alone_hit_rate": _hit_rate(alone.requests),
+        "background_alone_token_hit_rate": alone.summary["token_hit_rate"],
         "background_ttft_p50_s": float(bg["ttft"].median()) if len(bg) else float("nan"),
         "capacity_prime_requests": plan.prime_requests,
         **_load_facts(result, bg, plan),
