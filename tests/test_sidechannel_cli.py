@@ -105,5 +105,5 @@ def test_shipped_study_configs_validate():
     assert {p.config.workload.tenants.salt for p in head.points} == {
         "none", "shared_system_prompt", "per_tenant", "per_user", "per_session", "per_request"}
     full = load_study(root / "sweeps" / "sidechannel_full.yaml")
-    assert len(full.points) == 6 * 2 * 3 * 2 * 2
+    assert len(full.points) == 6 * 2 * 2 * 2 * 2
     assert {p.config.latency.noise is None for p in full.points} == {True, False}

@@ -33,7 +33,8 @@ import yaml
 
 from sim.core.kv_events import event_to_dict
 
-_PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib")
+_PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib", "scipy",
+             "scikit-learn")
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:

@@ -25,8 +25,9 @@ Row columns (besides the replay's summary): ``presence_*`` / ``capacity_*`` (``a
 ``background_hit_rate`` / ``victim_hit_rate`` (hit tokens at first admission / prompt tokens of
 those requests), ``background_alone_hit_rate`` (the same for the background replayed alone up to
 the same cut: what the policy costs legitimate traffic, free of the attack's own cache churn;
-``background_alone_token_hit_rate``: vLLM's token hit rate of that replay), ``background_ttft_p50_s``, ``background_rps`` (background arrivals per second
-between the first and the last party request), ``engine_busy_fraction`` (the share of that span
+``background_alone_token_hit_rate``: vLLM's token hit rate of that replay),
+``background_ttft_p50_s``, ``background_rps`` (background arrivals per second between the first
+and the last party request), ``engine_busy_fraction`` (the share of that span
 the engine was stepping), ``cut_s``, ``probes_after_cut``. Files: ``probes.parquet`` (one row
 per probe: attack, trial, label, block, candidate, arrival, first token, ``ttft``, ``observed_ttft``,
 ``hit_tokens``, ``prompt_tokens``).
