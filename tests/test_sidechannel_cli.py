@@ -107,3 +107,39 @@ def test_shipped_study_configs_validate():
     full = load_study(root / "sweeps" / "sidechannel_full.yaml")
     assert len(full.points) == 6 * 2 * 2 * 2 * 2
     assert {p.config.latency.noise is None for p in full.points} == {True, False}
+
+
+def test_tables_and_figures_hold_only_the_settings_a_study_has(tmp_path):
+    """Zipped axes (noise with network) give two settings, not their product."""
+    rows = []
+    for i, (policy, domain, bs, noise) in enumerate(
+            (p, d, b, n) for p in ("none", "per_tenant") for d in ("same", "other") for b in (16, 256)
+            for n in ("default", "none")):
+        rows.append({"point": i, "workload.tenants.salt": policy, "sidechannel.attacker.domain": domain,
+                     "engine.block_size": bs, "latency.noise": noise, "sidechannel.network": noise + "_net",
+                     "salt_policy": policy, "attacker_domain": domain, "status": "ok", "key": f"k{i}",
+                     "presence_auc": 0.5 if (policy, domain) == ("per_tenant", "other") else 0.99,
+                     "presence_auc_ci_low": 0.4, "presence_auc_ci_high": 1.0, "recon_success_n4": bs / 256,
+                     "background_alone_hit_rate": 0.8 if policy == "none" else 0.7})
+    folder = tmp_path / "study"
+    folder.mkdir()
+    pd.DataFrame(rows).to_parquet(folder / "table.parquet")
+    axes = [{"key": "workload.tenants.salt", "labels": ["none", "per_tenant"]},
+            {"key": "sidechannel.attacker.domain", "labels": ["same", "other"]},
+            {"key": "engine.block_size", "labels": [16, 256]},
+            {"key": "latency.noise", "labels": ["default", "none"]},
+            {"key": "sidechannel.network", "labels": ["default_net", "none_net"]}]
+    (folder / "sweep.json").write_text(json.dumps({"name": "fake", "axes": axes}))
+    from sim.analysis.sidechannel_figures import _settings
+    from sim.analysis.sidechannel_table import by_setting
+
+    d = SideChannelData(folder)
+    assert len(_settings(d)) == 4
+    table = by_setting(d)
+    assert len(table.columns) == 2 + 4
+    cell = table[(table["salt policy"] == "per_tenant") & (table["attacker"] == "other")][
+        "block_size=256, noise=none, network=none_net"].iloc[0]
+    assert cell == "0.500 / 1.00"
+    head = headline(d)
+    assert list(head["hit rate lost"]) == ["0.000", "0.000", "0.100", "0.100"]
+    assert len(head) == 4  # one row per (policy, domain) at block 16, default noise

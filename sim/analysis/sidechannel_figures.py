@@ -18,7 +18,6 @@ result files only. Imports matplotlib artists through ``sim.analysis.figure_styl
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -81,9 +80,11 @@ def roc(d: SideChannelData) -> Figure | None:
 
 
 def _settings(d: SideChannelData) -> list[dict[str, Any]]:
-    """Every combination of the other swept axes (block size, noise, ...)."""
-    keys = d.others
-    return [dict(zip(keys, combo)) for combo in itertools.product(*(d.axes[k] for k in keys))] or [{}]
+    """Every combination of the other swept axes (block size, noise, ...) that the study holds."""
+    if not d.others:
+        return [{}]
+    combos = d.df[d.others].drop_duplicates()
+    return [dict(zip(d.others, row)) for row in combos.itertuples(index=False)]
 
 
 def auc_vs_load(d: SideChannelData) -> Figure | None:

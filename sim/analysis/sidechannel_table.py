@@ -7,6 +7,8 @@ and KS statistic; reconstruction success over all its blocks; capacity (prime + 
 CI; the background's hit rate replayed alone (``background_alone_hit_rate``: free of the attack's
 own cache churn) and the hit rate it loses against ``none`` at the same settings.
 :func:`auc_by_load` -- presence (or capacity) AUC per policy and domain at every load.
+:func:`by_setting` -- presence AUC and reconstruction success per combination of the other swept
+axes (block size, noise, ...).
 :func:`write_tables` writes both as Markdown (``headline.md``) and CSV.
 
 Invariants: numbers come from the study's table only; a missing value prints as ``-``. Imports
@@ -66,7 +68,7 @@ def headline(d: SideChannelData) -> pd.DataFrame:
                 f"reconstruction success ({recon[15:]} blocks)" if recon else "reconstruction success":
                     _num(r.get(recon)) if recon else "-",
                 "capacity AUC [95% CI]": _auc_ci(r, "capacity"),
-                "background hit rate": _num(r.get(COST)),
+                "background hit rate (alone)": _num(r.get(COST)),
                 "hit rate lost": _num(lost),
             })
     return pd.DataFrame(rows)
@@ -91,6 +93,32 @@ def auc_by_load(d: SideChannelData, attack: str = "presence") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def by_setting(d: SideChannelData) -> pd.DataFrame:
+    """Presence AUC / reconstruction success per (policy, domain) row and column per combination
+    of the other swept axes (block size, noise, ...), at the reference load; empty without them."""
+    if not d.others:
+        return pd.DataFrame()
+    ref = d.reference(keep=tuple(d.others))
+    recon = _recon_column(ref)
+    combos = ref[d.others].drop_duplicates()
+    rows = []
+    for policy in d.policies:
+        for domain in d.domains:
+            sub = ref[(ref["salt_policy"] == policy) & (ref["attacker_domain"] == domain)]
+            if sub.empty:
+                continue
+            row: dict[str, Any] = {"salt policy": policy, "attacker": domain}
+            for combo in combos.itertuples(index=False):
+                at = sub
+                for key, val in zip(d.others, combo):
+                    at = at[at[key] == val]
+                name = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(d.others, combo))
+                row[name] = (f"{_num(at['presence_auc'].iloc[0])} / {_num(at[recon].iloc[0], '.2f')}"
+                             if len(at) and recon and "presence_auc" in at else "-")
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def markdown(df: pd.DataFrame) -> str:
     """A DataFrame of strings as a Markdown table."""
     if df.empty:
@@ -111,6 +139,13 @@ def report(d: SideChannelData) -> str:
         if not t.empty:
             title = d.reference_title(keep_load=True)
             parts += ["", f"## {attack} AUC by load (rate_scale{', ' + title if title else ''})", "", markdown(t)]
+    settings = by_setting(d)
+    if not settings.empty:
+        recon = _recon_column(d.df)
+        title = d.reference_title(keep=tuple(d.others))
+        parts += ["", f"## presence AUC / reconstruction success ({recon[15:] if recon else '?'} blocks) by "
+                      f"{', '.join(k.rsplit('.', 1)[-1] for k in d.others)}{' (' + title + ')' if title else ''}", "",
+                  markdown(settings)]
     return "\n".join(parts).strip() + "\n"
 
 
