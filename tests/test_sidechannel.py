@@ -135,7 +135,7 @@ def test_probes_are_ordinary_requests(tmp_path):
     cfg = _cfg(sidechannel__presence__victim_requests=20, workload__tenants__salt="shared_system_prompt")
     engine = resolve(cfg)
     res = run_point(cfg, engine)
-    stream = replayed_requests(cfg, engine)
+    stream = replayed_requests(cfg, engine, res.metrics["cut_s"])
     assert sum(r.id.startswith(PREFIX) for r in stream) == 60  # 20 victim requests + 40 probes
     path = tmp_path / "stream.jsonl"
     write_trace(path, stream)
@@ -146,6 +146,19 @@ def test_probes_are_ordinary_requests(tmp_path):
     cols = ["request_id", "arrival", "first_token", "ttft", "hit_tokens", "prompt_tokens"]
     pd.testing.assert_frame_equal(plain.requests[cols].reset_index(drop=True),
                                   res.replay.requests[cols].reset_index(drop=True))
+
+
+def test_a_probe_answered_after_the_cut_extends_the_cut():
+    """With no tail the last probe is answered after the first cut (its own arrival): the point is
+    replayed with more background until every probe's first token comes before the cut (then its
+    TTFT is the full replay's, which a replay with a long tail confirms)."""
+    res = _run(sidechannel__presence__victim_requests=10, sidechannel__tail_s=0.0)
+    m = res.metrics
+    assert m["probes_after_cut"] == 0
+    assert m["cut_s"] > res.probes["arrival"].max()  # it had to move
+    assert res.probes["first_token"].max() <= m["cut_s"]
+    long_tail = _run(sidechannel__presence__victim_requests=10, sidechannel__tail_s=30.0)
+    pd.testing.assert_series_equal(res.probes["ttft"], long_tail.probes["ttft"])
 
 
 def test_reconstruction_recovers_blocks_without_noise_and_not_with_it():

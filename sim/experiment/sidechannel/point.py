@@ -8,7 +8,9 @@ Mirrors nothing in vLLM. Steps:
 2. plan the parties (``sim.experiment.sidechannel.parties``); background requests arriving more
    than ``tail_s`` after the last party request are not replayed (``cut_s``): nothing arriving
    later can change a step that started earlier, so every probe whose first token came by then
-   has exactly the TTFT of the full replay (``probes_after_cut`` counts the others);
+   has exactly the TTFT of the full replay. When a probe is answered later (a saturated engine),
+   the cut moves to that answer plus ``tail_s`` and the point is replayed again, up to
+   :data:`MAX_CUTS` replays (``probes_after_cut`` counts the probes still answered after it);
 3. replay background + parties, merged by arrival, with :func:`sim.experiment.run.replay_experiment`
    -- the engine, scheduler and executor of any other run; the probes are ordinary requests --,
    and the background alone (the policy's cost in hit rate);
@@ -57,6 +59,10 @@ from sim.replay.engine import ReplayResult
 from workloads.dists import rng_for
 from workloads.registry import Workload
 from workloads.trace_format import TraceRequest
+
+MAX_CUTS = 4
+"""Replays tried per point: while a probe's first token comes after the cut, the cut moves to that
+first token plus ``tail_s`` and the point is replayed again."""
 
 PROBE_COLUMNS = ("request_id", "attack", "trial", "label", "block", "candidate", "arrival", "first_token", "ttft",
                  "observed_ttft", "hit_tokens", "prompt_tokens", "after_cut")
@@ -168,15 +174,19 @@ def _setup(cfg: ExperimentConfig, engine: EngineDescription) -> _Setup:
     return _Setup(plan, policy, seed, plan.last_arrival + sc.tail_s)
 
 
-def _merged(setup: _Setup, background: Iterable[TraceRequest]) -> tuple[_Background, Iterator[TraceRequest]]:
-    bg = _Background(background, setup.cut_s)
+def _merged(setup: _Setup, background: Iterable[TraceRequest],
+            cut_s: float) -> tuple[_Background, Iterator[TraceRequest]]:
+    bg = _Background(background, cut_s)
     return bg, heapq.merge(bg, setup.plan.requests, key=lambda r: r.arrival)  # ties: background first
 
 
-def replayed_requests(cfg: ExperimentConfig, engine: EngineDescription) -> list[TraceRequest]:
-    """The request stream :func:`run_point` replays (background up to the cut, merged with the
-    parties), materialised: to check that the engine sees nothing but ordinary requests."""
-    return list(_merged(_setup(cfg, engine), build_workload(cfg, engine).requests)[1])
+def replayed_requests(cfg: ExperimentConfig, engine: EngineDescription,
+                      cut_s: float | None = None) -> list[TraceRequest]:
+    """The request stream :func:`run_point` replays (background up to the cut -- ``cut_s``, default
+    the first one tried --, merged with the parties), materialised: to check that the engine sees
+    nothing but ordinary requests."""
+    setup = _setup(cfg, engine)
+    return list(_merged(setup, build_workload(cfg, engine).requests, cut_s if cut_s is not None else setup.cut_s)[1])
 
 
 def run_point(cfg: ExperimentConfig, engine: EngineDescription) -> SideChannelResult:
@@ -185,19 +195,27 @@ def run_point(cfg: ExperimentConfig, engine: EngineDescription) -> SideChannelRe
     sc = cfg.sidechannel
     assert sc is not None  # checked by _setup
     plan, policy, seed, cut = setup.plan, setup.policy, setup.seed, setup.cut_s
-    background: list[_Background] = []
+    probe_ids = [p.request_id for p in plan.probes]
+    for attempt in range(MAX_CUTS):
+        background: list[_Background] = []
 
-    def stream(workload: Workload) -> Iterator[TraceRequest]:
-        bg, merged = _merged(setup, workload.requests)
-        background.append(bg)
-        return merged
+        def stream(workload: Workload, cut_s: float = cut) -> Iterator[TraceRequest]:
+            bg, merged = _merged(setup, workload.requests, cut_s)
+            background.append(bg)
+            return merged
 
-    result, workload = replay_experiment(cfg, progress=False, engine=engine, requests=stream)
-    if background[0].exhausted and background[0].last_arrival < plan.last_arrival:
-        raise ConfigError(
-            f"{cfg.source}: workload: the background traffic ends at t={background[0].last_arrival:.1f} s, before "
-            f"the side-channel parties (last request at t={plan.last_arrival:.1f} s); make the workload longer "
-            f"(more sessions or requests) or the attacks shorter")
+        result, workload = replay_experiment(cfg, progress=False, engine=engine, requests=stream)
+        bg_stream = background[0]
+        if bg_stream.exhausted and bg_stream.last_arrival < plan.last_arrival:
+            raise ConfigError(
+                f"{cfg.source}: workload: the background traffic ends at t={bg_stream.last_arrival:.1f} s, before "
+                f"the side-channel parties (last request at t={plan.last_arrival:.1f} s); make the workload longer "
+                f"(more sessions or requests) or the attacks shorter")
+        latest = float(result.requests.set_index("request_id").loc[probe_ids, "first_token"].max())
+        if bg_stream.exhausted or latest <= cut or attempt == MAX_CUTS - 1:
+            break
+        cut = latest + sc.tail_s  # a probe answered after the cut: replay again with more background
+    complete = bg_stream.exhausted  # every background request was replayed: nothing was cut
     # the policy's cost: the same background up to the same cut, replayed alone (no attacker, no victim)
     alone, _ = replay_experiment(cfg, progress=False, engine=engine,
                                  requests=lambda w: iter(_Background(w.requests, cut)))
@@ -208,7 +226,7 @@ def run_point(cfg: ExperimentConfig, engine: EngineDescription) -> SideChannelRe
                           on="request_id", how="left", validate="one_to_one")
     delay = sc.network.to_dist().sample(rng_for(seed, TAG_NETWORK), len(probes))
     probes["observed_ttft"] = probes["ttft"].to_numpy() + delay
-    probes["after_cut"] = probes["first_token"] > cut
+    probes["after_cut"] = (probes["first_token"] > cut) & (not complete)
     probes = probes[list(PROBE_COLUMNS)]
     bg = req[~party]
     victim = req[req["request_id"].str.startswith(PREFIX) & req["request_id"].str.contains("-victim-")]
