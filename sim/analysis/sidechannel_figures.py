@@ -32,6 +32,7 @@ from sklearn.metrics import roc_curve
 from sim.analysis import figure_style as fs
 from sim.analysis.sidechannel_data import COST, DOMAIN_LABEL, SideChannelData
 
+_SHORT = {"engine.block_size": "block", "latency.noise": "step noise", "sidechannel.network": "network"}
 _ATTACKS = (("presence", "presence AUC", -1.0), ("capacity", "capacity (prime + probe) AUC", 1.0))
 
 
@@ -95,7 +96,7 @@ def auc_vs_load(d: SideChannelData) -> Figure | None:
     rows = [(a, s) for a in attacks for s in settings]
     colors = _colors(d)
     loads = d.loads()
-    fig, axes = fs.grid(len(rows), len(d.domains), w=3.6, h=2.9)
+    fig, axes = fs.grid(len(rows), len(d.domains), w=4.4 if d.others else 3.6, h=2.9)
     for i, ((attack, label, _), setting) in enumerate(rows):
         base = d.df
         for key, val in setting.items():
@@ -116,7 +117,7 @@ def auc_vs_load(d: SideChannelData) -> Figure | None:
             ax.set_ylim(0.0, 1.02)
             ax.set_xlabel("load (background rate_scale, log scale)")
             ax.set_ylabel(label)
-            extra = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in setting.items())
+            extra = ", ".join(f"{_SHORT.get(k, k.rsplit('.', 1)[-1])}={v}" for k, v in setting.items())
             ax.set_title(f"{DOMAIN_LABEL.get(domain, domain)}{chr(10) + extra if extra else ''}", fontsize=9)
     return fs.finish(fig, f"{d.name}: AUC against load", _policy_handles(d, colors))
 
