@@ -170,11 +170,4 @@ FIGURES: dict[str, Callable[[SideChannelData], Figure | None]] = {
 def plot_sidechannel(folder: str | Path) -> list[Path]:
     """Draw every applicable side-channel figure of a study folder; returns the files written."""
     d = SideChannelData(Path(folder))
-    out: list[Path] = []
-    if d.df.empty:
-        return out
-    for stem, build in FIGURES.items():
-        fig = build(d)
-        if fig is not None:
-            out.extend(fs.save_figure(fig, d.folder, stem))
-    return out
+    return [] if d.df.empty else fs.draw_figures(FIGURES, d, d.folder)

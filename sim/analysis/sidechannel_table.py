@@ -18,6 +18,7 @@ pandas only.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,17 +81,22 @@ def auc_by_load(d: SideChannelData, attack: str = "presence") -> pd.DataFrame:
         return pd.DataFrame()
     ref = d.reference(keep_load=True)
     rows = []
+    for row, sub in _cells(d, ref):
+        for load in d.loads():
+            at = sub[sub[d.load].astype(float) == load]
+            row[f"load x{load:g}"] = _num(at[f"{attack}_auc"].iloc[0]) if len(at) else "-"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _cells(d: SideChannelData, ref: pd.DataFrame) -> Iterator[tuple[dict[str, Any], pd.DataFrame]]:
+    """Each (salt policy, attacker domain) present in ``ref``, in the study's order: the table row
+    to fill (its two label cells set) and the points of that pair."""
     for policy in d.policies:
         for domain in d.domains:
             sub = ref[(ref["salt_policy"] == policy) & (ref["attacker_domain"] == domain)]
-            if sub.empty:
-                continue
-            row: dict[str, Any] = {"salt policy": policy, "attacker": domain}
-            for load in d.loads():
-                at = sub[sub[d.load].astype(float) == load]
-                row[f"load x{load:g}"] = _num(at[f"{attack}_auc"].iloc[0]) if len(at) else "-"
-            rows.append(row)
-    return pd.DataFrame(rows)
+            if not sub.empty:
+                yield {"salt policy": policy, "attacker": domain}, sub
 
 
 def by_setting(d: SideChannelData) -> pd.DataFrame:
@@ -102,20 +108,15 @@ def by_setting(d: SideChannelData) -> pd.DataFrame:
     recon = _recon_column(ref)
     combos = ref[d.others].drop_duplicates()
     rows = []
-    for policy in d.policies:
-        for domain in d.domains:
-            sub = ref[(ref["salt_policy"] == policy) & (ref["attacker_domain"] == domain)]
-            if sub.empty:
-                continue
-            row: dict[str, Any] = {"salt policy": policy, "attacker": domain}
-            for combo in combos.itertuples(index=False):
-                at = sub
-                for key, val in zip(d.others, combo):
-                    at = at[at[key] == val]
-                name = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(d.others, combo))
-                row[name] = (f"{_num(at['presence_auc'].iloc[0])} / {_num(at[recon].iloc[0], '.2f')}"
-                             if len(at) and recon and "presence_auc" in at else "-")
-            rows.append(row)
+    for row, sub in _cells(d, ref):
+        for combo in combos.itertuples(index=False):
+            at = sub
+            for key, val in zip(d.others, combo):
+                at = at[at[key] == val]
+            name = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(d.others, combo))
+            row[name] = (f"{_num(at['presence_auc'].iloc[0])} / {_num(at[recon].iloc[0], '.2f')}"
+                         if len(at) and recon and "presence_auc" in at else "-")
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
