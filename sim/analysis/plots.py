@@ -23,7 +23,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from sim.analysis.figure_style import png_bytes, save_figure
+from sim.analysis.figure_style import draw_figures, png_bytes, save_figure
 from sim.analysis.hit_rate_figures import hit_rate_vs_block_size, hit_rate_vs_capacity
 from sim.analysis.salt_figure import salt_policy
 from sim.analysis.sweep_data import SweepData
@@ -49,11 +49,4 @@ lacks the axes it needs)."""
 def plot_sweep(folder: str | Path) -> list[Path]:
     """Draw every applicable figure of a sweep folder; returns the files written."""
     d = SweepData(Path(folder))
-    out: list[Path] = []
-    if d.df.empty:
-        return out
-    for stem, build in FIGURES.items():
-        fig = build(d)
-        if fig is not None:
-            out.extend(save_figure(fig, d.folder, stem))
-    return out
+    return [] if d.df.empty else draw_figures(FIGURES, d, d.folder)

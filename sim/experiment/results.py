@@ -43,7 +43,8 @@ from sim.experiment.results_folder import ResultsError, ResultsFolder, os_proble
 if TYPE_CHECKING:  # pandas (and pyarrow, which it loads) are imported by the tables, when written
     import pandas as pd
 
-_PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib", "scipy")
+_PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib", "scipy",
+             "scikit-learn")
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:
