@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from sim.core.errors import ApcsimError
@@ -147,6 +147,15 @@ class ReplayConfig(_Strict):
     fast_forward: bool = True
     progress: bool | Literal["auto"] = "auto"
     record_events: bool = False
+    # miss attribution (sim.replay.attribution): off; summary = per-request cause counts and their
+    # sums; full = also one row per prompt block (blocks.parquet, for apcsim explain)
+    attribution: Literal["off", "summary", "full"] = "off"
+
+    @field_validator("attribution", mode="before")
+    @classmethod
+    def _attribution_bool(cls, v: Any) -> Any:
+        # YAML reads a bare off / on as booleans
+        return {False: "off", True: "summary"}.get(v, v) if isinstance(v, bool) else v
 
 
 class BackendConfig(_Strict):

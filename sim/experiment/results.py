@@ -7,7 +7,10 @@
 * ``summary.json`` -- headline metrics (deterministic: same config and seed, same bytes);
 * ``config.resolved.yaml`` -- the validated config with every default filled in;
 * ``meta.json`` -- git commit, package versions, platform, wall time (differs run to run);
-* ``kv_events.jsonl`` -- KV cache events with their step, when ``replay.record_events`` is on.
+* ``kv_events.jsonl`` -- KV cache events with their step, when ``replay.record_events`` is on;
+* ``blocks.parquet`` -- one row per prompt block of every request at its first admission, with its
+  miss cause, when ``replay.attribution`` is ``full`` (``sim.replay.attribution_records``; parquet
+  only: it has a row per block).
 
 Files are written to a temporary name and renamed, so a folder never holds half a file.
 
@@ -111,6 +114,7 @@ def write_results(
     summary: dict[str, Any],
     meta: dict[str, Any],
     events: list[tuple[int, Any]] | None = None,
+    blocks: pd.DataFrame | None = None,
 ) -> Path:
     """Write every result file of one run into ``out_dir`` (created if needed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -123,4 +127,6 @@ def write_results(
     if events:
         lines = "".join(json.dumps({"step": s, **event_to_dict(e)}) + "\n" for s, e in events)
         _atomic_write(out_dir / "kv_events.jsonl", lambda p: p.write_text(lines))
+    if blocks is not None:
+        _atomic_write(out_dir / "blocks.parquet", lambda p: blocks.to_parquet(p, index=False))
     return out_dir

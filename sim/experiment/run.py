@@ -94,6 +94,7 @@ def replay_experiment(
         progress=_progress_enabled(cfg, progress),
         total=workload.total,
         record_events=cfg.replay.record_events,
+        attribution=cfg.replay.attribution,
         **replay_kwargs,
     )
     result = replay.run()
@@ -153,5 +154,6 @@ def run_experiment(
         summary=result.summary,
         meta=run_metadata(result.wall_time_s, extra),
         events=result.events or None,
+        blocks=result.blocks,
     )
     return result, folder
