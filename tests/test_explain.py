@@ -53,3 +53,18 @@ def test_explain_needs_the_full_level(tmp_path, capsys):
         (tmp_path / "empty").mkdir()
         (tmp_path / "empty" / "blocks.parquet").write_bytes(b"")
         explain(tmp_path / "empty", "x")
+
+
+def test_miss_cause_figures_stack_to_one(tmp_path):
+    from sim.analysis.miss_figures import fractions
+    from sim.analysis.plots import plot_sweep
+    from sim.analysis.sweep_data import SweepData
+
+    assert main(["sweep", str(ROOT / "configs/sweeps/smoke.yaml"), "--set", "replay.attribution=summary",
+                 "--set", "workload.sessions=6", "--output-dir", str(tmp_path), "--workers", "1",
+                 "--no-progress", "--no-plots"]) == 0
+    d = SweepData(tmp_path / "smoke")
+    total = sum(fractions(d.df).values())
+    assert abs(total - 1).max() < 1e-9  # hit + every cause = all prompt tokens, on every point
+    stems = {p.stem for p in plot_sweep(tmp_path / "smoke")}
+    assert {"miss_causes_vs_block_size", "miss_causes_vs_capacity", "miss_causes_vs_salt_policy"} <= stems
