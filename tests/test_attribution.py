@@ -177,3 +177,9 @@ def test_attribution_changes_no_result():
 def test_bad_level_is_refused():
     with pytest.raises(ValueError, match="attribution"):
         replay([req("a", 0, P)], level="yes")
+
+
+def test_a_rejected_request_has_no_causes():
+    r, s, _ = replay([req("a", 0, P), req("long", 1, list(range(600)))])
+    assert r.loc["long", "status"] == "rejected" and r.loc["long", list(REQUEST_MISS_COLUMNS)].sum() == 0
+    assert sum(s["miss_attribution"].values()) == 16 + 1

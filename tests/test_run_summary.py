@@ -71,6 +71,20 @@ def test_human_summary(tmp_path, capsys):
     assert "{" not in out  # no JSON
 
 
+def test_human_summary_names_what_was_not_served(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"id": "a", "arrival": 0, "tokens": [1, 2, 3], "output_tokens": 2}\n'
+                     '{"id": "b", "arrival": 0, "tokens": "oops", "output_tokens": 2}\n'
+                     '{"id": "c", "arrival": 1, "tokens": [1, 2, 3, 4, 5, 6, 7, 8], "output_tokens": 2}\n')
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"name: t\nworkload: {{kind: trace, path: {trace}, skip_bad_lines: true}}\n"
+                   "engine: {max_model_len: 8}\n")
+    assert main(["run", str(cfg), "--out", str(tmp_path / "r"), "--no-progress", "--no-bounds"]) == 0
+    out = capsys.readouterr().out
+    assert "1 requests; 3 prompt tokens" in out  # c (8 tokens >= max_model_len) is rejected, b skipped
+    assert "1 rejected (see reject_reason), 1 trace lines skipped" in out
+
+
 def test_json_flag_prints_the_old_output(tmp_path, capsys):
     assert main(["run", str(MY_TRACE), "--out", str(tmp_path / "r"), "--no-progress", "--json", "--no-bounds"]) == 0
     out = capsys.readouterr().out

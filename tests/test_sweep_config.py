@@ -143,7 +143,7 @@ def test_set_overrides_the_base(tmp_path):
     sw = load_sweep(p, overrides=["workload.num_requests=7", "engine.block_size=64"])
     assert {pt.config.workload.num_requests for pt in sw.points} == {7}
     assert [pt.config.engine.block_size for pt in sw.points] == [16, 32]  # the axis wins
-    with pytest.raises(ConfigError, match=r"--set: override 'oops' must look like key.path=value"):
+    with pytest.raises(ConfigError, match=r"--set oops: an override must look like key.path=value"):
         load_sweep(p, overrides=["oops"])
 
 

@@ -7,18 +7,20 @@ Mirrors nothing in vLLM (apcsim's own sweep layout: ``table.parquet`` + ``sweep.
 (``workload.tenants.num_tenants``); every other axis names the *configs*, one curve each.
 
 Invariants: failed points are left out (``status != "ok"``); configs keep their order of first
-appearance in the table; reading a folder never re-runs anything.
+appearance in the table; reading a folder never re-runs anything; a folder whose ``sweep.json``
+lacks ``complete: true`` (a sweep running or interrupted) is refused with ``ResultsError``.
 
-Imports pandas only (no matplotlib, no simpy, no sim.experiment).
+Imports pandas and, of sim.experiment, only its results-folder check (no matplotlib, no simpy).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from sim.experiment.results_folder import require_complete_sweep
 
 BLOCK = "engine.block_size"
 CAP_GIB = "engine.kv_cache_gib"
@@ -36,14 +38,10 @@ class SweepData:
         table = self.folder / "table.parquet"
         if not table.is_file():
             raise FileNotFoundError(2, "no table.parquet (run apcsim sweep first)", str(table))
+        m = require_complete_sweep(self.folder)
         df = pd.read_parquet(table)
-        manifest = self.folder / "sweep.json"
-        self.name = self.folder.name
-        axes: list[str] = []
-        if manifest.is_file():
-            m = json.loads(manifest.read_text())
-            axes = [a["key"] for a in m.get("axes", [])]
-            self.name = m.get("name", self.name)
+        axes = [a["key"] for a in m.get("axes", [])]
+        self.name = m.get("name", self.folder.name)
         self.axes = [a for a in axes if a in df.columns]
         if "first_admission_token_hit_rate" not in df and "request_hit_rate" in df:  # a table of release 0.1
             df["first_admission_token_hit_rate"] = df["request_hit_rate"]

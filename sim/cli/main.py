@@ -2,8 +2,9 @@
 experiment function, print (no simulation here).
 
 ``apcsim run CONFIG.yaml [--set key.path=value ...] [--out DIR] [--no-progress] [--json] [--no-bounds]
-[--backend sim|torch] [--device cpu|cuda]`` replays one experiment, writes its results folder and
-prints the human summary of ``sim.cli.summary`` (``--json``: the headline metrics as JSON instead);
+[--csv] [--backend sim|torch] [--device cpu|cuda]`` replays one experiment, writes its results
+folder (replaced whole, ``sim.experiment.results_folder``; Ctrl-C prints what it holds, exit code
+130) and prints the human summary of ``sim.cli.summary`` (``--json``: the headline metrics as JSON);
 ``--backend torch`` runs every step as a real forward pass (``gpu_backend``, reached through the
 backend registry ``sim.experiment.backend`` and imported only then).
 ``apcsim sweep SWEEP.yaml`` runs a sweep and ``apcsim plot SWEEP_DIR`` plots one (``sim.cli.sweep``).
@@ -38,6 +39,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.backend != "torch":
             raise ConfigError("--device applies to --backend torch only")
         overrides.append(f"backend.device={args.device}")
+    if args.csv:
+        overrides.append("replay.tables=[parquet, csv]")
     cfg = load_config(args.config, overrides)
     factory = executor_factory(args.backend)  # torch is imported only here, and only for the torch backend
     result, folder = run_experiment(
@@ -81,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-bounds", action="store_true",
                      help="skip the offline references (infinite cache, Belady, sequential LRU) and the diagnosis "
                           "they feed; saves a pass over the workload")
+    run.add_argument("--csv", action="store_true", help="write requests.csv and steps.csv beside the parquet tables")
     run.add_argument("--backend", choices=tuple(EXECUTORS), default="sim",
                      help="sim: step times from the latency model (default); torch: real forward passes "
                           "(gpu_backend, config section 'backend:'), measured step times")
@@ -112,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"apcsim: error: {exc.filename}: no such file", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # RunInterrupted says what the results folder holds
+        print(f"apcsim: {str(exc) or 'interrupted'}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -116,6 +116,14 @@ def _losses(loss: Mapping[str, float]) -> str:
     return "missed prompt tokens by cause: " + ", ".join(shown) + tail
 
 
+def _left_out(s: Mapping[str, Any]) -> str:
+    """What the run did not serve: rejected requests and skipped trace lines, when there are any."""
+    parts = [f"{exact(v)} {what}" for key, what in (("num_rejected_requests", "rejected (see reject_reason)"),
+                                                  ("skipped_bad_lines", "trace lines skipped"))
+             if _ok(v := s.get(key)) and v > 0]
+    return "; " + ", ".join(parts) if parts else ""
+
+
 def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
            bounds_wall_time_s: float | None = None, width: int = 100) -> str:
     """The summary of one run as aligned lines (see the module docstring)."""
@@ -128,7 +136,7 @@ def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
         f"{name}: {exact(n)} requests replayed in {wall}; {seconds(s.get('sim_time_s'))} simulated -> {folder}/",
         "",
         f"workload    {exact(n)} requests; {count(prompt)} prompt tokens (mean {count(mean_prompt)}), "
-        f"{count(outputs)} output tokens",
+        f"{count(outputs)} output tokens" + _left_out(s),
         f"pool        {_pool(s)}",
         "",
         *_hit_rates(s),

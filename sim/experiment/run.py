@@ -25,6 +25,7 @@ from sim.core.scheduler import Scheduler
 from sim.experiment.config import ConfigError, ExperimentConfig, config_to_dict
 from sim.experiment.engine_description import EngineDescription, gpu_spec, model_spec, resolve
 from sim.experiment.results import run_metadata, write_results
+from sim.experiment.results_folder import ResultsFolder
 from sim.experiment.workload import build_workload
 from sim.replay.engine import Replay, ReplayResult
 from sim.timing.fitted_latency import FittedLatency
@@ -94,6 +95,7 @@ def replay_experiment(
         progress=_progress_enabled(cfg, progress),
         total=workload.total,
         record_events=cfg.replay.record_events,
+        reject_invalid=cfg.replay.on_invalid_request == "reject",
         attribution=cfg.replay.attribution,
         **replay_kwargs,
     )
@@ -101,6 +103,8 @@ def replay_experiment(
     describe = getattr(executor, "describe", None)
     if callable(describe):
         workload.executor_info = describe()
+    # what the loaders skipped (skip_bad_lines) is part of the result: summary.json, sweep rows
+    result.summary["skipped_bad_lines"] = workload.reader.skipped if workload.reader is not None else 0
     return result, workload
 
 
@@ -128,32 +132,40 @@ def run_experiment(
     The summary gains the resolved engine (``engine``) and, with ``bounds``, the offline references
     of ``sim.experiment.bounds`` over the replay's own stream (``infinite_cache_hit_rate``,
     ``belady_hit_rate``, ``lru_sequential_hit_rate`` and the diagnosis references); their wall time
-    goes to ``meta.json`` (``bounds_wall_time_s``)."""
-    engine = resolve(cfg)
-    result, workload = replay_experiment(cfg, progress=progress, executor_factory=executor_factory, engine=engine)
-    result.summary["engine"] = engine_facts(cfg, engine)
-    extra: dict[str, Any] = {"workload": workload.description}
-    if bounds:
-        from sim.experiment.bounds import limit_references, reference_hit_rates
+    goes to ``meta.json`` (``bounds_wall_time_s``).
 
-        t0 = time.perf_counter()
-        refs = reference_hit_rates(cfg, engine)
-        refs.update(limit_references(cfg, engine, refs["infinite_cache_hit_rate"]))
-        result.summary.update(refs)
-        extra["bounds_wall_time_s"] = time.perf_counter() - t0
-    if workload.executor_info is not None:
-        extra["executor"] = workload.executor_info
-    if workload.reader is not None:
-        extra["skipped_bad_lines"] = workload.reader.skipped
-        extra["skipped_line_numbers"] = workload.reader.skipped_lines
-    folder = write_results(
-        Path(out) if out is not None else cfg.results_dir(),
-        config=config_to_dict(cfg),
-        requests=result.requests,
-        steps=result.steps,
-        summary=result.summary,
-        meta=run_metadata(result.wall_time_s, extra),
-        events=result.events or None,
-        blocks=result.blocks,
-    )
+    The folder (``out``, default ``<output_dir>/<name>``) is checked and locked before the replay
+    and replaced whole at the end (``sim.experiment.results_folder``): an unwritable location or
+    a concurrent run on it fails at once (``ResultsError``), and SIGINT raises ``RunInterrupted``
+    saying what the folder holds."""
+    engine = resolve(cfg)
+    with ResultsFolder(Path(out) if out is not None else cfg.results_dir()) as target:
+        result, workload = replay_experiment(cfg, progress=progress, executor_factory=executor_factory, engine=engine)
+        result.summary["engine"] = engine_facts(cfg, engine)
+        extra: dict[str, Any] = {"workload": workload.description}
+        if bounds:
+            from sim.experiment.bounds import limit_references, reference_hit_rates
+
+            t0 = time.perf_counter()
+            refs = reference_hit_rates(cfg, engine)
+            refs.update(limit_references(cfg, engine, refs["infinite_cache_hit_rate"]))
+            result.summary.update(refs)
+            extra["bounds_wall_time_s"] = time.perf_counter() - t0
+        if workload.executor_info is not None:
+            extra["executor"] = workload.executor_info
+        if workload.reader is not None:
+            extra["skipped_bad_lines"] = workload.reader.skipped
+            extra["skipped_line_numbers"] = workload.reader.skipped_lines
+        folder = write_results(
+            target.final,
+            config=config_to_dict(cfg),
+            requests=result.requests,
+            steps=result.steps,
+            summary=result.summary,
+            meta=run_metadata(result.wall_time_s, extra),
+            events=result.events or None,
+            tables=cfg.replay.tables,
+            folder=target,
+            blocks=result.blocks,
+        )
     return result, folder

@@ -52,6 +52,7 @@ from sim.experiment.config import (
     ConfigError,
     ExperimentConfig,
     apply_overrides,
+    blame_override,
     config_from_dict,
     config_to_dict,
     load_yaml,
@@ -181,8 +182,10 @@ def point_key(cfg: ExperimentConfig, bounds: bool) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def _attribute(line: str, source: str, axes: list[Axis], point_desc: str, base_where: str) -> str:
-    """Rewrite one ``source: loc: problem`` line so that it names the sweep key responsible."""
+def _attribute(line: str, source: str, axes: list[Axis], point_desc: str, base_where: str,
+               overrides: list[str] | None = None) -> str:
+    """Rewrite one ``source: loc: problem`` line so that it names the sweep key responsible (an
+    axis, else a ``--set`` override, else the base)."""
     prefix = f"{source}: "
     rest = line[len(prefix):] if line.startswith(prefix) else line
     loc, sep, problem = rest.partition(": ")
@@ -192,6 +195,9 @@ def _attribute(line: str, source: str, axes: list[Axis], point_desc: str, base_w
         if loc == a.key or loc.startswith(a.key + ".") or a.key.startswith(loc + "."):
             tail = loc[len(a.key):] if loc.startswith(a.key) else ""
             return f"{source}: {a.section}.{a.key}{tail}: {problem} ({point_desc})"
+    blamed = blame_override(line, source, overrides or [])
+    if blamed != line:
+        return blamed
     return f"{base_where}{loc}: {problem}"
 
 
@@ -253,7 +259,7 @@ def load_sweep(path: str | Path, output_dir: str | None = None, overrides: list[
         raise ConfigError(f"{source}: base: required (an experiment mapping, or base_config: path)")
     base = deep_merge(base, inline)
     if overrides:
-        base = apply_overrides(base, list(overrides), f"{source}: --set")
+        base = apply_overrides(base, list(overrides))
     base["name"] = name  # points share the sweep's name; their folders are keyed by config hash
     base.pop("output_dir", None)
 
@@ -308,7 +314,7 @@ def load_sweep(path: str | Path, output_dir: str | None = None, overrides: list[
             continue
         except ConfigError as exc:
             bad += 1
-            problems.update(dict.fromkeys(_attribute(ln, base_source, axes, desc_pt, base_where)
+            problems.update(dict.fromkeys(_attribute(ln, base_source, axes, desc_pt, base_where, overrides or [])
                                           for ln in str(exc).splitlines()))
             continue
         sweep.points.append(Point(index, labels, point_overrides, cfg, point_key(cfg, bounds)))
@@ -334,6 +340,6 @@ def _point_config(base: dict[str, Any], chosen: list[tuple[Axis, int]], source: 
             set_dotted(cfg_data, a.key, a.values[i])
         except ConfigError as exc:
             raise _AxisError(f"{source}: {a.section}.{a.key}: {exc} in the base config") from None
-    cfg = config_from_dict(cfg_data, base_source, base_dir)
+    cfg = config_from_dict(cfg_data, base_source, base_dir, startup_checks=True)
     resolve(cfg)
     return cfg

@@ -49,6 +49,7 @@ import yaml
 
 from sim.experiment.engine_description import EngineDescription, resolve
 from sim.experiment.results import _json_safe, run_metadata
+from sim.experiment.results_folder import is_complete
 
 ROW_FILE = "row.json"
 WALL_COLUMNS = ("wall_time_s", "bounds_wall_time_s", "worker", "worker_peak_rss_mib")
@@ -138,7 +139,7 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
             "requests.parquet": _parquet(result.requests),
             "summary.json": _json_bytes(result.summary),
             "config.resolved.yaml": yaml.safe_dump(config_to_dict(cfg), sort_keys=False).encode(),
-            "meta.json": _json_bytes(run_metadata(result.wall_time_s, extra)),
+            "meta.json": _json_bytes({**run_metadata(result.wall_time_s, extra), "complete": True}),
         }
         if task.get("keep_steps"):
             files["steps.parquet"] = _parquet(result.steps)
@@ -164,11 +165,18 @@ def error_result(
 
 
 def read_row(folder: Path) -> dict[str, Any] | None:
-    """A committed point's row, or None when the folder holds none."""
+    """A committed point's row, or None when the folder holds none -- or holds an ``ok`` row without
+    the ``complete: true`` marker in its ``meta.json`` (an older apcsim, or a folder copied half):
+    such a point runs again."""
     try:
-        return json.loads((folder / ROW_FILE).read_text())
+        row = json.loads((folder / ROW_FILE).read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(row, dict):
+        return None
+    if row.get("status") == "ok" and not is_complete(folder):
+        return None
+    return row
 
 
 def commit_point(points_dir: Path, key: str, files: dict[str, bytes], *, replace: bool = False) -> Path:

@@ -85,6 +85,7 @@ class Replay:
         record_events: bool = False,
         max_window_steps: int = 1 << 16,
         on_step: Callable[[Scheduler], None] | None = None,
+        reject_invalid: bool = True,
         attribution: str = "off",
     ) -> None:
         if attribution not in ("off", "summary", "full"):
@@ -92,7 +93,7 @@ class Replay:
         self.scheduler = scheduler
         self.rec = ReplayRecorder(progress, total)
         self.env = simpy.Environment()
-        self.intake = RequestIntake(requests, scheduler, self.rec)
+        self.intake = RequestIntake(requests, scheduler, self.rec, reject_invalid=reject_invalid)
         self.runner = StepRunner(
             scheduler, executor, self.intake, self.rec, self.env, fast_forward=fast_forward,
             integrity_check=integrity_check, max_window_steps=max_window_steps, on_step=on_step,
@@ -104,6 +105,8 @@ class Replay:
             scheduler.kv_cache_manager.block_pool.event_sink = self._record_event
         self.attribution: MissAttribution | None = None
         if attribution != "off":
+            # the one place a run's pool is chosen for attribution: the observer needs a pool with
+            # the hooks of sim.core.cache_observer (the Python BlockPool has them)
             self.attribution = MissAttribution(scheduler, full=attribution == "full")
             scheduler.kv_cache_manager.block_pool.observer = self.attribution
         self.integrity_check = integrity_check

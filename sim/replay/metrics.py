@@ -6,7 +6,12 @@ Per request: ``arrival``, ``first_scheduled`` (start of the step that first admi
 ``first_token`` (end of the step that sampled its first token), ``finish``, ``ttft``, ``tpot``
 (``(finish - first_token) / (output_tokens - 1)``), ``e2e``, ``prompt_tokens``, ``output_tokens``,
 ``hit_tokens`` (computed tokens granted at first admission, vLLM's ``num_new_computed_tokens``),
-``num_preemptions`` and ``readmit_hit_tokens`` (hits on each re-admission, ``;``-separated).
+``num_preemptions`` and ``readmit_hit_tokens`` (hits on each re-admission, ``;``-separated),
+``status`` (``finished``, or ``rejected``: refused at intake, ``sim.replay.rejection``) and
+``reject_reason`` (``prompt_too_long: ...`` / ``never_fits_pool: ...``, else empty).
+
+Rejected requests never ran: every summary metric is over the other requests
+(``num_requests`` counts those), and ``num_rejected_requests`` counts the rejected ones.
 
 Summary hit rates (each a fraction; the names say what is counted):
 
@@ -52,6 +57,8 @@ REQUEST_COLUMNS = (
     "tenant",
     "session",
     "prompt_logprobs",
+    "status",
+    "reject_reason",
 )
 
 STEP_COLUMNS = (
@@ -120,7 +127,14 @@ def summarize(
     sim_time_s: float,
     num_evictions: int,
 ) -> dict[str, Any]:
-    """Headline metrics of a run (JSON-serialisable)."""
+    """Headline metrics of a run (JSON-serialisable); rejected requests are only counted."""
+    if "status" in requests:
+        rejected = requests["status"] == "rejected"
+        num_rejected = int(rejected.sum())
+        if num_rejected:
+            requests = requests[~rejected]
+    else:
+        num_rejected = 0
     n = len(requests)
     prompt = int(requests["prompt_tokens"].sum()) if n else 0
     outputs = int(requests["output_tokens"].sum()) if n else 0
@@ -131,6 +145,7 @@ def summarize(
     span = (float(requests["finish"].max()) - float(requests["arrival"].min())) if n else 0.0
     out: dict[str, Any] = {
         "num_requests": n,
+        "num_rejected_requests": num_rejected,
         "num_steps": len(steps),
         "prompt_tokens": prompt,
         "output_tokens": outputs,
