@@ -71,7 +71,7 @@ def _figure(d: SweepData, panels: list[tuple[str, Any]], x: str, xlabel: str, ti
     panels = [(t, rows.sort_values(x)) for t, rows in panels if not rows.empty]
     if not panels:
         return None
-    fig, axes = fs.grid(1, len(panels), sharey=True)
+    fig, axes = fs.grid(1, len(panels), h=3.6, sharey=True)
     handles: list[Any] = []
     for ax, (t, rows) in zip(axes[0], panels):
         handles = _stack(ax, [num_label(v) if not isinstance(v, str) else v for v in rows[x]], rows) or handles
@@ -133,7 +133,7 @@ def miss_causes_vs_salt_policy(d: SweepData) -> Figure | None:
     panels = [(t, r) for t, r in panels if not r.empty]
     if not panels:
         return None
-    fig, axes = fs.grid(1, len(panels), sharey=True)
+    fig, axes = fs.grid(1, len(panels), h=3.6, sharey=True)
     handles: list[Any] = []
     for ax, (t, rows) in zip(axes[0], panels):
         handles = _stack(ax, [str(s) for s in rows["salt_policy"]], rows)
