@@ -25,7 +25,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from sim.analysis.figure_style import png_bytes, save_figure
+from sim.analysis.figure_style import draw_figures, png_bytes, save_figure
 from sim.analysis.hit_rate_figures import hit_rate_vs_block_size, hit_rate_vs_capacity
 from sim.analysis.miss_figures import miss_causes_vs_block_size, miss_causes_vs_capacity, miss_causes_vs_salt_policy
 from sim.analysis.salt_figure import salt_policy
@@ -55,11 +55,4 @@ lacks the axes it needs)."""
 def plot_sweep(folder: str | Path) -> list[Path]:
     """Draw every applicable figure of a sweep folder; returns the files written."""
     d = SweepData(Path(folder))
-    out: list[Path] = []
-    if d.df.empty:
-        return out
-    for stem, build in FIGURES.items():
-        fig = build(d)
-        if fig is not None:
-            out.extend(save_figure(fig, d.folder, stem))
-    return out
+    return [] if d.df.empty else draw_figures(FIGURES, d, d.folder)

@@ -44,7 +44,8 @@ import yaml
 from sim.core.kv_events import event_to_dict
 from sim.experiment.results_folder import ResultsError, ResultsFolder, os_problem
 
-_PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib", "scipy")
+_PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib", "scipy",
+             "scikit-learn")
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:

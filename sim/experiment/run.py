@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,9 @@ from sim.timing.fitted_latency import FittedLatency
 from sim.timing.latency import FixedLatency, LatencyModel
 from sim.timing.roofline import RooflineLatency
 from sim.timing.simulated_executor import SimulatedExecutor
+from sim.timing.step_noise import StepNoise
 from workloads.registry import Workload
+from workloads.trace_format import TraceRequest
 
 
 def build_scheduler(cfg: ExperimentConfig | EngineDescription) -> Scheduler:
@@ -55,8 +57,11 @@ def build_latency(cfg: ExperimentConfig) -> LatencyModel:
 
 
 def simulated_executor(cfg: ExperimentConfig, scheduler: Scheduler) -> Executor:
-    """The ``sim`` executor: step times from the config's latency model."""
-    return SimulatedExecutor(build_latency(cfg))
+    """The ``sim`` executor: step times from the config's latency model, times the step jitter of
+    ``latency.noise`` when set (its own stream: ``noise.seed``, default the experiment seed)."""
+    noise = cfg.latency.noise
+    jitter = None if noise is None else StepNoise(noise.sigma, noise.seed if noise.seed is not None else cfg.seed)
+    return SimulatedExecutor(build_latency(cfg), jitter)
 
 
 def _progress_enabled(cfg: ExperimentConfig, progress: bool | None) -> bool:
@@ -78,11 +83,14 @@ def replay_experiment(
     progress: bool | None = None,
     executor_factory: ExecutorFactory | None = None,
     engine: EngineDescription | None = None,
+    requests: Callable[[Workload], Iterable[TraceRequest]] | None = None,
     **replay_kwargs: Any,
 ) -> tuple[ReplayResult, Workload]:
     """Build everything and replay (no files written). ``executor_factory`` replaces the
     simulated executor (latency model) by another one, e.g. real forward passes; ``engine`` is
-    ``cfg``'s resolved engine when the caller has it already."""
+    ``cfg``'s resolved engine when the caller has it already; ``requests`` turns the workload into
+    the stream replayed (default: the workload's own requests), e.g. to add other parties'
+    requests (``sim.experiment.sidechannel``)."""
     engine = engine if engine is not None else resolve(cfg)
     scheduler = build_scheduler(engine)
     executor = (executor_factory or simulated_executor)(cfg, scheduler)
@@ -90,7 +98,7 @@ def replay_experiment(
     replay = Replay(
         scheduler,
         executor,
-        workload.requests,
+        workload.requests if requests is None else requests(workload),
         fast_forward=cfg.replay.fast_forward,
         progress=_progress_enabled(cfg, progress),
         total=workload.total,
