@@ -101,6 +101,27 @@ def _apply(pool, holders: list, op: str, seed: int, k: int, algo: str, grouped: 
     return None
 
 
+class _Observer:
+    """A ``sim.core.cache_observer`` observer that records every call, with the blocks' ids and keys
+    as they were when it was told (an eviction is told before the key goes)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def on_allocate(self, request, num_new_computed_tokens) -> None:  # coordinators only
+        self.calls.append(("allocate", request.request_id, num_new_computed_tokens))
+
+    def on_allocate_new_blocks(self, request_id) -> None:  # coordinators only
+        self.calls.append(("allocate_new", request_id))
+
+    def on_cache(self, request, blocks, start, end, group_id) -> None:
+        self.calls.append(("cache", request.request_id, [(b.block_id, b.block_hash) for b in blocks], start, end,
+                           group_id))
+
+    def on_evict(self, blocks, reason) -> None:
+        self.calls.append(("evict", [(b.block_id, b.block_hash) for b in blocks], reason))
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     num_blocks=st.integers(2, 14),
@@ -109,13 +130,19 @@ def _apply(pool, holders: list, op: str, seed: int, k: int, algo: str, grouped: 
     events=st.booleans(),
     grouped=st.booleans(),
     caching=st.sampled_from([True, True, True, False]),
+    observed=st.booleans(),
 )
-def test_compiled_pool_equals_python_pool_on_random_operations(num_blocks, ops, algo, events, grouped, caching):
+def test_compiled_pool_equals_python_pool_on_random_operations(num_blocks, ops, algo, events, grouped, caching,
+                                                               observed):
     logs = (EventLog(), EventLog())
     pools = (
         BlockPool(num_blocks, caching, logs[0] if events else None),
         CompiledBlockPool(num_blocks, caching, logs[1] if events else None),
     )
+    observers = (_Observer(), _Observer())
+    if observed:  # the miss attribution's hooks (sim.core.cache_observer): the same calls, in order
+        for p, o in zip(pools, observers):
+            p.observer = o
     holders: tuple[list, list] = ([], [])
     for op, seed, k in ops:
         answers = [_apply(p, h, op, seed, k, algo, grouped) for p, h in zip(pools, holders)]
@@ -124,6 +151,12 @@ def test_compiled_pool_equals_python_pool_on_random_operations(num_blocks, ops, 
             p.check_integrity()
         assert _state(pools[0]) == _state(pools[1]), (op, seed, k)
         assert [event_to_dict(e) for e in logs[0]] == [event_to_dict(e) for e in logs[1]]
+        assert observers[0].calls == observers[1].calls, (op, seed, k)
+        if observed and caching:
+            keys = [p.cached_block_hash_to_block.keys() for p in pools]
+            assert set(keys[0]) == set(keys[1]) and len(keys[0]) == len(keys[1])
+            probe = [b.block_hash for b in pools[0].blocks if b.block_hash is not None] + [bytes(16)]
+            assert keys[0] & probe == keys[1] & probe == set(probe[:-1])
         for hp, hc in zip(*holders):
             assert _ids(hp[1]) == _ids(hc[1])
 

@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli.calibrate import add_calibration_commands
 
     add_calibration_commands(sub)  # apcsim calibrate ... / apcsim validate CONFIG (gpu_backend, when run)
+    from sim.cli.explain import add_explain_parser
+
+    add_explain_parser(sub)  # apcsim explain RUN_DIR --request ID
     from sim.cli.sidechannel import add_sidechannel_parser
 
     add_sidechannel_parser(sub)  # apcsim sidechannel STUDY.yaml

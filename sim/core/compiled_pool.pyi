@@ -2,7 +2,7 @@
 :class:`sim.core.block_pool.BlockPool` whose blocks read like
 :class:`sim.core.kv_cache_block.KVCacheBlock`."""
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Set
 from typing import Any
 
 from sim.core.kv_events import EventSink
@@ -29,11 +29,14 @@ class _HashMapView:
     def longest_cached_prefix(self, keys: Iterable[bytes]) -> list[CompiledBlock]: ...
     def block_ids(self, key: bytes) -> list[int]: ...
     def items(self) -> Iterator[tuple[bytes, list[CompiledBlock]]]: ...
+    def keys(self) -> Set[bytes]: ...
+    def __contains__(self, key: object) -> bool: ...
 
 class CompiledBlockPool:
     num_gpu_blocks: int
     enable_caching: bool
     event_sink: EventSink | None
+    observer: Any  # sim.core.cache_observer.CacheObserver | None
     blocks: list[CompiledBlock]
     null_block: CompiledBlock
     num_cached_blocks: int

@@ -31,7 +31,10 @@ from libc.stdint cimport int32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy
 
+from collections.abc import Set
+
 from sim.core.block_pool import emit_stored
+from sim.core.cache_observer import EVICT_EXPLICIT, EVICT_RESET, EVICT_REUSED
 from sim.core.hashing import external_block_hash
 from sim.core.kv_cache_block import make_block_key
 from sim.core.kv_events import AllBlocksCleared, BlockRemoved
@@ -138,6 +141,7 @@ cdef class CompiledBlockPool:
     cdef readonly int num_gpu_blocks
     cdef readonly bint enable_caching
     cdef public object event_sink
+    cdef public object observer  # sim.core.cache_observer: told, never consulted
     cdef readonly list blocks
     cdef readonly CompiledBlock null_block
     cdef public long long num_cached_blocks
@@ -168,6 +172,7 @@ cdef class CompiledBlockPool:
         self.num_gpu_blocks = n
         self.enable_caching = enable_caching
         self.event_sink = event_sink
+        self.observer = None
         self.blocks = [CompiledBlock(i) for i in range(n)]
         for i in range(n):
             l = &self._link[i]
@@ -327,9 +332,12 @@ cdef class CompiledBlockPool:
         l.hprev = l.hnext = l.slot = NONE
         blk._key = None
 
-    cdef void _evict(self, CompiledBlock blk) except *:
-        """Drop a cached block's hash, emitting ``BlockRemoved`` with a sink."""
+    cdef void _evict(self, CompiledBlock blk, object reason=EVICT_REUSED) except *:
+        """Drop a cached block's hash, emitting ``BlockRemoved`` with a sink (the observer is told
+        first, as ``BlockPool._evict`` does)."""
         key = blk._key
+        if self.observer is not None:
+            self.observer.on_evict((blk,), reason)
         self._unlink_hash(blk)
         self.num_evictions += 1
         self.num_cached_blocks -= 1
@@ -443,6 +451,8 @@ cdef class CompiledBlockPool:
                         raise AssertionError(f"block {blk.block_id} already cached")
                     self._insert(blk, hashes[i])
             self.num_cached_blocks += num_full_blocks - num_cached_blocks
+            if self.observer is not None:
+                self.observer.on_cache(request, blocks, num_cached_blocks, num_full_blocks, 0)
             return
         if group_id:
             self._grouped = True
@@ -464,6 +474,8 @@ cdef class CompiledBlockPool:
         if self.event_sink is not None:
             emit_stored(self.event_sink, request, hashes, stored, kept, num_cached_blocks, num_full_blocks,
                         block_size, group_id, spec_kind, sliding_window)
+        if self.observer is not None:
+            self.observer.on_cache(request, blocks, num_cached_blocks, num_full_blocks, group_id)
 
     cdef void _insert_list(self, list blocks, list hashes, int start, int stop) except *:
         """Cache ``blocks[start:stop]`` under ``hashes[start:stop]``, a group at a time: first every
@@ -503,6 +515,8 @@ cdef class CompiledBlockPool:
         if num_blocks > self._nfree:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         if num_blocks <= 0:
+            if self.enable_caching and self.event_sink is None and self.observer is not None:
+                self.observer.on_evict([], EVICT_REUSED)  # as BlockPool does for an empty pop
             return []
         bid = self._fhead
         for i in range(num_blocks):
@@ -527,7 +541,7 @@ cdef class CompiledBlockPool:
             blk = self._block(ids[i])
             Py_INCREF(blk)
             PyList_SET_ITEM(ret, i, blk)
-            if self.enable_caching and blk._key is not None and self.event_sink is None:
+            if self.enable_caching and blk._key is not None and self.event_sink is None and self.observer is None:
                 self._unlink_hash(blk)
                 self.num_evictions += 1
                 self.num_cached_blocks -= 1
@@ -537,6 +551,15 @@ cdef class CompiledBlockPool:
                 blk = <CompiledBlock>PyList_GET_ITEM(ret, i)
                 if blk._key is not None:
                     self._evict(blk)
+        elif self.enable_caching and self.observer is not None:
+            # as BlockPool: the observer sees the popped blocks, still keyed, in one call
+            self.observer.on_evict(ret, EVICT_REUSED)
+            for i in range(num_blocks):
+                blk = <CompiledBlock>PyList_GET_ITEM(ret, i)
+                if blk._key is not None:
+                    self._unlink_hash(blk)
+                    self.num_evictions += 1
+                    self.num_cached_blocks -= 1
         for i in range(num_blocks):
             (<CompiledBlock>PyList_GET_ITEM(ret, i)).ref_cnt = 1
         return ret
@@ -575,7 +598,7 @@ cdef class CompiledBlockPool:
         for bid in block_ids:
             blk = <CompiledBlock>self.blocks[bid]
             if blk._key is not None:
-                self._evict(blk)
+                self._evict(blk, EVICT_EXPLICIT)
 
     def reset_prefix_cache(self):
         """Forget every hash; only allowed when no block is in use (the null block aside)."""
@@ -583,6 +606,8 @@ cdef class CompiledBlockPool:
         cdef Link* l
         if self.num_gpu_blocks - self._nfree != 1:
             return False
+        if self.observer is not None:
+            self.observer.on_evict([b for b in self.blocks if (<CompiledBlock>b)._key is not None], EVICT_RESET)
         for i in range(self.num_gpu_blocks):
             self._block(i)._key = None
             l = &self._link[i]
@@ -709,6 +734,13 @@ cdef class _HashMapView:
         cdef int32_t b = self._pool._head_of(key)
         return None if b < 0 else self._pool._block(b)
 
+    def keys(self):
+        """Query: a live set-like view of the cached keys (``BlockHashToBlockMap.keys``)."""
+        return _KeysView(self)
+
+    def __contains__(self, key):
+        return self._pool._head_of(key) >= 0
+
     def longest_cached_prefix(self, keys):
         return self._pool.longest_cached_prefix(list(keys), 1 << 62)
 
@@ -732,6 +764,29 @@ cdef class _HashMapView:
                     blocks.append(pool._block(b))
                     b = pool._link[b].hnext
                 yield pool._slot_key(s), blocks
+
+
+class _KeysView(Set):
+    """The cached keys as a live set (``&`` with an iterable gives a ``set``, as a dict's keys do)."""
+
+    __slots__ = ("_map",)
+
+    def __init__(self, hash_map):
+        self._map = hash_map
+
+    @classmethod
+    def _from_iterable(cls, it):
+        return set(it)
+
+    def __contains__(self, key):
+        return key in self._map
+
+    def __len__(self):
+        return len(self._map)
+
+    def __iter__(self):
+        for key, _ in self._map.items():
+            yield key
 
 
 cdef int32_t _table_size(int num_gpu_blocks):

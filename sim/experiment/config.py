@@ -21,7 +21,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from sim.core.hashing import HASH_ALGOS
@@ -211,6 +220,15 @@ class ReplayConfig(_Strict):
     record_events: bool = False
     tables: Annotated[tuple[TableFormat, ...], Field(min_length=1)] = ("parquet",)
     on_invalid_request: Literal["reject", "error"] = "reject"
+    # miss attribution (sim.replay.attribution): off; summary = per-request cause counts and their
+    # sums; full = also one row per prompt block (blocks.parquet, for apcsim explain)
+    attribution: Literal["off", "summary", "full"] = "off"
+
+    @field_validator("attribution", mode="before")
+    @classmethod
+    def _attribution_bool(cls, v: Any) -> Any:
+        # YAML reads a bare off / on as booleans
+        return {False: "off", True: "summary"}.get(v, v) if isinstance(v, bool) else v
 
     @model_validator(mode="after")
     def _tables_unique(self) -> ReplayConfig:

@@ -104,6 +104,7 @@ def replay_experiment(
         total=workload.total,
         record_events=cfg.replay.record_events,
         reject_invalid=cfg.replay.on_invalid_request == "reject",
+        attribution=cfg.replay.attribution,
         **replay_kwargs,
     )
     result = replay.run()
@@ -173,5 +174,6 @@ def run_experiment(
             events=result.events or None,
             tables=cfg.replay.tables,
             folder=target,
+            blocks=result.blocks,
         )
     return result, folder
