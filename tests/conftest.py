@@ -29,7 +29,7 @@ from sim.core.request import Request  # noqa: E402
 from sim.core.scheduler import Scheduler  # noqa: E402
 from sim.core.scheduler_output import SchedulerOutput  # noqa: E402
 
-_CACHE_KEYS = {"enable_prefix_caching", "use_eagle", "kv_groups"}
+_CACHE_KEYS = {"enable_prefix_caching", "use_eagle", "kv_groups", "pool_impl"}
 
 
 class EventLog(list):
@@ -54,8 +54,9 @@ def make_scheduler(
 ) -> Scheduler:
     """A sync scheduler over ``num_blocks`` GPU blocks (block 0 is the null block, so
     ``num_blocks - 1`` are usable). ``kwargs`` go to :class:`SchedulerConfig`, except
-    ``enable_prefix_caching`` / ``use_eagle`` / ``kv_groups`` which go to :class:`CacheConfig`. With ``events=True``
-    the scheduler gets an :class:`EventLog` sink, reachable as ``scheduler.event_log``."""
+    ``enable_prefix_caching`` / ``use_eagle`` / ``kv_groups`` / ``pool_impl`` which go to
+    :class:`CacheConfig`. With ``events=True`` the scheduler gets an :class:`EventLog` sink,
+    reachable as ``scheduler.event_log``."""
     cache_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _CACHE_KEYS}
     hasher = make_block_hasher(algo, block_size, hash_seed)
     sink = EventLog() if events else None

@@ -5,7 +5,7 @@ coordinator's random workloads are in ``test_kv_groups.py``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from conftest import StepLog, drive, make_request, make_scheduler
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from sim.core.block_pool import BlockPool
 from sim.core.hashing import make_block_hasher
 from sim.core.kv_cache_spec import KVGroupSpec
+from sim.core.kv_events import BlockStored
 from sim.core.request import Request
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
@@ -232,6 +233,22 @@ def test_generic_coordinator_gives_the_same_simulation_as_the_fast_path(sc):
         )
         assert [s.new_block_ids for s in x.output.scheduled] == [s.new_block_ids for s in y.output.scheduled]
     assert a.stats == b.stats
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(sc=scenarios(max_requests=8), pool_impl=st.sampled_from(["python", "compiled"]))
+def test_fast_path_and_generic_coordinator_emit_identical_kv_events(sc, pool_impl):
+    """With an event sink, the full-attention fast path and the generic per-group managers emit the
+    same KV events, field for field -- ``BlockStored.kv_cache_spec_kind`` is ``"full_attention"``
+    on both, as vLLM's KVCacheManager annotates every stored block with its group's spec kind."""
+    # given outputs: synthetic ones are unique per request object, so they differ between the runs
+    sc = Scenario(sc.block_size, sc.num_blocks, sc.config,
+                  [replace(s, outputs=s.outputs or [1] * s.max_tokens) for s in sc.specs])
+    fast, _ = run(sc, events=True, pool_impl=pool_impl)
+    generic, _ = run(sc, events=True, pool_impl=pool_impl, kv_groups=(KVGroupSpec("full", sc.block_size),))
+    assert fast.kv_cache_manager.is_unitary_full_attention and not generic.kv_cache_manager.is_unitary_full_attention
+    assert list(fast.event_log) == list(generic.event_log)
+    assert all(e.kv_cache_spec_kind == "full_attention" for e in fast.event_log.of(BlockStored))
 
 
 # -- the block pool against a plain list model of the free queue ------------------------------

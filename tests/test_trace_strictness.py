@@ -1,6 +1,5 @@
-"""Strict trace input (issue 16's list; the parser side is issue 14's fast parser). The cases
-main's parser does not handle yet are ``xfail(strict=False, reason="issue 14 parser")``: they
-pass once that parser lands, and their marks go then."""
+"""Strict trace input (issue 16's list), checked against the trace parser (``workloads.trace_format``,
+``workloads.trace_lines``, ``workloads.trace_json``)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import yaml
 from sim.cli.main import main
 from workloads.trace_format import TraceFormatError, read_trace
 
-ISSUE_14 = pytest.mark.xfail(strict=False, reason="issue 14 parser")
 ENGINE = {"block_size": 16, "num_gpu_blocks": 400, "max_model_len": 4096}
 
 
@@ -58,7 +56,6 @@ def test_output_tokens_too_large_for_the_simulator_is_one_line(tmp_path, capsys)
     assert code == 2 and err.count("\n") == 1 and "output_tokens" in err and err.startswith("apcsim: error: "), err
 
 
-@ISSUE_14
 def test_output_tokens_too_large_is_a_trace_format_error(tmp_path):
     p = tmp_path / "big.jsonl"
     p.write_text(_jsonl([{**_records(1)[0], "output_tokens": 2**24}]))
@@ -66,7 +63,6 @@ def test_output_tokens_too_large_is_a_trace_format_error(tmp_path):
         list(read_trace(p))
 
 
-@ISSUE_14
 def test_non_utf8_trace_line_is_named_and_skippable(tmp_path):
     p = tmp_path / "enc.jsonl"
     p.write_bytes(_jsonl(_records(2)).encode() + b'{"id": "caf\xe9"}\n')
@@ -76,7 +72,6 @@ def test_non_utf8_trace_line_is_named_and_skippable(tmp_path):
     assert len(list(reader)) == 2 and reader.skipped == 1
 
 
-@ISSUE_14
 @pytest.mark.parametrize("suffix", [".gz", ".xz", ".zst"])
 def test_compressed_traces_are_read_transparently(tmp_path, suffix):
     data = _jsonl(_records(4)).encode()
@@ -91,7 +86,6 @@ def test_compressed_traces_are_read_transparently(tmp_path, suffix):
     assert [r.id for r in read_trace(p)] == ["r0", "r1", "r2", "r3"]
 
 
-@ISSUE_14
 def test_a_directory_as_trace_path_says_so(tmp_path, capsys):
     (tmp_path / "d").mkdir()
     code, _ = _run(tmp_path, tmp_path / "d")
@@ -99,7 +93,6 @@ def test_a_directory_as_trace_path_says_so(tmp_path, capsys):
     assert code == 2 and "directory" in err and "no such file" not in err, err
 
 
-@ISSUE_14
 def test_duplicate_key_in_a_trace_line_names_file_line_and_key(tmp_path):
     p = tmp_path / "dup.jsonl"
     p.write_text('{"id": "a", "arrival": 0, "tokens": [1, 2], "output_tokens": 2, "output_tokens": 9}\n')
@@ -107,7 +100,6 @@ def test_duplicate_key_in_a_trace_line_names_file_line_and_key(tmp_path):
         list(read_trace(p))
 
 
-@ISSUE_14
 def test_epoch_timestamps_lose_nothing(tmp_path):
     """1.7e12 s of offset (epoch seconds as a float): the same TTFTs as the trace from 0."""
     plain, epoch = tmp_path / "plain.jsonl", tmp_path / "epoch.jsonl"
@@ -120,7 +112,6 @@ def test_epoch_timestamps_lose_nothing(tmp_path):
     assert (b["ttft"] > 0).all()
 
 
-@ISSUE_14
 def test_an_empty_trace_is_an_error(tmp_path, capsys):
     p = tmp_path / "empty.jsonl"
     p.write_text("")
@@ -128,7 +119,6 @@ def test_an_empty_trace_is_an_error(tmp_path, capsys):
     assert code == 2 and "empty" in capsys.readouterr().err and not out.exists()
 
 
-@ISSUE_14
 def test_an_all_skipped_trace_is_an_error(tmp_path, capsys):
     p = tmp_path / "bad.jsonl"
     p.write_text("x\ny\n")
@@ -136,7 +126,6 @@ def test_an_all_skipped_trace_is_an_error(tmp_path, capsys):
     assert code == 2 and "skipped" in capsys.readouterr().err and not out.exists()
 
 
-@ISSUE_14
 def test_a_sweep_over_an_all_skipped_trace_is_not_ok(tmp_path):
     from sim.experiment.sweep import run_sweep
 

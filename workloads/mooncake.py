@@ -22,7 +22,6 @@ Imports neither simpy nor torch.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterator
@@ -32,7 +31,16 @@ from typing import Any
 import numpy as np
 
 from workloads.errors import SkipLog
-from workloads.trace_format import TOKEN_ID_LIMIT, TraceFormatError, TraceRequest, is_int
+from workloads.tokens import RunTokens
+from workloads.trace_format import (
+    MAX_OUTPUT_TOKENS,
+    TOKEN_ID_LIMIT,
+    TraceFormatError,
+    TraceRequest,
+    decode_json_line,
+    is_int,
+)
+from workloads.trace_lines import TraceInputError, trace_lines
 
 TRACE_BLOCK_SIZE = 512
 """Tokens per hash id in the Mooncake traces."""
@@ -46,13 +54,10 @@ def _bad(path: str, lineno: int, field: str | None, problem: str) -> TraceFormat
 
 
 def _parse_line(
-    line: str, path: str, lineno: int, tokens_per_id: int
+    line: bytes, path: str, lineno: int, tokens_per_id: int
 ) -> tuple[float, int, int, np.ndarray]:
     """Validate one Mooncake line: ``(timestamp_ms, input_length, output_length, hash_ids)``."""
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise _bad(path, lineno, None, f"malformed JSON: {exc.msg} (column {exc.colno})") from None
+    obj = decode_json_line(line, path, lineno)  # strict UTF-8, no duplicate keys
     if not isinstance(obj, dict):
         raise _bad(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
     for key in obj:
@@ -72,6 +77,8 @@ def _parse_line(
         raise _bad(
             path, lineno, "output_length", f"expected int >= 1 (vLLM needs max_tokens >= 1), got {n_out!r}"
         )
+    if n_out >= MAX_OUTPUT_TOKENS:
+        raise _bad(path, lineno, "output_length", f"expected int < 2**24 ({MAX_OUTPUT_TOKENS}), got {n_out}")
     ids = obj["hash_ids"]
     if not isinstance(ids, list):
         raise _bad(path, lineno, "hash_ids", f"expected a list of ints, got {type(ids).__name__}")
@@ -105,30 +112,10 @@ def expand_hash_ids(hash_ids: np.ndarray, length: int, tokens_per_id: int) -> np
     return (base[:, None] + np.arange(tokens_per_id, dtype=np.int64)[None, :]).ravel()[:length]
 
 
-class BlockIdTokens:
-    """A prompt kept as its trace block ids; expands to token ids on demand (``LazyTokens``).
-
-    A Mooncake prompt of 12k tokens is ~24 ids here instead of a 96 KB array, so requests queued
-    in an overloaded replay stay cheap until the scheduler first looks them up.
-    """
-
-    __slots__ = ("ids", "tokens_per_id", "length")
-
-    def __init__(self, ids: np.ndarray, tokens_per_id: int, length: int) -> None:
-        self.ids = ids
-        self.tokens_per_id = tokens_per_id
-        self.length = length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def materialize(self) -> np.ndarray:
-        return expand_hash_ids(self.ids, self.length, self.tokens_per_id)
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    with open(path, encoding="utf-8") as fh:
-        yield from enumerate(fh, start=1)
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Non-blank lines, 1-based, decompressed by suffix (``workloads.trace_lines``)."""
+    for lineno, raw, _ in trace_lines(path, scan=False):
+        yield lineno, raw
 
 
 def load_mooncake(
@@ -141,6 +128,7 @@ def load_mooncake(
     max_output_tokens: int | None = None,
     skip_bad_lines: bool = False,
     skip_log: SkipLog | None = None,
+    allow_empty: bool = False,
 ) -> Iterator[TraceRequest]:
     """Stream a Mooncake trace as :class:`TraceRequest` (a generator; one line in memory at a time).
 
@@ -148,6 +136,8 @@ def load_mooncake(
     ``max_output_tokens``; ids are ``mc-{line_index}`` (0-based line of the file). ``start`` skips
     the first ``start`` lines unparsed; ``limit`` caps the number of requests yielded. With
     ``skip_bad_lines`` a bad line is counted in ``skip_log`` (created if not given) and skipped.
+    No request at all is an error (``TraceFormatError``) unless ``limit == 0``, or every line was
+    skipped and ``allow_empty`` is set.
     """
     if not is_int(tokens_per_id) or tokens_per_id < 1:
         raise ValueError(f"tokens_per_id must be an int >= 1, got {tokens_per_id!r}")
@@ -160,10 +150,12 @@ def load_mooncake(
     if max_output_tokens is not None and (not is_int(max_output_tokens) or max_output_tokens < 1):
         raise ValueError(f"max_output_tokens must be None or an int >= 1, got {max_output_tokens!r}")
     p = Path(path)
+    if p.is_dir():
+        raise TraceInputError(f"{p}: is a directory, expected a Mooncake trace file (JSONL, .gz/.xz/.zst)")
     if not p.is_file():
         raise FileNotFoundError(f"Mooncake trace not found: {p}")
     log = skip_log if skip_log is not None else SkipLog()
-    return _generate(p, tokens_per_id, time_scale, start, limit, max_output_tokens, skip_bad_lines, log)
+    return _generate(p, tokens_per_id, time_scale, start, limit, max_output_tokens, skip_bad_lines, log, allow_empty)
 
 
 def _generate(
@@ -175,14 +167,17 @@ def _generate(
     max_output_tokens: int | None,
     skip_bad_lines: bool,
     log: SkipLog,
+    allow_empty: bool,
 ) -> Iterator[TraceRequest]:
     name = os.fspath(path)
     emitted = 0
     last_ts = -math.inf
+    skipped_before = log.skipped
+    lineno = 0
     if limit == 0:
         return
     for lineno, line in _lines(path):
-        if lineno - 1 < start or not line.strip():
+        if lineno - 1 < start:
             continue
         try:
             ts, n_in, n_out, ids = _parse_line(line, name, lineno, tokens_per_id)
@@ -197,12 +192,22 @@ def _generate(
         yield TraceRequest(
             id=f"mc-{lineno - 1}",
             arrival=ts / 1000.0 * time_scale,
-            tokens=BlockIdTokens(ids, tokens_per_id, n_in),
+            # runs of consecutive ids (RunTokens): a 12k-token prompt is a few runs, hashed without
+            # expanding it (sim.core.hashing), so queued requests stay cheap
+            tokens=RunTokens.from_ids(ids, tokens_per_id, 0, n_in),
             output_tokens=n_out,
         )
         emitted += 1
         if limit is not None and emitted >= limit:
             return
+    if emitted == 0:
+        skipped = log.skipped - skipped_before
+        if not skipped:
+            where = f" after its first {start} lines" if start else ""
+            raise _bad(name, max(lineno, 1), None, f"empty trace: no request lines{where}")
+        if not allow_empty:
+            raise _bad(name, max(lineno, 1), None, f"every line was skipped as bad ({skipped} lines); "
+                                                   "set allow_empty: true to replay no requests")
 
 
 def mooncake_stats(path: str | os.PathLike[str], *, tokens_per_id: int = TRACE_BLOCK_SIZE) -> dict[str, Any]:
@@ -219,8 +224,6 @@ def mooncake_stats(path: str | os.PathLike[str], *, tokens_per_id: int = TRACE_B
     max_in = 0
     chunks: list[np.ndarray] = []
     for lineno, line in _lines(p):
-        if not line.strip():
-            continue
         ts, n_in, n_out, ids = _parse_line(line, name, lineno, tokens_per_id)
         if last_ts is not None and ts < last_ts:
             raise _bad(name, lineno, "timestamp", f"{ts!r} is before the previous timestamp {last_ts!r}")
@@ -258,9 +261,8 @@ def derive_sample(src: str | os.PathLike[str], dst: str | os.PathLike[str], num_
     for lineno, line in _lines(src_p):
         if len(out_lines) == num_requests:
             break
-        if line.strip():
-            _parse_line(line, str(src_p), lineno, TRACE_BLOCK_SIZE)
-            out_lines.append(line.rstrip("\n") + "\n")
+        _parse_line(line, str(src_p), lineno, TRACE_BLOCK_SIZE)
+        out_lines.append(line.decode("utf-8").rstrip("\n") + "\n")
     Path(dst).write_text("".join(out_lines))
     return len(out_lines)
 

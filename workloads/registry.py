@@ -26,6 +26,7 @@ name). Imports sim.core only (neither simpy nor torch).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ from workloads.schema import PoissonArrivals, TraceArrivals, WorkloadConfig, gen
 from workloads.synthetic import shared_prefix
 from workloads.tenants import TenantModel
 from workloads.trace_format import TraceRequest, read_trace
+from workloads.trace_lines import open_trace
 
 ARRIVAL_TAG = 100
 """Purpose tag of the arrival-process random stream (``rng_for(seed, ARRIVAL_TAG)``)."""
@@ -59,12 +61,17 @@ class SkipReport(Protocol):
     skipped_lines: list[Any]
 
 
+Count = int | Callable[[], int] | None
+"""A request count: known, deferred (a function, called only when a progress bar needs it), or
+unknown."""
+
+
 @dataclass
 class Workload:
     """A request stream plus what is known about it up front."""
 
     requests: Iterable[TraceRequest]
-    total: int | None
+    total: Count  # the request count, or a function counting it (called only for a progress bar)
     description: str
     reader: SkipReport | None = None  # to report skipped lines afterwards
     native_block_size: int | None = None  # the trace's own block size (finer replays: lower bound)
@@ -77,7 +84,7 @@ class Workload:
 class _Source:
     stream: Iterable[Any]
     sessions: bool
-    total: int | None
+    total: Count
     description: str
     reader: SkipReport | None = None
     native_block_size: int | None = None
@@ -89,16 +96,33 @@ class _Source:
 
 def _path(base_dir: Path, given: str | None, default: Path, *, folder: bool = False) -> Path:
     p = input_path(given, base_dir) if given else default
+    if not folder and p.is_dir():
+        raise WorkloadConfigError("path", f"{p} is a directory; this workload reads one trace file")
     if not (p.is_dir() if folder else p.is_file()):
         raise WorkloadConfigError("path", f"no such {'folder' if folder else 'file'} {p}")
     return p
 
 
 def _count_lines(path: Path, start: int = 0, limit: int | None = None, header: int = 0) -> int:
-    with open(path, "rb") as f:
+    with open_trace(path) as f:
         n = sum(1 for line in f if line.strip()) - header
     n = max(0, n - start)
     return n if limit is None else min(n, limit)
+
+
+def _line_count(path: Path, start: int = 0, limit: int | None = None, header: int = 0) -> Callable[[], int]:
+    """A deferred :func:`_count_lines`: reading a 500 MB trace twice costs seconds, and the count
+    only feeds a progress bar."""
+    return functools.partial(_count_lines, path, start, limit, header)
+
+
+def _capped(total: Count, limit: int) -> Count:
+    if total is None:
+        return limit
+    if callable(total):
+        count = total
+        return lambda: min(count() or 0, limit)
+    return min(total, limit)
 
 
 def _lower_bound_note(native: int) -> str:
@@ -112,16 +136,16 @@ def _mooncake(w: Any, seed: int, base_dir: Path) -> _Source:
     log = SkipLog()
     reqs = load_mooncake(path, tokens_per_id=w.tokens_per_id, time_scale=w.time_scale, start=w.start,
                          limit=w.limit, max_output_tokens=w.max_output_tokens,
-                         skip_bad_lines=w.skip_bad_lines, skip_log=log)
+                         skip_bad_lines=w.skip_bad_lines, skip_log=log, allow_empty=w.allow_empty)
     end = "" if w.limit is None else w.start + w.limit
-    return _Source(reqs, False, _count_lines(path, w.start, w.limit), f"mooncake {path.name} [{w.start}:{end}]",
+    return _Source(reqs, False, _line_count(path, w.start, w.limit), f"mooncake {path.name} [{w.start}:{end}]",
                    log, w.tokens_per_id, notes=[_lower_bound_note(w.tokens_per_id)], loader=path)
 
 
 def _trace(w: Any, seed: int, base_dir: Path) -> _Source:
     path = _path(base_dir, w.path, Path())
-    reader = read_trace(path, skip_bad_lines=w.skip_bad_lines)
-    return _Source(reader, False, _count_lines(path), f"trace {path.name}", reader)
+    reader = read_trace(path, skip_bad_lines=w.skip_bad_lines, allow_empty=w.allow_empty)
+    return _Source(reader, False, _line_count(path), f"trace {path.name}", reader)
 
 
 def _ragpulse(w: Any, seed: int, base_dir: Path) -> _Source:
@@ -149,7 +173,7 @@ def _azure(w: Any, seed: int, base_dir: Path) -> _Source:
     log = SkipLog()
     reqs = load_azure(path, limit=w.limit, max_output_tokens=w.max_output_tokens,
                       skip_bad_lines=w.skip_bad_lines, skip_log=log)
-    return _Source(reqs, False, _count_lines(path, 0, w.limit, header=1), f"azure {path.name} (unique prompts)", log,
+    return _Source(reqs, False, _line_count(path, 0, w.limit, header=1), f"azure {path.name} (unique prompts)", log,
                    notes=["Azure 2023 has no content information: every prompt is unique (no hits possible)"])
 
 
@@ -233,6 +257,6 @@ def build_workload(
     total = src.total
     if w.limit is not None:
         stream = itertools.islice(stream, w.limit)
-        total = w.limit if total is None else min(total, w.limit)
+        total = _capped(total, w.limit)
     return Workload(stream, total, f"{src.description}; {desc}", src.reader, src.native_block_size,
                     src.notes, src.loader)

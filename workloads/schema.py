@@ -132,6 +132,7 @@ class MooncakeWorkload(_Common):
     tokens_per_id: Pos = 512
     max_output_tokens: Pos | None = None
     skip_bad_lines: bool = False
+    allow_empty: bool = False  # replay no requests when every line was skipped (else an error)
 
 
 class TraceWorkload(_Common):
@@ -140,6 +141,7 @@ class TraceWorkload(_Common):
     kind: Literal["trace"]
     path: str
     skip_bad_lines: bool = False
+    allow_empty: bool = False  # replay no requests when every line was skipped (else an error)
 
 
 class RagPulseWorkload(_Common):

@@ -126,6 +126,18 @@ class RunTokens:
     def __len__(self) -> int:
         return self._len
 
+    dtype = np.dtype(np.int64)
+    """The ids' dtype, as for an array (``np.asarray(runs)`` materializes)."""
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        out = self.materialize()
+        return out if dtype is None else out.astype(dtype)
+
+    def runs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The runs ``(starts, lengths)`` (a ``sim.core.request.LazyTokens`` may offer them: the fast
+        hasher digests a block inside one run from its first id alone)."""
+        return self.starts, self.lengths
+
     def materialize(self) -> np.ndarray:
         """The token ids as one int64 array."""
         if not self._len:
@@ -202,6 +214,14 @@ class TaggedTokens:
         from sim.core.request import token_array
 
         return np.insert(token_array(self.inner), self.pos, self.tag)  # type: ignore[arg-type]
+
+    def runs(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The runs of ``inner`` with the tag's run inserted, when ``inner`` is a ``RunTokens``."""
+        if not isinstance(self.inner, RunTokens):
+            return None
+        head, tail = self.inner.prefix(self.pos), self.inner.slice(self.pos, len(self.inner))
+        return (np.concatenate([head.starts, [self.tag], tail.starts]),
+                np.concatenate([head.lengths, [1], tail.lengths]))
 
 
 class TokenSpace:

@@ -3,7 +3,7 @@
 
 Fields: ``id`` (str; an int in the file is converted), ``arrival`` (seconds, finite, >= 0),
 ``tokens`` (prompt token ids, a non-empty list of ints in [0, 2**62)), ``output_tokens`` (count
->= 1); optional ``output_token_ids`` (the ids the model will produce, so a later turn may contain
+in [1, 2**24)); optional ``output_token_ids`` (the ids the model will produce, so a later turn may contain
 an earlier answer; length >= ``output_tokens``), ``salt`` (vLLM ``cache_salt``, str or null),
 ``lora`` (LoRA adapter name, str or null), ``priority`` (int, smaller first), ``prompt_logprobs``
 (bool), ``tenant`` and ``session`` (str or null, bookkeeping only), ``system_tokens`` (int >= 0:
@@ -18,16 +18,27 @@ that share no block; a ``prompt_logprobs`` request never reads the cache but sti
 blocks; ``priority``, ``tenant`` and ``session`` do not touch hashes.
 
 Token ids >= 2**62 are reserved for simulator-generated outputs. A file must be sorted by arrival
-(ties allowed) and ids must be unique. Every violation raises :class:`TraceFormatError` naming the
-file, the 1-based line and the field, e.g.
-``trace.jsonl:17: field 'output_tokens': expected int >= 1, got -3``.
+(ties allowed), ids must be unique and a line must not repeat a key. Every violation raises
+:class:`TraceFormatError` naming the file, the 1-based line and the field, e.g.
+``trace.jsonl:17: field 'output_tokens': expected int >= 1, got -3``; a line that is not UTF-8 is
+``trace.jsonl:17: not UTF-8``. With ``skip_bad_lines`` such lines are skipped and counted instead.
+
+Reading (:class:`TraceReader`): ``.gz``, ``.xz`` and ``.zst`` files are decompressed on the fly
+(``workloads.trace_lines``); token arrays are parsed by a compiled scanner without building Python
+ints, and a prompt of runs of consecutive ids is kept as :class:`~workloads.tokens.RunTokens`.
+**Arrivals are relative to the first request's**: its arrival is subtracted exactly (in decimal,
+before rounding to a float), so a trace with epoch timestamps (1.7e12 s) replays exactly like the
+same trace starting at 0; the first request arrives at 0 and :attr:`TraceReader.origin_s` keeps the
+offset. An arrival more than ``2**32`` s after the first is an error (a float clock there has no
+microseconds left). An empty trace is an error; so is one whose every line was skipped, unless
+``allow_empty`` is set.
 
 Known leniency: a JSON ``true``/``false`` mixed into an int token list is read as 1/0 (numpy's
 type inference; a per-token check would cost more than the parse). A list of only booleans is
 rejected.
 
-Invariants: a record read back equals the record written. Imports sim.core only (neither simpy
-nor torch).
+Invariants: a record read back equals the record written (arrivals relative to the first). Imports
+sim.core and ``workloads.tokens`` / ``workloads.trace_lines`` only (neither simpy nor torch).
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from decimal import Context, Decimal
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -44,12 +56,25 @@ import numpy as np
 
 from sim.core.errors import ApcsimError
 from sim.core.request import LazyTokens, token_array
+from workloads.tokens import RunTokens
+from workloads.trace_json import FieldProblem as _FieldError
+from workloads.trace_json import decode_line, exact_number
+from workloads.trace_lines import TraceInputError, trace_lines
 
 TOKEN_ID_LIMIT = 1 << 62
 """Prompt/output token ids must lie in ``[0, TOKEN_ID_LIMIT)``; larger ids are simulator-generated."""
 
 MAX_SKIPPED_LINES_KEPT = 20
 """How many skipped line numbers :attr:`TraceReader.skipped_lines` keeps."""
+
+MAX_OUTPUT_TOKENS = 1 << 24
+"""``output_tokens`` must be below this (the simulator's generated-id layout, ``sim.core.request``)."""
+
+MAX_ARRIVAL_SPAN_S = float(1 << 32)
+"""Arrivals may lie at most this many seconds after the first one (a float clock keeps about a
+microsecond of resolution there)."""
+
+_EXACT = Context(prec=200)  # arrival differences in decimal, exact for any JSON number of up to 200 digits
 
 
 @dataclass(slots=True)
@@ -84,15 +109,6 @@ class TraceFormatError(ApcsimError, ValueError):
         self.problem = problem
         where = f"{path}:{line}:"
         super().__init__(f"{where} field {field!r}: {problem}" if field else f"{where} {problem}")
-
-
-class _FieldError(Exception):
-    """Internal: a field problem, completed with file and line by the caller."""
-
-    def __init__(self, field: str | None, problem: str) -> None:
-        super().__init__(problem)
-        self.field = field
-        self.problem = problem
 
 
 _REQUIRED = ("id", "arrival", "tokens", "output_tokens")
@@ -141,6 +157,14 @@ def parse_token_list(values: Any, field: str, *, min_len: int = 1) -> np.ndarray
     raise _FieldError(field, "not a flat list of ints")  # pragma: no cover - defensive
 
 
+def _finite(value: int | float) -> bool:
+    """A finite number that a float can hold (an int beyond the float range is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _opt_str(obj: dict[str, Any], key: str) -> str | None:
     v = obj.get(key)
     if v is not None and not isinstance(v, str):
@@ -150,6 +174,12 @@ def _opt_str(obj: dict[str, Any], key: str) -> str | None:
 
 def parse_request(obj: Any) -> TraceRequest:
     """Validate one decoded JSON line and build the request; raises ``_FieldError``."""
+    return _request(obj, None)
+
+
+def _request(obj: Any, arrays: dict[str, Any] | None) -> TraceRequest:
+    """:func:`parse_request`, with the ``tokens`` / ``output_token_ids`` values the compiled scanner
+    already parsed (``arrays``; their placeholders in ``obj`` are ignored)."""
     if not isinstance(obj, dict):
         raise _FieldError(None, f"expected a JSON object, got {type(obj).__name__}")
     for key in obj:
@@ -166,7 +196,7 @@ def parse_request(obj: Any) -> TraceRequest:
         raise _FieldError("id", f"expected non-empty str or int, got {_short(rid)}")
 
     arrival = obj["arrival"]
-    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival):
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not _finite(arrival):
         raise _FieldError("arrival", f"expected finite number >= 0, got {_short(arrival)}")
     if arrival < 0:
         raise _FieldError("arrival", f"expected finite number >= 0, got {arrival!r}")
@@ -174,16 +204,25 @@ def parse_request(obj: Any) -> TraceRequest:
     out = obj["output_tokens"]
     if not is_int(out) or out < 1:
         raise _FieldError("output_tokens", f"expected int >= 1, got {_short(out)}")
+    if out >= MAX_OUTPUT_TOKENS:
+        raise _FieldError("output_tokens", f"expected int < 2**24 ({MAX_OUTPUT_TOKENS}), got {out}")
 
-    tokens = parse_token_list(obj["tokens"], "tokens")
+    given = arrays or {}
+    tokens: np.ndarray | RunTokens
+    if "tokens" in given:
+        value = given["tokens"]
+        tokens = RunTokens(*value) if isinstance(value, tuple) else value
+    else:
+        tokens = parse_token_list(obj["tokens"], "tokens")
 
     out_ids = obj.get("output_token_ids")
-    if out_ids is not None:
+    if "output_token_ids" in given:
+        value = given["output_token_ids"]
+        out_ids = RunTokens(*value).materialize() if isinstance(value, tuple) else value
+    elif out_ids is not None:
         out_ids = parse_token_list(out_ids, "output_token_ids", min_len=0)
-        if len(out_ids) < out:
-            raise _FieldError(
-                "output_token_ids", f"expected length >= output_tokens ({out}), got {len(out_ids)}"
-            )
+    if out_ids is not None and len(out_ids) < out:
+        raise _FieldError("output_token_ids", f"expected length >= output_tokens ({out}), got {len(out_ids)}")
 
     priority = obj.get("priority", 0)
     if not is_int(priority):
@@ -211,62 +250,96 @@ def parse_request(obj: Any) -> TraceRequest:
     )
 
 
+def decode_json_line(raw: bytes, path: str, lineno: int) -> Any:
+    """:func:`decode_line` for any JSONL loader: raises ``TraceFormatError`` (``path:lineno: ...``)."""
+    try:
+        return decode_line(raw)
+    except _FieldError as exc:
+        raise TraceFormatError(path, lineno, exc.field, exc.problem) from None
+
+
 class TraceReader:
-    """Streams the requests of a canonical JSONL trace; one line is parsed at a time.
+    """Streams the requests of a canonical JSONL trace (see the module docstring); one chunk of the
+    file is in memory at a time.
 
     After (or during) iteration, ``skipped`` is the number of bad lines skipped (only with
-    ``skip_bad_lines=True``; callers must report it) and ``skipped_lines`` holds the first
-    ``MAX_SKIPPED_LINES_KEPT`` of their 1-based line numbers. Iterating again re-reads the file
-    and resets both.
+    ``skip_bad_lines=True``; callers must report it), ``skipped_lines`` holds the first
+    ``MAX_SKIPPED_LINES_KEPT`` of their 1-based line numbers, and ``origin_s`` is the first
+    request's arrival in the file (what was subtracted from every arrival). Iterating again re-reads
+    the file and resets them. ``allow_empty`` lets a trace whose every line was skipped replay no
+    requests instead of raising.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, skip_bad_lines: bool = False, allow_empty: bool = False
+    ) -> None:
         self.path = Path(path)
         self.skip_bad_lines = skip_bad_lines
+        self.allow_empty = allow_empty
         self.skipped = 0
         self.skipped_lines: list[int] = []
+        self.origin_s: float | None = None
+        if self.path.is_dir():
+            raise TraceInputError(f"{self.path}: is a directory, expected a trace file (JSONL, .gz/.xz/.zst)")
         if not self.path.is_file():
             raise FileNotFoundError(f"trace file not found: {self.path}")
 
     def __iter__(self) -> Iterator[TraceRequest]:
         self.skipped = 0
         self.skipped_lines = []
+        self.origin_s = None
         name = os.fspath(self.path)
         seen: dict[str, int] = {}
-        last_arrival = 0.0
-        with open(self.path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise _FieldError(None, f"malformed JSON: {exc.msg} (column {exc.colno})") from None
-                    req = parse_request(obj)
-                    if req.arrival < last_arrival:
-                        raise _FieldError(
-                            "arrival",
-                            f"{req.arrival!r} is before the previous arrival {last_arrival!r} "
-                            "(the file must be sorted by arrival)",
-                        )
-                    if req.id in seen:
-                        raise _FieldError("id", f"duplicate id {req.id!r} (first on line {seen[req.id]})")
-                except _FieldError as exc:
-                    if not self.skip_bad_lines:
-                        raise TraceFormatError(name, lineno, exc.field, exc.problem) from None
-                    self.skipped += 1
-                    if len(self.skipped_lines) < MAX_SKIPPED_LINES_KEPT:
-                        self.skipped_lines.append(lineno)
-                    continue
-                seen[req.id] = lineno
-                last_arrival = req.arrival
-                yield req
+        origin: Decimal | None = None  # the first accepted arrival, exact
+        last = Decimal(0)  # the previous accepted arrival, exact
+        lineno = 0
+        for lineno, raw, arrays in trace_lines(self.path):
+            try:
+                obj = decode_line(raw)
+                req = _request(obj, arrays)
+                exact = exact_number(obj["arrival"])
+                rel = float(_EXACT.subtract(exact, exact if origin is None else origin))
+                if exact < last:
+                    raise _FieldError(
+                        "arrival",
+                        f"{req.arrival!r} is before the previous arrival {float(last)!r} "
+                        "(the file must be sorted by arrival)",
+                    )
+                if rel > MAX_ARRIVAL_SPAN_S:
+                    raise _FieldError("arrival", f"{req.arrival!r} is more than 2**32 s after the first arrival "
+                                                 f"{float(origin)!r}")  # type: ignore[arg-type]
+                if req.id in seen:
+                    raise _FieldError("id", f"duplicate id {req.id!r} (first on line {seen[req.id]})")
+            except _FieldError as exc:
+                if not self.skip_bad_lines:
+                    raise TraceFormatError(name, lineno, exc.field, exc.problem) from None
+                self.skipped += 1
+                if len(self.skipped_lines) < MAX_SKIPPED_LINES_KEPT:
+                    self.skipped_lines.append(lineno)
+                continue
+            if origin is None:
+                origin = exact
+                self.origin_s = float(exact)
+            seen[req.id] = lineno
+            last = exact
+            req.arrival = rel  # correctly rounded, so sorted exact arrivals stay sorted
+            yield req
+        if not seen:
+            if not self.skipped:
+                raise TraceFormatError(name, max(lineno, 1), None, "empty trace: no request lines")
+            if not self.allow_empty:
+                raise TraceFormatError(
+                    name, self.skipped_lines[0], None,
+                    f"every line was skipped as bad ({self.skipped} lines, the first here); "
+                    "set allow_empty: true to replay no requests",
+                )
 
 
-def read_trace(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> TraceReader:
+def read_trace(
+    path: str | os.PathLike[str], *, skip_bad_lines: bool = False, allow_empty: bool = False
+) -> TraceReader:
     """A lazy reader of the canonical JSONL trace at ``path`` (see :class:`TraceReader`)."""
-    return TraceReader(path, skip_bad_lines=skip_bad_lines)
+    return TraceReader(path, skip_bad_lines=skip_bad_lines, allow_empty=allow_empty)
 
 
 def request_to_json(req: TraceRequest) -> str:

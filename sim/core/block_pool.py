@@ -26,6 +26,7 @@ call. Imports neither simpy nor torch.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from sim.core.block_hash_map import BlockHashToBlockMap
@@ -78,6 +79,11 @@ class BlockPool:
                 return None
             out.append(block)
         return out
+
+    def longest_cached_prefix(self, block_hashes: Sequence[bytes], max_blocks: int) -> list[KVCacheBlock]:
+        """Query: the first-inserted block of each of the first ``max_blocks`` keys, stopping at the
+        first key not cached (the one-group full-attention hit search); O(hits)."""
+        return self.cached_block_hash_to_block.longest_cached_prefix(islice(block_hashes, max_blocks))
 
     # -- caching ------------------------------------------------------------------------------
     def cache_full_blocks(
@@ -135,45 +141,10 @@ class BlockPool:
                 stored.append(external_block_hash(hashes[i]))
                 kept.append(i)
         if self.event_sink is not None:
-            self._emit_stored(request, hashes, stored, kept, num_cached_blocks, num_full_blocks, block_size,
-                              group_id, spec_kind, sliding_window)
+            emit_stored(self.event_sink, request, hashes, stored, kept, num_cached_blocks, num_full_blocks,
+                        block_size, group_id, spec_kind, sliding_window)
         if self.observer is not None:
             self.observer.on_cache(request, blocks, num_cached_blocks, num_full_blocks, group_id)
-
-    def _emit_stored(
-        self,
-        request: Request,
-        hashes: Sequence[bytes],
-        stored: list[int],
-        kept: list[int],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
-        group_id: int,
-        spec_kind: str | None,
-        sliding_window: int | None,
-    ) -> None:
-        """One ``BlockStored`` for a ``cache_full_blocks`` call (the masked blocks' tokens included)."""
-        assert self.event_sink is not None
-        extra_list = []
-        mm_idx = 0
-        for i in kept:
-            extra, mm_idx = block_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
-            extra_list.append(extra)
-        self.event_sink(
-            BlockStored(
-                block_hashes=stored,
-                parent_block_hash=external_block_hash(hashes[num_cached_blocks - 1]) if num_cached_blocks else None,
-                token_ids=request.token_slice(num_cached_blocks * block_size, num_full_blocks * block_size).tolist(),
-                block_size=block_size,
-                lora_id=request.lora_int_id if request.lora_name is not None else None,
-                lora_name=request.lora_name,
-                extra_keys=extra_list or None,
-                group_idx=group_id,
-                kv_cache_spec_kind=spec_kind,
-                kv_cache_spec_sliding_window=sliding_window,
-            )
-        )
 
     # -- allocation ---------------------------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
@@ -291,3 +262,39 @@ class BlockPool:
                 assert b.block_hash == key, f"map entry for block {b.block_id} disagrees with its hash"
                 n_mapped += 1
         assert n_mapped == n_cached == self.num_cached_blocks, (n_mapped, n_cached, self.num_cached_blocks)
+
+
+def emit_stored(
+    sink: EventSink,
+    request: Request,
+    hashes: Sequence[bytes],
+    stored: list[int],
+    kept: list[int],
+    num_cached_blocks: int,
+    num_full_blocks: int,
+    block_size: int,
+    group_id: int,
+    spec_kind: str | None,
+    sliding_window: int | None,
+) -> None:
+    """One ``BlockStored`` for a ``cache_full_blocks`` call (the masked blocks' tokens included);
+    shared by this pool and the compiled one (``sim.core.compiled_pool``)."""
+    extra_list = []
+    mm_idx = 0
+    for i in kept:
+        extra, mm_idx = block_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
+        extra_list.append(extra)
+    sink(
+        BlockStored(
+            block_hashes=stored,
+            parent_block_hash=external_block_hash(hashes[num_cached_blocks - 1]) if num_cached_blocks else None,
+            token_ids=request.token_slice(num_cached_blocks * block_size, num_full_blocks * block_size).tolist(),
+            block_size=block_size,
+            lora_id=request.lora_int_id if request.lora_name is not None else None,
+            lora_name=request.lora_name,
+            extra_keys=extra_list or None,
+            group_idx=group_id,
+            kv_cache_spec_kind=spec_kind,
+            kv_cache_spec_sliding_window=sliding_window,
+        )
+    )

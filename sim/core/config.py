@@ -43,3 +43,4 @@ class CacheConfig:
     # ``hash_block_size`` when set).
     kv_groups: tuple[KVGroupSpec, ...] = ()
     hash_block_size: int | None = None
+    pool_impl: str = "compiled"  # sim.core.pool_impl: the compiled block pool, or "python" (its oracle)

@@ -24,7 +24,6 @@ Imports neither simpy nor torch.
 from __future__ import annotations
 
 from collections.abc import KeysView, Sequence
-from itertools import islice
 
 from sim.core.block_pool import BlockPool
 from sim.core.hashing import BlockHash
@@ -32,6 +31,7 @@ from sim.core.kv_cache_block import KVCacheBlock
 from sim.core.kv_cache_coordinator import NO_HITS, HitBlocks, KVCacheCoordinator
 from sim.core.kv_cache_spec import KVGroupSpec, cdiv
 from sim.core.kv_events import EventSink
+from sim.core.pool_impl import DEFAULT_POOL_IMPL, make_block_pool
 from sim.core.request import Request, RequestStatus
 
 _NO_BLOCKS: list[KVCacheBlock] = []  # never mutated
@@ -50,8 +50,9 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         use_eagle: bool = False,
         watermark_blocks: int = 0,
         event_sink: EventSink | None = None,
+        pool_impl: str = DEFAULT_POOL_IMPL,
     ) -> None:
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, event_sink)
+        self.block_pool: BlockPool = make_block_pool(num_gpu_blocks, enable_caching, event_sink, pool_impl)
         self.groups = (KVGroupSpec("full", block_size),)
         self.block_size = self.hash_block_size = block_size
         self.max_model_len = max_model_len
@@ -65,9 +66,7 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
     ) -> tuple[HitBlocks, int]:
-        blocks = self.block_pool.cached_block_hash_to_block.longest_cached_prefix(
-            islice(block_hashes, max_cache_hit_length // self.block_size)
-        )
+        blocks = self.block_pool.longest_cached_prefix(block_hashes, max_cache_hit_length // self.block_size)
         if not blocks:
             return NO_HITS, 0
         if self.use_eagle:
@@ -134,7 +133,7 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         ):
             watermark_blocks = self.watermark_blocks
         total_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
-        num_free = self.block_pool.free_block_queue.num_free_blocks
+        num_free = self.block_pool.get_num_free_blocks()
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
             if self._num_blocks_to_allocate(rid, full, hits) + watermark_blocks > num_free:
@@ -182,7 +181,10 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         num_full = num_tokens // self.block_size
         if num_cached >= num_full:
             return
-        self.block_pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full, self.block_size)
+        # vLLM's KVCacheManager annotates every BlockStored with its group's spec kind: one full-
+        # attention group here (the per-group managers pass KVGroupSpec.event_kind, the same value)
+        self.block_pool.cache_full_blocks(request, self.req_to_blocks[rid], num_cached, num_full, self.block_size,
+                                          spec_kind="full_attention")
         self.num_cached_block[rid] = num_full
 
     def free(self, request_id: str) -> None:

@@ -29,13 +29,13 @@ from __future__ import annotations
 from collections.abc import KeysView, Sequence
 from typing import Any
 
-from sim.core.block_pool import BlockPool
 from sim.core.full_attention_manager import FullAttentionManager
 from sim.core.hashing import BlockHash
 from sim.core.kv_cache_block import KVCacheBlock
 from sim.core.kv_cache_coordinator import NO_HITS, HitBlocks, KVCacheCoordinator
 from sim.core.kv_cache_spec import KVGroupSpec
 from sim.core.kv_events import EventSink
+from sim.core.pool_impl import DEFAULT_POOL_IMPL, make_block_pool
 from sim.core.request import Request
 from sim.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
 from sim.core.sliding_window_manager import SlidingWindowManager
@@ -66,9 +66,10 @@ class GroupedKVCacheCoordinator(KVCacheCoordinator):
         watermark_blocks: int = 0,
         event_sink: EventSink | None = None,
         retention_interval: int | None = None,
+        pool_impl: str = DEFAULT_POOL_IMPL,
     ) -> None:
         self.groups = tuple(groups)
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, event_sink)
+        self.block_pool = make_block_pool(num_gpu_blocks, enable_caching, event_sink, pool_impl)
         self.block_size = block_size
         self.hash_block_size = hash_block_size
         self.max_model_len = max_model_len

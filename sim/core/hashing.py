@@ -7,9 +7,10 @@ Mirrors ``vllm/v1/core/kv_cache_utils.py`` (``hash_block_tokens``,
 * the hash of block *i* is ``H((parent, tokens_i, extra_keys_i))`` where ``parent`` is the hash of
   block *i-1* (``NONE_HASH`` for block 0) -- equal hashes therefore mean equal prefixes;
 * only **full** blocks get a hash; the partial tail block never has one;
-* extra keys, in vLLM's order: the LoRA *name* on every block, ``(mm_identifier, offset - block_start)``
-  for every multimodal item overlapping the block, and ``cache_salt`` on the block starting at
-  token 0 only, and only if truthy (``""`` behaves as no salt); an empty list becomes ``None``;
+* extra keys (:mod:`sim.core.extra_keys`, re-exported here), in vLLM's order: the LoRA *name* on
+  every block, ``(mm_identifier, offset - block_start)`` for every multimodal item overlapping the
+  block, and ``cache_salt`` on the block starting at token 0 only, and only if truthy (``""``
+  behaves as no salt); an empty list becomes ``None``;
 * hashing resumes at ``len(block_hashes) * block_size`` whenever tokens are appended; a resumed pass
   starts its multimodal scan at the *last* item (vLLM's ``curr_mm_idx = -1``).
 
@@ -24,11 +25,16 @@ Hash functions:
   2^-128-scale collision chance) but different bytes, so hit behaviour is identical and runs are
   about two orders of magnitude cheaper. Its chain is polynomial so it vectorises:
   ``h_i = P * h_{i-1} + c_i (mod 2^64)`` per lane, with ``c_i`` a digest of the block's tokens
-  (splitmix64 of each token keyed by its position, combined by two independent random linear forms)
-  and extra keys, and each stored hash a bijective finalisation of ``h_i``.
+  and extra keys, and each stored hash a bijective finalisation of ``h_i``. The token digest is a
+  function of the block's tokens alone, in two cases told apart by the tokens themselves: a block
+  of consecutive ids ``t, t+1, .., t+bs-1`` is digested from ``t`` (a keyed bijection of it, so
+  O(1) per block -- and a prompt held as runs of consecutive ids, ``Request.token_runs``, is
+  hashed without expanding it); any other block by splitmix64 of each token keyed by its position,
+  combined by two independent random linear forms. Same tokens give the same case and digest,
+  whichever form the prompt came in.
 
-Imports ``sim.core.request`` for types only (a request never imports this module); neither simpy nor
-torch.
+Imports ``sim.core.extra_keys``, and ``sim.core.request`` for types only (a request never imports this
+module); neither simpy nor torch.
 """
 
 from __future__ import annotations
@@ -40,8 +46,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sim.core.extra_keys import block_extra_keys, blocks_extra_keys
+
+_chain_runs: Callable[..., tuple[list[bytes], tuple[int, int]]] | None
+try:  # the compiled chain over runs (same keys; built by pip install -e .)
+    from sim.core.compiled_hash import chain_runs as _chain_runs
+except ImportError:  # pragma: no cover - where the extension is not built
+    _chain_runs = None
+
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.core.request import MMFeature, Request
+    from sim.core.request import Request
+
+__all__ = [
+    "HASH_ALGOS", "BlockHash", "BlockHasher", "ExactBlockHasher", "FastBlockHasher", "block_extra_keys",
+    "blocks_extra_keys", "external_block_hash", "hash_function", "make_block_hasher",
+]
 
 BlockHash = bytes
 """The hash of one block, as bytes (32 bytes for sha256, 16 for xxhash and fast)."""
@@ -94,87 +113,6 @@ def hash_function(name: str) -> Callable[[Any], bytes]:
         return _EXACT_FNS[name]
     except KeyError:
         raise ValueError(f"unknown hash algorithm {name!r}; choose one of {HASH_ALGOS}") from None
-
-
-# ----------------------------------------------------------------------------------------------
-# Extra keys (generate_block_hash_extra_keys)
-# ----------------------------------------------------------------------------------------------
-
-
-def _mm_extra_keys(
-    mm_features: Sequence[MMFeature], start: int, end: int, start_mm_idx: int
-) -> tuple[list[Any], int]:
-    """``(identifier, offset - start)`` for every item overlapping ``[start, end)``; vLLM's scan."""
-    keys: list[Any] = []
-    if not mm_features:
-        return keys, start_mm_idx
-    last = mm_features[-1]
-    if last.offset + last.length <= start:
-        return keys, start_mm_idx
-    if start_mm_idx < 0:
-        start_mm_idx = len(mm_features) + start_mm_idx
-    idx = start_mm_idx
-    while idx < len(mm_features):
-        feat = mm_features[idx]
-        if end > feat.offset:
-            if start >= feat.offset + feat.length:
-                idx += 1
-                continue
-            keys.append((feat.identifier, feat.offset - start))
-            if end >= feat.offset + feat.length:
-                idx += 1
-            else:
-                break
-        else:
-            break
-    return keys, idx
-
-
-def _one_block_extra_keys(
-    lora_name: str | None, cache_salt: str | None, mm_features: Sequence[MMFeature], start: int, end: int,
-    start_mm_idx: int,
-) -> tuple[tuple[Any, ...] | None, int]:
-    mm_keys, next_idx = _mm_extra_keys(mm_features, start, end, start_mm_idx)
-    keys: list[Any] = [lora_name] if lora_name is not None else []
-    keys.extend(mm_keys)
-    if start == 0 and cache_salt:
-        keys.append(cache_salt)
-    return (tuple(keys) if keys else None), next_idx
-
-
-def block_extra_keys(
-    request: Request, start: int, end: int, start_mm_idx: int
-) -> tuple[tuple[Any, ...] | None, int]:
-    """Extra keys of the block ``[start, end)``: LoRA name, MM items, then salt on block 0 only."""
-    return _one_block_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, end, start_mm_idx)
-
-
-def blocks_extra_keys(
-    lora_name: str | None, cache_salt: str | None, mm_features: Sequence[MMFeature], start: int, num_blocks: int,
-    block_size: int,
-) -> list[tuple[Any, ...] | None] | None:
-    """Extra keys of the ``num_blocks`` full blocks from token ``start`` of a request with these
-    fields; None when no block can carry any (vLLM's ``need_extra_keys`` is false).
-
-    The one definition of extra keys of a hash pass: the engine's hashers (``Request`` fields) and
-    the offline bounds of ``workloads.bounds`` (``TraceRequest`` fields, no multimodal items) both
-    call it, so their block keys cannot diverge. Pure.
-    """
-    if not mm_features and lora_name is None and not cache_salt:
-        return None
-    if not mm_features:  # the LoRA name on every block, the salt (if truthy) on the block at token 0
-        lora: tuple[Any, ...] = (lora_name,) if lora_name is not None else ()
-        extras: list[tuple[Any, ...] | None] = [lora or None] * num_blocks
-        if start == 0 and cache_salt and num_blocks:
-            extras[0] = lora + (cache_salt,)
-        return extras
-    mm_idx = 0 if start == 0 else -1  # a resumed pass scans from the last item (vLLM's curr_mm_idx = -1)
-    extras = []
-    for k in range(num_blocks):
-        s = start + k * block_size
-        extra, mm_idx = _one_block_extra_keys(lora_name, cache_salt, mm_features, s, s + block_size, mm_idx)
-        extras.append(extra)
-    return extras
 
 
 # ----------------------------------------------------------------------------------------------
@@ -280,6 +218,10 @@ class FastBlockHasher(BlockHasher):
         )  # type: ignore[assignment]
         self._pow = np.ones((self._LANES, 1), dtype=np.uint64)
         self._inv_pow = np.ones((self._LANES, 1), dtype=np.uint64)
+        # drawn last, so the constants above are those of the token digest as it always was
+        self._run_keys = rng.integers(0, 2**63, size=(self._LANES, 2), dtype=np.int64).astype(np.uint64)
+        self._ramp = np.arange(block_size, dtype=np.uint64)
+        self.compiled = True  # use sim.core.compiled_hash when built (False: the numpy oracle only)
 
     def _powers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """P^k and P^-k for k in [0, n] per lane (grown geometrically, cached)."""
@@ -302,6 +244,62 @@ class FastBlockHasher(BlockHasher):
         d = hashlib.blake2b(pickle.dumps(extra, protocol=4), digest_size=16).digest()
         return np.frombuffer(d, dtype=np.uint64).copy()
 
+    def _run_digest(self, first: np.ndarray) -> np.ndarray:
+        """Digests ``(2, m)`` of blocks of consecutive ids starting at ``first`` (uint64): a keyed
+        bijection of the first id per lane, independent of the token digest below."""
+        return _splitmix64(_splitmix64(first[None, :] ^ self._run_keys[:, :1]) ^ self._run_keys[:, 1:])
+
+    def _token_digest(self, blocks: np.ndarray) -> np.ndarray:
+        """Digests ``(2, m)`` of ``m`` blocks given as a ``(m, bs)`` uint64 array of their tokens."""
+        cons = (blocks == blocks[:, :1] + self._ramp).all(axis=1)
+        if cons.all():
+            return self._run_digest(blocks[:, 0])
+        # c[lane, i]: each token is mixed non-linearly with a key of its position; the two lanes
+        # are two independent random linear forms of those mixes (plain sum, and a sum weighted by
+        # random odd multipliers), each finalised.
+        mixed = _splitmix64(blocks ^ self._pos_key)
+        sums = np.stack([mixed.sum(axis=1, dtype=np.uint64), (mixed * self._pos_mult).sum(axis=1, dtype=np.uint64)])
+        c = _splitmix64(sums ^ self._lane_keys)
+        if cons.any():
+            c[:, cons] = self._run_digest(blocks[cons, 0])
+        return c
+
+    def _runs_digest(self, starts: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
+        """Digests ``(2, n)`` of the first ``n`` full blocks of tokens given as runs of consecutive
+        ids: a block inside one run from its first id; only blocks across a run boundary are
+        expanded (they may still be consecutive: the token digest decides, as it would)."""
+        bs = self.block_size
+        ends = np.cumsum(lengths)
+        offs = ends - lengths
+        bstart = np.arange(n, dtype=np.int64) * bs
+        r = np.searchsorted(ends, bstart, side="right")  # the run holding each block's first token
+        first = starts[r] + (bstart - offs[r])
+        inside = ends[r] >= bstart + bs
+        if inside.all():
+            return self._run_digest(first.view(np.uint64))
+        c = np.empty((self._LANES, n), dtype=np.uint64)
+        c[:, inside] = self._run_digest(first[inside].view(np.uint64))
+        across = np.flatnonzero(~inside)
+        pos = bstart[across, None] + np.arange(bs, dtype=np.int64)
+        ri = np.searchsorted(ends, pos, side="right")
+        c[:, across] = self._token_digest((starts[ri] + (pos - offs[ri])).view(np.uint64))
+        return c
+
+    def _chain_runs(
+        self,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        n: int,
+        state: tuple[int, int],
+        extras: Sequence[tuple[Any, ...] | None] | None,
+    ) -> tuple[list[BlockHash], tuple[int, int]]:
+        """Hash ``n`` full blocks of tokens given as runs, continuing the chain from ``state``: the
+        compiled chain when it is built and there are no extra keys, else numpy (same keys)."""
+        if extras is None and _chain_runs is not None and self.compiled:
+            return _chain_runs(starts, lengths, n, self.block_size, self._run_keys, self._pos_key, self._pos_mult,
+                               self._lane_keys, self._p, state[0], state[1])
+        return self._chain(self._runs_digest(starts, lengths, n), state, extras)
+
     def _chain_blocks(
         self,
         tokens: np.ndarray,
@@ -312,12 +310,16 @@ class FastBlockHasher(BlockHasher):
         bs = self.block_size
         n = len(tokens) // bs
         blocks = np.ascontiguousarray(tokens[: n * bs], dtype=np.int64).view(np.uint64).reshape(n, bs)
-        # c[lane, i]: digest of block i's tokens. Each token is mixed non-linearly with a key of
-        # its position; the two lanes are two independent random linear forms of those mixes
-        # (plain sum, and a sum weighted by random odd multipliers), each finalised.
-        mixed = _splitmix64(blocks ^ self._pos_key)
-        sums = np.stack([mixed.sum(axis=1, dtype=np.uint64), (mixed * self._pos_mult).sum(axis=1, dtype=np.uint64)])
-        c = _splitmix64(sums ^ self._lane_keys)
+        return self._chain(self._token_digest(blocks), state, extras)
+
+    def _chain(
+        self,
+        c: np.ndarray,
+        state: tuple[int, int],
+        extras: Sequence[tuple[Any, ...] | None] | None,
+    ) -> tuple[list[BlockHash], tuple[int, int]]:
+        """Chain the block digests ``c`` ``(2, n)`` (extra keys mixed in) from ``state``."""
+        n = c.shape[1]
         if extras is not None:
             by_extra: dict[tuple[Any, ...], list[int]] = {}
             for i, extra in enumerate(extras):
@@ -358,17 +360,26 @@ class FastBlockHasher(BlockHasher):
             gen_keys = []
         extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs)
         state = request.hash_state if request.block_hashes else self.initial_state
-        tokens = request.token_slice(start, start + n_blocks * bs)
-        keys, request.hash_state = self._chain_blocks(tokens, state, extras)
+        runs = request.token_runs(start, start + n_blocks * bs)
+        if runs is not None:
+            keys, request.hash_state = self._chain_runs(runs[0], runs[1], n_blocks, state, extras)
+        else:
+            tokens = request.token_slice(start, start + n_blocks * bs)
+            keys, request.hash_state = self._chain_blocks(tokens, state, extras)
         return keys + gen_keys if gen_keys else keys
 
     def hash_token_blocks(
         self, tokens: Sequence[int] | np.ndarray, extra_keys: Sequence[tuple[Any, ...] | None] | None = None
     ) -> list[BlockHash]:
-        arr = np.asarray(tokens, dtype=np.int64)
-        n = len(arr) // self.block_size
+        """(Also takes a ``LazyTokens`` offering ``runs()``: hashed from its runs, same keys.)"""
+        get_runs = getattr(tokens, "runs", None) if not isinstance(tokens, np.ndarray) else None
+        runs = get_runs() if get_runs is not None else None
+        n = len(tokens) // self.block_size
         extras = list(extra_keys[:n]) if extra_keys is not None else None
-        keys, _ = self._chain_blocks(arr, self.initial_state, extras)
+        if runs is not None:
+            keys, _ = self._chain_runs(runs[0], runs[1], n, self.initial_state, extras)
+            return keys
+        keys, _ = self._chain_blocks(np.asarray(tokens, dtype=np.int64), self.initial_state, extras)
         return keys
 
 

@@ -41,6 +41,7 @@ from sim.core.kv_cache_block import KVCacheBlock
 from sim.core.kv_cache_coordinator import NO_HITS, HitBlocks, KVCacheCoordinator
 from sim.core.kv_cache_spec import KVGroupSpec, check_groups
 from sim.core.kv_events import EventSink
+from sim.core.pool_impl import DEFAULT_POOL_IMPL
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import Request
 
@@ -57,6 +58,7 @@ def _make_coordinator(
     watermark_blocks: int,
     event_sink: EventSink | None,
     retention_interval: int | None,
+    pool_impl: str,
 ) -> KVCacheCoordinator:
     """The coordinator for a group layout (vLLM ``get_kv_cache_coordinator``, plus the fast path)."""
     if not kv_groups:
@@ -65,7 +67,7 @@ def _make_coordinator(
         return UnitaryFullAttentionCoordinator(
             num_gpu_blocks, block_size, max_model_len,
             enable_caching=enable_caching, use_eagle=use_eagle, watermark_blocks=watermark_blocks,
-            event_sink=event_sink,
+            event_sink=event_sink, pool_impl=pool_impl,
         )
     groups = tuple(kv_groups)
     sched_bs, hash_bs = check_groups(groups, enable_caching, hash_block_size)
@@ -86,7 +88,7 @@ def _make_coordinator(
         block_size=sched_bs, hash_block_size=hash_bs,
         max_num_batched_tokens=max_model_len if max_num_batched_tokens is None else max_num_batched_tokens,
         enable_caching=enable_caching, use_eagle=use_eagle, watermark_blocks=watermark_blocks,
-        event_sink=event_sink, retention_interval=retention_interval,
+        event_sink=event_sink, retention_interval=retention_interval, pool_impl=pool_impl,
     )
 
 
@@ -113,12 +115,14 @@ class KVCacheManager:
         watermark: float = 0.0,
         event_sink: EventSink | None = None,
         retention_interval: int | None = None,
+        pool_impl: str = DEFAULT_POOL_IMPL,
     ) -> None:
         if watermark < 0:
             raise ValueError("watermark must be non-negative")
         self.coordinator: KVCacheCoordinator = _make_coordinator(
             num_gpu_blocks, block_size, max_model_len, kv_groups, hash_block_size, max_num_batched_tokens,
             enable_caching, use_eagle, int(watermark * num_gpu_blocks), event_sink, retention_interval,
+            pool_impl,
         )
         self.block_pool: BlockPool = self.coordinator.block_pool
         self.kv_groups: tuple[KVGroupSpec, ...] = self.coordinator.groups
@@ -151,6 +155,7 @@ class KVCacheManager:
             log_stats=log_stats,
             watermark=scheduler_config.watermark,
             event_sink=event_sink,
+            pool_impl=cache_config.pool_impl,
         )
 
     @property

@@ -57,11 +57,28 @@ class RequestBlockHasher(Protocol):
 
 @runtime_checkable
 class LazyTokens(Protocol):
-    """A compact prompt (e.g. runs of trace block ids) expanded to token ids only when needed."""
+    """A compact prompt (e.g. runs of trace block ids) expanded to token ids only when needed.
+
+    It may also offer ``runs() -> (starts, lengths) | None``: the prompt as runs of consecutive
+    ids, which the fast hasher digests without expanding (``Request.token_runs``)."""
 
     def __len__(self) -> int: ...
 
     def materialize(self) -> np.ndarray: ...
+
+
+def slice_runs(starts: np.ndarray, lengths: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """Runs ``(starts, lengths)`` cut to the tokens ``[start, end)`` (within their total length). Pure."""
+    ends = np.cumsum(lengths)
+    a = int(np.searchsorted(ends, start, side="right"))  # run holding token start
+    b = int(np.searchsorted(ends, end - 1, side="right"))  # run holding token end - 1
+    s = starts[a : b + 1].copy()
+    n = lengths[a : b + 1].copy()
+    cut = start - (int(ends[a - 1]) if a else 0)
+    s[0] += cut
+    n[0] -= cut
+    n[-1] -= int(ends[b]) - end
+    return s, n
 
 
 def token_array(tokens: Sequence[int] | np.ndarray | LazyTokens) -> np.ndarray:
@@ -123,6 +140,7 @@ class Request:
         "num_output_placeholders",
         "is_prefill_chunk",
         "_hasher",
+        "_runs_checked",
     )
 
     def __init__(
@@ -185,6 +203,7 @@ class Request:
         self.num_output_placeholders = 0
         self.is_prefill_chunk = False
         self._hasher = hasher
+        self._runs_checked = False
 
     # -- token views --------------------------------------------------------------------------
     @property
@@ -208,6 +227,25 @@ class Request:
             if self._hasher is not None:
                 self._block_hashes.extend(self._hasher.hash_new_blocks(self))
         return self._block_hashes
+
+    def token_runs(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Query: prompt tokens ``[start, end)`` as runs of consecutive ids ``(starts, lengths)``
+        while the prompt is still held as runs (never expanded), else None (use ``token_slice``).
+        The runs' ids are range-checked like an expanded prompt's."""
+        src = self._prompt_source
+        if src is None or not start < end <= self.num_prompt_tokens:
+            return None
+        get = getattr(src, "runs", None)
+        runs = get() if get is not None else None
+        if runs is None:
+            return None
+        starts, lengths = runs
+        if not self._runs_checked:
+            last = starts + lengths - 1
+            if starts.size and (int(starts.min()) < 0 or int(last.max()) >= GENERATED_TOKEN_BASE):
+                raise ValueError(f"request {self.request_id}: prompt token ids must be in [0, 2**62)")
+            self._runs_checked = True
+        return slice_runs(starts, lengths, start, end)
 
     def token_slice(self, start: int, end: int) -> np.ndarray:
         """Tokens ``[start, end)`` of prompt + outputs as int64."""

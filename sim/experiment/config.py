@@ -124,6 +124,7 @@ class EngineConfig(_Strict):
     hash_seed: int = 0
     use_eagle: bool = False
     async_scheduling: bool = False  # vLLM's default is on; the simulator's default is the sync scheduler
+    pool_impl: Literal["compiled", "python"] = "compiled"  # the block pool (sim.core.pool_impl); same results
     # Sliding-window / hybrid models: the KV-cache groups, in vLLM's group order. Unset = one
     # full-attention group of ``block_size``. When set, ``block_size`` is not used (the scheduler
     # block size is the LCM of the group sizes) and ``num_gpu_blocks`` is required (vLLM's hybrid

@@ -171,7 +171,8 @@ def resolve(cfg: ExperimentConfig) -> EngineDescription:
         async_scheduling=e.async_scheduling,
     )
     cache_config = CacheConfig(block_size, num_blocks, e.enable_prefix_caching, e.use_eagle,
-                               kv_groups=groups if hybrid else (), hash_block_size=e.hash_block_size)
+                               kv_groups=groups if hybrid else (), hash_block_size=e.hash_block_size,
+                               pool_impl=e.pool_impl)
     return EngineDescription(
         kv_groups=groups,
         hybrid=hybrid,

@@ -36,13 +36,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import yaml
 
 from sim.core.kv_events import event_to_dict
 from sim.experiment.results_folder import ResultsError, ResultsFolder, os_problem
+
+if TYPE_CHECKING:  # pandas (and pyarrow, which it loads) are imported by the tables, when written
+    import pandas as pd
 
 _PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib", "scipy",
              "scikit-learn")

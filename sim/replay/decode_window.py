@@ -62,6 +62,7 @@ class Window:
     bulk_blocks: list[int] = field(default_factory=list)  # blocks each bulk request holds at the start
     tail_blocks: list[int] = field(default_factory=list)  # same for the tail
     per_step: list[tuple[int, int, int]] = field(default_factory=list)  # free, cached, finished
+    starts: list[float] = field(default_factory=list)  # each step's start, then the window's end
 
     @property
     def k(self) -> int:
@@ -165,6 +166,7 @@ def plan_window(
     threshold = cfg.long_prefill_token_threshold
     used = 0  # blocks popped so far in the window
     start = now
+    starts = [now]
     for j in range(k_max):
         if j and not arrivals_harmless and start >= next_arrival:  # next_arrival has the tolerance
             break
@@ -221,13 +223,14 @@ def plan_window(
         durations.append(d)
         lookups.append(head is not None and budget > 0)
         first_tokens.append(firsts)
-        start = start + d  # the same float arithmetic as the plain loop
+        start = start + d  # the same float arithmetic as the plain loop's clock
+        starts.append(start)
         if step_finishes:
             break
     if len(durations) < 2:
         return None
     return Window(bulk, tail, tail_steps, shapes, durations, lookups, first_tokens,
-                  head if isinstance(head, Request) else None, bulk_blocks, tail_blocks)
+                  head if isinstance(head, Request) else None, bulk_blocks, tail_blocks, starts=starts)
 
 
 def apply_window(scheduler: Scheduler, window: Window) -> None:
@@ -241,55 +244,54 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     kvm = scheduler.kv_cache_manager
     pool = kvm.block_pool
     bs = kvm.block_size
-    # events: (step, running index, kind, request, arg): kind 0 = allocate the blocks that hold arg
-    # tokens, 1 = cache up to arg tokens. Tokens are appended first: hashes depend only on tokens, and caching reads
-    # only hashes step-by-step replay would already have computed at that point.
-    events: list[tuple[int, int, int, Request, int]] = []
-    for idx, (r, nb) in enumerate(zip(window.bulk, window.bulk_blocks)):
+    # events of step j: (kind, request, arg), kind 0 = allocate the blocks that hold arg tokens, 1 =
+    # cache up to arg tokens; in running order, allocation before caching (as schedule() does them).
+    # Appending request by request in running order, each one's allocations before its caches,
+    # keeps every step's list in that order without a sort. Tokens are appended first: hashes
+    # depend only on tokens, and caching reads only hashes step-by-step replay would already have
+    # computed at that point.
+    events: dict[int, list[tuple[int, Request, int]]] = {}
+    for r, nb in zip(window.bulk, window.bulk_blocks):
         p0 = r.num_computed_tokens
         r.append_output_token_ids(r.planned_output_tokens(len(r.output_token_ids), k))
         # allocation at step nb*bs - p0 (the first position past its blocks), then every bs steps
         for j in range(max(0, nb * bs - p0), k, bs):
-            events.append((j, idx, 0, r, p0 + j + 1))  # one new block: step j computes position p0 + j
+            events.setdefault(j, []).append((0, r, p0 + j + 1))  # one new block: step j computes position p0 + j
         # each step caches floor((p0 + j + 1) / bs) blocks; step 0 always (any lag is caught up
         # where the plain path would), then at each block boundary
-        events.append((0, idx, 1, r, p0 + 1))
+        events.setdefault(0, []).append((1, r, p0 + 1))
         first = (-(p0 + 1)) % bs
         for j in range(first if first else bs, k, bs):
-            events.append((j, idx, 1, r, p0 + j + 1))
-    n_bulk = len(window.bulk)
-    for t, (r, steps, n_blocks) in enumerate(zip(window.tail, window.tail_steps, window.tail_blocks)):
+            events.setdefault(j, []).append((1, r, p0 + j + 1))
+    for r, steps, n_blocks in zip(window.tail, window.tail_steps, window.tail_blocks):
         n_samples = sum(1 for s in steps if s.samples)
         if n_samples:
             r.append_output_token_ids(r.planned_output_tokens(len(r.output_token_ids), n_samples))
         for s in steps:
+            ops = events.setdefault(s.step, [])
             nb = cdiv(s.computed_before + s.num_new, bs) - n_blocks
             if nb > 0:
-                events.append((s.step, n_bulk + t, 0, r, s.computed_before + s.num_new))
+                ops.append((0, r, s.computed_before + s.num_new))
                 n_blocks += nb
-            events.append((s.step, n_bulk + t, 1, r, s.cache_upto))
-    events.sort(key=lambda e: (e[0], e[1], e[2]))
+            ops.append((1, r, s.cache_upto))
 
     per_step = window.per_step
-    ev = 0
-    n_ev = len(events)
     base_step = scheduler.step_index
     head = window.lookup_head
     # The head's lookup (recorded in PrefixCacheStats, then refused -- see the module docstring)
     # only changes when a block of its hit chain is handed out again; walk it again only then.
     chain: set[int] = set()
     head_hits = -1
+    no_ops: list[tuple[int, Request, int]] = []
     for j in range(k):
         scheduler.step_index = base_step + j  # KV events of step j are attributed to it
-        while ev < n_ev and events[ev][0] == j:
-            _, _, kind, r, arg = events[ev]
+        for kind, r, arg in events.get(j, no_ops):
             if kind == 0:
                 new_blocks = kvm.allocate_new_blocks(r.request_id, arg)
                 if chain and any(id(b) in chain for b in new_blocks):
                     head_hits = -1
             else:
                 kvm.cache_blocks(r, arg)
-            ev += 1
         if head is not None and window.lookups[j]:
             if head_hits < 0:
                 hit_blocks, head_hits = kvm.get_computed_blocks(head)

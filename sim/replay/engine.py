@@ -30,12 +30,12 @@ the loops ask for them. Nothing else in ``sim`` or ``workloads`` imports simpy (
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import simpy
 
 from sim.core.executor import Executor
@@ -50,6 +50,9 @@ from sim.replay.recorder import ReplayRecorder
 from sim.replay.step_runner import StepRunner
 from sim.replay.sync_loop import sync_steps
 from workloads.trace_format import TraceRequest
+
+if TYPE_CHECKING:  # pandas is imported only when the tables are built (sim.replay.metrics)
+    import pandas as pd
 
 __all__ = ["Replay", "ReplayError", "ReplayResult"]
 
@@ -81,7 +84,7 @@ class Replay:
         fast_forward: bool = True,
         integrity_check: bool = False,
         progress: bool = False,
-        total: int | None = None,
+        total: int | Callable[[], int] | None = None,
         record_events: bool = False,
         max_window_steps: int = 1 << 16,
         on_step: Callable[[Scheduler], None] | None = None,
@@ -105,8 +108,8 @@ class Replay:
             scheduler.kv_cache_manager.block_pool.event_sink = self._record_event
         self.attribution: MissAttribution | None = None
         if attribution != "off":
-            # the one place a run's pool is chosen for attribution: the observer needs a pool with
-            # the hooks of sim.core.cache_observer (the Python BlockPool has them)
+            # the observer needs a pool with the hooks of sim.core.cache_observer: both pools
+            # (sim.core.pool_impl) have them, and tell them the same calls (tests/test_compiled_pool.py)
             self.attribution = MissAttribution(scheduler, full=attribution == "full")
             scheduler.kv_cache_manager.block_pool.observer = self.attribution
         self.integrity_check = integrity_check
@@ -125,6 +128,7 @@ class Replay:
         t0 = time.perf_counter()
         self.env.process(self._guard(self._arrivals()))
         engine = self.env.process(self._guard(self._engine()))
+        gc.freeze()  # what exists before the replay (modules, configs) stays out of its GC passes
         try:
             self.env.run(until=engine)
         except Exception:
@@ -133,6 +137,7 @@ class Replay:
                 raise self._error from None
             raise
         finally:
+            gc.unfreeze()
             self.rec.close()
         wall = time.perf_counter() - t0
         requests, steps = self.rec.tables()

@@ -22,6 +22,7 @@ Pure Python: imports neither simpy nor torch.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 
 from sim.core.request import Request
@@ -83,6 +84,15 @@ class RequestIntake:
             for r in self._pending:
                 self.scheduler.add_request(r)
             self._pending.clear()
+
+    def due_counts(self, times: list[float]) -> list[int]:
+        """For each of the non-decreasing ``times``, how many records not yet handed to the
+        scheduler arrive at or before it (to ARRIVAL_EPS_S); delivers them (they stay pending)."""
+        if not times:
+            return []
+        self.deliver_due(times[-1])
+        arrivals = [r.arrival_time for r in self._pending]
+        return [bisect_right(arrivals, t + ARRIVAL_EPS_S) for t in times]
 
     def drained(self) -> bool:
         """Nothing left to deliver or admit."""

@@ -1,6 +1,6 @@
 """Per-request and per-step records of a replay, and the run summary.
 
-Column-oriented (dict of lists) while replaying, turned into pandas tables at the end.
+Row tuples while replaying, turned into pandas tables at the end (pandas is imported only then).
 
 Per request: ``arrival``, ``first_scheduled`` (start of the step that first admitted it),
 ``first_token`` (end of the step that sampled its first token), ``finish``, ``ttft``, ``tpot``
@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from sim.core.prefix_cache_stats import PrefixCacheStats
+
+if TYPE_CHECKING:  # pandas is imported only to build the tables (it costs a third of a second)
+    import pandas as pd
 
 REQUEST_COLUMNS = (
     "request_id",
@@ -100,6 +102,8 @@ class RecordTable:
         return len(self.rows)
 
     def to_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.DataFrame.from_records(self.rows, columns=list(self.columns))
 
 
@@ -165,8 +169,8 @@ def summarize(
         "mean_batch_size": float(steps["batch_size"].mean()) if len(steps) else 0.0,
     }
     for metric in ("ttft", "tpot", "e2e", "queue_time"):
-        col = requests[metric] if n else pd.Series(dtype=float)
-        out[f"{metric}_mean_s"] = float(col.mean()) if n else math.nan
+        col = requests[metric] if n else None
+        out[f"{metric}_mean_s"] = float(col.mean()) if col is not None else math.nan
         for q in (50, 90, 99):
-            out[f"{metric}_p{q}_s"] = _pct(col, q)
+            out[f"{metric}_p{q}_s"] = _pct(col, q) if col is not None else math.nan
     return out

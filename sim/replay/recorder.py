@@ -7,13 +7,15 @@ happen, ``step`` once per engine step and ``add_stats`` with each step's drained
 
 from __future__ import annotations
 
-from typing import Any
-
-import pandas as pd
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import Request
 from sim.replay.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RecordTable, finalize_requests
+
+if TYPE_CHECKING:  # pandas is imported only when the tables are built
+    import pandas as pd
 
 _COL = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
 _FIRST_SCHEDULED, _FIRST_TOKEN, _FINISH = _COL["first_scheduled"], _COL["first_token"], _COL["finish"]
@@ -24,12 +26,13 @@ _OUTPUT_TOKENS, _STATUS = _COL["output_tokens"], _COL["status"]
 class _Progress:
     """A tqdm bar over finished requests, or nothing."""
 
-    def __init__(self, enabled: bool, total: int | None) -> None:
+    def __init__(self, enabled: bool, total: int | Callable[[], int] | None) -> None:
         self.bar = None
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="req", desc="replay", mininterval=0.5, smoothing=0.05)
+            count = total() if callable(total) else total  # a deferred count runs only for the bar
+            self.bar = tqdm(total=count, unit="req", desc="replay", mininterval=0.5, smoothing=0.05)
 
     def update(self, n: int) -> None:
         if self.bar is not None and n:
@@ -43,7 +46,7 @@ class _Progress:
 class ReplayRecorder:
     """Per-request and per-step rows of one replay, plus the summed prefix-cache stats."""
 
-    def __init__(self, progress: bool = False, total: int | None = None) -> None:
+    def __init__(self, progress: bool = False, total: int | Callable[[], int] | None = None) -> None:
         self._rows: dict[str, list[Any]] = {}  # request id -> its (mutable) row
         self._requests = RecordTable(REQUEST_COLUMNS)
         self._steps = RecordTable(STEP_COLUMNS)
@@ -89,6 +92,10 @@ class ReplayRecorder:
     def step(self, *values: Any) -> None:
         """One step row, in ``STEP_COLUMNS`` order."""
         self._steps.append(*values)
+
+    def steps(self, *columns: Iterable[Any]) -> None:
+        """Several step rows given as columns, in ``STEP_COLUMNS`` order (a fast-forward window)."""
+        self._steps.rows.extend(zip(*columns, strict=True))
 
     def add_stats(self, stats: PrefixCacheStats | None) -> None:
         if stats is not None:

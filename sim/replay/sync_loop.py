@@ -3,7 +3,8 @@
 Mirrors vLLM's ``EngineCore.step`` (no batch queue): at a step's start, admit every request that
 has arrived by then, ``schedule()``, execute, wait the step's duration, ``update_from_output``.
 With fast-forward, runs of predictable steps are played as one window
-(``sim.replay.decode_window``), with the same per-step records as the plain loop.
+(``sim.replay.decode_window``): one clock event for the whole window, and the same per-step records
+as the plain loop, written in bulk.
 
 Invariants: a step sees every request that arrived at or before its start (pulled by the loop, so
 that the order of same-instant clock events and float rounding cannot hide one); an idle engine
@@ -15,7 +16,9 @@ A generator of :data:`~sim.replay.step_runner.Wait` values; imports neither simp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from itertools import repeat
 
 from sim.replay.decode_window import Window, apply_window
 from sim.replay.errors import ReplayError
@@ -50,35 +53,47 @@ def sync_steps(run: StepRunner) -> Iterator[Wait]:
 
 
 def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
-    """Play a planned window: its block operations at once, then its steps' times and records."""
+    """Play a planned window as one clock event: its block operations at once, one wait to its end
+    (landing on the float the plain loop's step-by-step clock reaches), then its rows in bulk."""
     sched = run.scheduler
     rec = run.rec
-    clock = run.clock
     first_step = sched.step_index
     n_running = len(sched.running)
+    n_waiting = len(sched.waiting)
     apply_window(sched, window)
-    run.num_window_steps += window.k
-    pool = sched.kv_cache_manager.block_pool
-    total_blocks = pool.num_gpu_blocks - 1
-    for j, (d, shape) in enumerate(zip(window.durations, window.shapes)):
-        if j:
-            # arrivals inside a window are allowed only while admissions are blocked
-            # (plan_window); they still join the waiting queue at the step they arrive by
-            run.intake.admit_due(clock.now)
-        start = clock.now
-        n_waiting = len(sched.waiting)
-        yield d
-        for r in window.first_tokens[j]:
-            rec.first_token(r, clock.now)
-        free, cached, n_finished = window.per_step[j]
-        rec.step(
-            first_step + j, start, d, shape.num_seqs, shape.num_new_tokens, shape.num_prefill_tokens,
-            shape.num_decode_seqs, 0, 0, n_finished, n_running, n_waiting, free, cached,
-            1.0 - free / total_blocks,
-        )
-    now = clock.now
+    k = window.k
+    run.num_window_steps += k
+    starts = window.starts
+    yield exact_delay(run.clock.now, starts[k])
+    # arrivals inside a window are allowed only while admissions are blocked (plan_window); each
+    # still counts as waiting from the first step that starts at or after it (the plain loop admits
+    # it there), and joins the queue at the window's end, before anything else happens
+    waiting = [n_waiting, *(n_waiting + n for n in run.intake.due_counts(starts[1:k]))]
+    for j, firsts in enumerate(window.first_tokens):
+        for r in firsts:
+            rec.first_token(r, starts[j + 1])
+    total_blocks = sched.kv_cache_manager.block_pool.num_gpu_blocks - 1
+    free, cached, n_finished = zip(*window.per_step)
+    shapes = window.shapes
+    rec.steps(
+        range(first_step, first_step + k), starts[:k], window.durations, [s.num_seqs for s in shapes],
+        [s.num_new_tokens for s in shapes], [s.num_prefill_tokens for s in shapes],
+        [s.num_decode_seqs for s in shapes], repeat(0, k), repeat(0, k), n_finished, repeat(n_running, k), waiting,
+        free, cached, [1.0 - f / total_blocks for f in free],
+    )
+    now = starts[k]
     for r in window.bulk + window.tail:
         if r.is_finished():
             rec.finished(r, now)
             r.release_tokens()
     run.after_step()
+
+
+def exact_delay(now: float, end: float) -> float:
+    """The wait ``d`` with ``now + d == end`` in floats (``end - now`` can round either way)."""
+    d = end - now
+    while now + d < end:
+        d = math.nextafter(d, math.inf)
+    while now + d > end:
+        d = math.nextafter(d, -math.inf)
+    return d

@@ -1,0 +1,169 @@
+"""Benchmark: apcsim against BLIS, side by side, on the first 4,000 Mooncake conversation requests.
+
+Builds the canonical token JSONL (``{"id", "arrival", "tokens", "output_tokens"}``, 53 M prompt
+tokens, about 450 MB) from the Mooncake conversation trace, then -- for each pool size -- runs the
+BLIS harness of ``--peers`` (``../shared/peers`` by default; see its README for the set-up) and
+``apcsim run`` on it alternately, ``--repeat`` times each, in fresh processes, with the same
+settings: block size 16, fixed 20 ms steps, 8,192-token budget, 256 sequences, the same number of
+blocks (BLIS's are all usable; vLLM's block 0 is the null block); apcsim writes its parquet tables
+and skips the offline bounds (``--no-bounds``), as BLIS computes none. Prints per run the CPU seconds
+(user + system of the process), wall seconds and peak RSS, the medians side by side with their
+ratio against the targets (CPU <= 0.5x BLIS at 52,001 blocks, <= 0.1x at 8,000; RSS no higher),
+and the per-request agreement of first-admission hit tokens. Without a set-up BLIS harness only
+apcsim runs. The machine's load average is printed before and after: share the cores with other
+jobs and the absolute times grow, so read the ratios of one run.
+
+    python benchmarks/bench_vs_blis.py [--peers DIR] [--blocks 52001 8000] [--repeat 3] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = {52001: 0.5, 8000: 0.1}  # CPU-time ratio apcsim / BLIS the issue asks for
+
+
+def build_input(trace: Path, n: int, out: Path) -> Path:
+    """The first ``n`` requests of the Mooncake trace as canonical JSONL (expanded token ids)."""
+    if out.exists():
+        return out
+    sys.path.insert(0, str(ROOT))
+    from sim.core.request import token_array
+    from workloads.mooncake import load_mooncake
+    from workloads.trace_format import TraceRequest, write_trace
+
+    reqs = (TraceRequest(f"mc{i}", r.arrival, token_array(r.tokens), r.output_tokens)
+            for i, r in enumerate(load_mooncake(trace, limit=n)))
+    tmp = out.with_suffix(".tmp")
+    write_trace(tmp, reqs)
+    tmp.replace(out)
+    return out
+
+
+def measure(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> dict[str, float]:
+    """Run ``cmd``; its own CPU seconds, wall seconds and peak RSS (``wait4`` rusage)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    out = proc.stdout.read() if proc.stdout else b""
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{cmd[0]} failed:\n{out.decode(errors='replace')[-3000:]}")
+    return {"cpu_s": ru.ru_utime + ru.ru_stime, "wall_s": wall, "rss_mib": ru.ru_maxrss / 1024}
+
+
+def apcsim_config(path: Path, trace: Path, blocks: int, out: Path) -> Path:
+    cfg = {
+        "name": f"vs_blis_{blocks}",
+        "output_dir": str(out),
+        # BLIS has no max_model_len; vLLM refuses a pool that cannot hold one max_model_len sequence,
+        # so a small pool gets the longest length it can hold (the longest request, 123,192 prompt
+        # tokens, still fits at 8,000 blocks)
+        "engine": {"block_size": 16, "num_gpu_blocks": blocks, "max_num_batched_tokens": 8192, "max_num_seqs": 256,
+                   "max_model_len": min(131072, (blocks - 1) * 16)},
+        "latency": {"kind": "fixed", "step_time_s": 0.02},
+        "workload": {"kind": "trace", "path": str(trace)},
+        "replay": {"progress": False},
+    }
+    path.write_text(json.dumps(cfg))  # JSON is YAML
+    return path
+
+
+def hit_agreement(blis_out: Path, apcsim_dir: Path) -> tuple[int, int, int, int]:
+    """(requests with equal first-admission hit tokens, common requests, BLIS total, apcsim total)."""
+    import pandas as pd
+
+    blis = {}
+    for line in blis_out.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            blis[str(r["id"])] = r.get("hit_tokens")
+    df = pd.read_parquet(apcsim_dir / "requests.parquet", columns=["request_id", "hit_tokens"])
+    ours = dict(zip(df["request_id"].astype(str), df["hit_tokens"]))
+    common = [i for i in blis if i in ours]
+    equal = sum(1 for i in common if blis[i] is not None and int(blis[i]) == int(ours[i]))
+    return equal, len(common), sum(int(blis[i] or 0) for i in common), sum(int(ours[i]) for i in common)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peers", default=str(ROOT.parent / "shared" / "peers"), help="the BLIS harness folder")
+    ap.add_argument("--trace", default=str(ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"))
+    ap.add_argument("--requests", type=int, default=4000)
+    ap.add_argument("--blocks", type=int, nargs="+", default=[52001, 8000])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--work", default=None, help="folder for the input and outputs (default: a temp dir, kept)")
+    args = ap.parse_args()
+
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench_vs_blis_"))
+    work.mkdir(parents=True, exist_ok=True)
+    trace = build_input(Path(args.trace), args.requests, work / f"mc{args.requests}.jsonl")
+    peers = Path(args.peers)
+    harness = peers / "blis_harness" / "blisharness"
+    have_blis = harness.is_file() and os.access(harness, os.X_OK)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    print(f"input {trace} ({trace.stat().st_size / 2**20:.0f} MiB, {args.requests} requests); "
+          f"BLIS harness: {harness if have_blis else 'not set up (run its setup.sh): apcsim only'}")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+    rows = []
+    for blocks in args.blocks:
+        runs: dict[str, list[dict[str, float]]] = {"blis": [], "apcsim": []}
+        cfg = apcsim_config(work / f"apcsim_{blocks}.json", trace, blocks, work / "apcsim_out")
+        blis_out = work / f"blis_{blocks}.jsonl"
+        for i in range(args.repeat):
+            if have_blis:
+                r = measure([str(harness), "-i", str(trace), "-o", str(blis_out), "-summary",
+                             str(blis_out.with_suffix(".sum.json")), "-kv-blocks", str(blocks)], cwd=peers)
+                runs["blis"].append(r)
+                print(f"  {blocks} blocks, BLIS   run {i + 1}: cpu {r['cpu_s']:.2f} s, wall {r['wall_s']:.2f} s, "
+                      f"rss {r['rss_mib']:.0f} MiB", flush=True)
+            # --no-bounds: BLIS only replays; apcsim's offline references (Belady, LRU, infinite
+            # cache) for the run's diagnosis would re-read the trace three more times
+            r = measure([sys.executable, "-m", "sim.cli", "run", str(cfg), "--no-progress", "--no-bounds"],
+                        env=env, cwd=ROOT)
+            runs["apcsim"].append(r)
+            print(f"  {blocks} blocks, apcsim run {i + 1}: cpu {r['cpu_s']:.2f} s, wall {r['wall_s']:.2f} s, "
+                  f"rss {r['rss_mib']:.0f} MiB", flush=True)
+        med = {k: {m: statistics.median(x[m] for x in v) for m in ("cpu_s", "wall_s", "rss_mib")}
+               for k, v in runs.items() if v}
+        row = {"blocks": blocks, **{f"apcsim_{m}": v for m, v in med["apcsim"].items()}}
+        if have_blis:
+            row.update({f"blis_{m}": v for m, v in med["blis"].items()})
+            row["cpu_ratio"] = med["apcsim"]["cpu_s"] / med["blis"]["cpu_s"]
+            summary = json.loads(blis_out.with_suffix(".sum.json").read_text())
+            row["blis_load_s"], row["blis_run_s"] = summary.get("load_seconds"), summary.get("run_seconds")
+            row["hits_equal"], row["common"], row["blis_hits"], row["apcsim_hits"] = hit_agreement(
+                blis_out, work / "apcsim_out" / f"vs_blis_{blocks}")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"\nmedians of {args.repeat} alternating runs (CPU = user + system seconds of the process)")
+    print("| blocks | BLIS CPU s | apcsim CPU s | ratio (target) | BLIS wall s | apcsim wall s | BLIS peak RSS "
+          "| apcsim peak RSS | hit tokens equal per request |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "cpu_ratio" not in r:
+            print(f"| {r['blocks']:,} | - | {r['apcsim_cpu_s']:.2f} | - | - | {r['apcsim_wall_s']:.2f} | - | "
+                  f"{r['apcsim_rss_mib']:.0f} MiB | - |")
+            continue
+        target = TARGETS.get(r["blocks"])
+        met = "" if target is None else f" ({'<=' if r['cpu_ratio'] <= target else 'NOT <='} {target}: " \
+            f"{'met' if r['cpu_ratio'] <= target else 'missed'})"
+        rss = "met" if r["apcsim_rss_mib"] <= r["blis_rss_mib"] else "missed"
+        print(f"| {r['blocks']:,} | {r['blis_cpu_s']:.2f} | {r['apcsim_cpu_s']:.2f} | {r['cpu_ratio']:.2f}{met} | "
+              f"{r['blis_wall_s']:.2f} | {r['apcsim_wall_s']:.2f} | {r['blis_rss_mib']:.0f} MiB | "
+              f"{r['apcsim_rss_mib']:.0f} MiB (RSS target {rss}) | {r['hits_equal']}/{r['common']} |")
+    print(f"\nwork folder: {work}")
+
+
+if __name__ == "__main__":
+    main()
