@@ -22,6 +22,7 @@ from pydantic_core import ErrorDetails
 from sim.core.errors import ApcsimError
 from sim.core.hashing import HASH_ALGOS
 from sim.core.kv_cache_spec import KVGroupSpec, check_groups
+from sim.experiment.cluster_config import ROUTER_TAGS, ClusterConfig
 from workloads.paths import input_path
 from workloads.schema import UNION_TAGS as _WORKLOAD_TAGS
 from workloads.schema import (  # noqa: F401  (re-exported: the workload models)
@@ -179,6 +180,7 @@ class ExperimentConfig(_Strict):
     workload: WorkloadConfig
     replay: ReplayConfig = ReplayConfig()
     backend: BackendConfig = BackendConfig()
+    cluster: ClusterConfig | None = None  # N replicas behind a router (sim.experiment.cluster_run)
     base_dir: str = Field(default=".", exclude=True)  # input paths resolve against this
     source: str = Field(default="<config>", exclude=True)  # the file, for error messages
 
@@ -196,7 +198,7 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "<top level>"
 
 
-_UNION_TAGS = {"fixed", "roofline", "fitted"} | _WORKLOAD_TAGS
+_UNION_TAGS = {"fixed", "roofline", "fitted"} | _WORKLOAD_TAGS | ROUTER_TAGS
 
 
 def _describe(err: ErrorDetails) -> str:
@@ -275,8 +277,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
 
 
 def config_to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
-    """The resolved config as plain data (what is written beside results)."""
-    return cfg.model_dump(mode="json", exclude={"base_dir", "source"})
+    """The resolved config as plain data (what is written beside results); a single-engine config
+    has no ``cluster`` key, so its dump (and sweep point key) is what it was before clusters."""
+    exclude = {"base_dir", "source"} | ({"cluster"} if cfg.cluster is None else set())
+    return cfg.model_dump(mode="json", exclude=exclude)
 
 
 assert set(HASH_ALGOS) == {"fast", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor"}

@@ -80,7 +80,12 @@ def replay_experiment(
 ) -> tuple[ReplayResult, Workload]:
     """Build everything and replay (no files written). ``executor_factory`` replaces the
     simulated executor (latency model) by another one, e.g. real forward passes; ``engine`` is
-    ``cfg``'s resolved engine when the caller has it already."""
+    ``cfg``'s resolved engine when the caller has it already. A config with a ``cluster:``
+    section replays its fleet (``sim.experiment.cluster_run``; the result is a ``ClusterResult``)."""
+    if cfg.cluster is not None:
+        from sim.experiment.cluster_run import replay_cluster
+
+        return replay_cluster(cfg, executor_factory or simulated_executor, build_latency, **replay_kwargs)
     engine = engine if engine is not None else resolve(cfg)
     scheduler = build_scheduler(engine)
     executor = (executor_factory or simulated_executor)(cfg, scheduler)
@@ -124,6 +129,10 @@ def run_experiment(
         steps=result.steps,
         summary=result.summary,
         meta=run_metadata(result.wall_time_s, extra),
-        events=result.events or None,
+        events=result.events or None if cfg.cluster is None else None,
     )
+    if cfg.cluster is not None:
+        from sim.experiment.cluster_run import write_cluster_extras
+
+        write_cluster_extras(folder, result)  # type: ignore[arg-type]  # a ClusterResult (replay_experiment)
     return result, folder

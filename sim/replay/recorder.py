@@ -72,6 +72,11 @@ class ReplayRecorder:
             row[_READMIT] = f"{prev};{hit_tokens}" if prev else str(hit_tokens)
             row[_PREEMPTIONS] = request.num_preemptions
 
+    def forget(self, request_id: str) -> None:
+        """Drop an unfinished request's row (a replica that went down hands it to another one)."""
+        row = self._rows.pop(request_id)
+        self._requests.rows = [r for r in self._requests.rows if r is not row]
+
     def first_token(self, request: Request, now: float) -> None:
         self._rows[request.request_id][_FIRST_TOKEN] = now
 
