@@ -39,7 +39,7 @@ import pandas as pd
 
 from sim.cluster.cluster_summary import cluster_block
 from sim.cluster.kv_event_pipeline import DelaySampler, KVEventPipeline
-from sim.cluster.replica import ClusterHooks, Replica, ReplicaSpec
+from sim.cluster.replica import ClusterHooks, Replica, ReplicaSpec, row_metrics
 from sim.cluster.router import ClusterView, Router, RouterRequest, ReplicaMetrics
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.scheduler import Scheduler
@@ -105,7 +105,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         self._pending_downs = len(self.faults)
         self._next_down = self.faults[0].down_at if self.faults else math.inf
         self.done = False
-        self.next_time = math.inf
+        self.next_time = -math.inf  # unknown until the stream is first read
         self.pipeline: KVEventPipeline | None = None
         if router.needs_kv_events or record_events:
             self.pipeline = KVEventPipeline(self.num_replicas, kv_delay, self._deliver_events, record_events)
@@ -115,6 +115,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
             for i, s in enumerate(specs)
         ]
         self._metrics: list[deque[ReplicaMetrics]] = [deque([ReplicaMetrics()]) for _ in specs]
+        self._keep_metrics = router.needs_metrics
         self._outstanding: list[dict[str, RouterRequest]] = [{} for _ in specs]
         self._where: dict[str, int] = {}
         self._believed: dict[str, int | None] = {}
@@ -128,7 +129,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         if self.pipeline is None:
             return None
         pipeline = self.pipeline
-        return lambda sched: pipeline.sink(i, lambda: sched.step_index)
+        return lambda sched: pipeline.sink(i, sched)
 
     def _deliver_events(self, replica: int, batch: list[Any]) -> None:
         if self.router.needs_kv_events:
@@ -159,6 +160,8 @@ class ClusterReplay(ClusterHooks, ClusterView):
 
     # -- ClusterHooks (called by the replicas) ---------------------------------------------------
     def route_due(self, t: float) -> None:
+        if self.next_time > t + ARRIVAL_EPS_S:
+            return  # nothing due (the common case: a step inside a replica's window)
         while (tr := self._peek()) is not None and tr.arrival <= t + ARRIVAL_EPS_S:
             self._lookahead = None
             rr = RouterRequest(tr, self._index)
@@ -174,10 +177,11 @@ class ClusterReplay(ClusterHooks, ClusterView):
         self._finished += 1
         self.router.on_finish(request_id, replica)
 
-    def step_end(self, replica: int, step: int, end: float, metrics: ReplicaMetrics) -> None:
-        self._metrics[replica].append(metrics)
+    def step_end(self, replica: int, row: tuple[Any, ...]) -> None:
+        if self._keep_metrics:
+            self._metrics[replica].append(row_metrics(row))
         if self.pipeline is not None:
-            self.pipeline.publish(replica, step, end)
+            self.pipeline.publish(replica, row[0], row[1] + row[2])
 
     # -- the dispatcher ------------------------------------------------------------------------
     def _peek(self) -> TraceRequest | None:

@@ -64,14 +64,19 @@ class DynamoRouter(Router):
         overlaps = self.events.match_blocks(request, up)
         isl = request.prompt_len
         logits: dict[int, float] = {}
+        sets: dict[int, set[int]] = {}
         for w in up:
             bs = self.view.facts[w].block_size
-            hashes = request.hashes(self.events.group_of[w])
+            hasher = self.events.group_of[w]
+            hs = sets.get(id(hasher))
+            if hs is None:
+                hs = sets[id(hasher)] = set(request.hashes(hasher))
             refs = self._block_refs[w]
             overlap = overlaps.get(w, 0)
             raw_prefill = (self._prefill_tokens[w] + isl) / bs
             prefill = self.prefill_load_scale * max(raw_prefill - self.overlap_credit * overlap, 0.0)
-            new_blocks = -(-isl // bs) - len(hashes) + sum(1 for h in hashes if h not in refs)
+            # the prompt's blocks not already active there (the partial last block always is new)
+            new_blocks = -(-isl // bs) - len(hs) + len(hs - refs.keys())
             logits[w] = prefill + len(refs) + new_blocks
         choice = self._pick(logits)
         hashes = request.hashes(self.events.group_of[choice])

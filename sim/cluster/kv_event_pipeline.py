@@ -73,16 +73,17 @@ class KVEventPipeline:
         self.num_events = 0
         self.recorded: list[tuple[int, int, KVCacheEvent]] | None = [] if record else None
 
-    def sink(self, replica: int, step_index: Callable[[], int]) -> EventSink:
-        """The event sink of a replica's block pool (events tagged with the current step)."""
-        collected = self._collected[replica]
+    def sink(self, replica: int, scheduler: Any) -> EventSink:
+        """The event sink of a replica's block pool (events tagged with ``scheduler.step_index``)."""
+        append = self._collected[replica].append
         recorded = self.recorded
+        if recorded is None:
+            return lambda event: append((scheduler.step_index, event))
 
         def collect(event: KVCacheEvent) -> None:
-            step = step_index()
-            collected.append((step, event))
-            if recorded is not None:
-                recorded.append((replica, step, event))
+            step = scheduler.step_index
+            append((step, event))
+            recorded.append((replica, step, event))
 
         return collect
 

@@ -39,11 +39,12 @@ class EventCacheView:
         """Changes state: apply one batch of a replica's events in order."""
         idx = self.index
         for ev in events:
-            if isinstance(ev, BlockStored):
-                idx.store(replica, ev.block_hashes)
-            elif isinstance(ev, BlockRemoved):
-                idx.remove(replica, ev.block_hashes)
-            elif isinstance(ev, AllBlocksCleared):
+            kind = type(ev)
+            if kind is BlockRemoved:
+                idx.remove(replica, ev.block_hashes)  # type: ignore[union-attr]
+            elif kind is BlockStored:
+                idx.store(replica, ev.block_hashes)  # type: ignore[union-attr]
+            elif kind is AllBlocksCleared:
                 idx.clear(replica)
 
     def clear(self, replica: int) -> None:

@@ -41,6 +41,7 @@ PREFIX_MODES = ("approximate", "precise", "none")
 
 class LlmDRouter(Router):
     name = "llm_d"
+    needs_metrics = True
 
     def __init__(
         self,

@@ -73,13 +73,13 @@ class KVEventIndex:
 
     def remove(self, replica: int, hashes: Iterable[int]) -> None:
         """Changes state: ``BlockRemoved``."""
-        bit = 1 << replica
+        keep = ~(1 << replica)
         fwd = self.forward
         held = self.held[replica]
         for h in hashes:
             if h in held:
-                held.discard(h)
-                m = fwd[h] & ~bit
+                held.remove(h)
+                m = fwd[h] & keep
                 if m:
                     fwd[h] = m
                 else:

@@ -66,7 +66,14 @@ class ClusterHooks:
 
     def finished(self, replica: int, request_id: str) -> None: ...
 
-    def step_end(self, replica: int, step: int, end: float, metrics: ReplicaMetrics) -> None: ...
+    def step_end(self, replica: int, row: tuple[Any, ...]) -> None:
+        """A step row was recorded (``sim.replay.metrics.STEP_COLUMNS`` order; see
+        :func:`row_metrics`)."""
+
+
+def row_metrics(row: tuple[Any, ...]) -> ReplicaMetrics:
+    """The gauges a step row publishes, as of the step's end."""
+    return ReplicaMetrics(row[1] + row[2], row[_WAITING], row[_RUNNING], row[_KV_USAGE])
 
 
 class RoutedIntake(RequestIntake):
@@ -121,9 +128,7 @@ class ReplicaRecorder(ReplayRecorder):
 
     def step(self, *values: Any) -> None:
         super().step(*values)
-        end = values[1] + values[2]
-        self._hooks.step_end(self.index, values[0], end,
-                             ReplicaMetrics(end, values[_WAITING], values[_RUNNING], values[_KV_USAGE]))
+        self._hooks.step_end(self.index, values)
 
 
 class Replica:

@@ -159,6 +159,7 @@ class Router(ABC):
 
     name: str = "router"
     needs_kv_events: bool = False
+    needs_metrics: bool = False
     keeps_cache_view: bool = False
 
     def __init__(self, seed: int) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -143,13 +143,22 @@ class ReplicaGroupConfig(_Strict):
 class ClusterConfig(_Strict):
     """``cluster:`` -- N replicas of the experiment's engine behind a router."""
 
-    replicas: Annotated[int, Field(ge=1)] | Annotated[list[ReplicaGroupConfig], Field(min_length=1)] = 1
+    replicas: int | list[ReplicaGroupConfig] = 1
     router: RouterConfig = RoundRobinRouterConfig(kind="round_robin")
     kv_events: KVEventsConfig = KVEventsConfig()
     metrics_interval_s: Annotated[float, Field(ge=0)] = 0.05
     faults: tuple[FaultConfig, ...] = ()
     ttft_slo_s: Annotated[float, Field(gt=0)] = 2.0
     seed: int | None = None
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _at_least_one(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError(f"a cluster needs at least one replica (got {value})")
+        if isinstance(value, list) and not value:
+            raise ValueError("a cluster needs at least one replica group")
+        return value
 
     @model_validator(mode="before")
     @classmethod
