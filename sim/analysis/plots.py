@@ -10,7 +10,9 @@ and axis roles in ``sweep_data``, the style in ``figure_style``:
 * ``hit_rate_vs_capacity`` -- the same against capacity (log axis), one curve per block size;
 * ``ttft_vs_block_size`` / ``ttft_vs_capacity`` -- TTFT p50 and p99, at the first salt policy;
 * ``ttft_cdf`` -- the TTFT distribution of every (config, capacity) panel, one curve per block size;
-* ``salt_policy`` -- hit rate, TTFT p50 and p99 per salt policy.
+* ``salt_policy`` -- hit rate, TTFT p50 and p99 per salt policy;
+* ``cluster_vs_replicas`` / ``cluster_vs_load`` -- routers against replica count and load
+  (``cluster_figures``).
 
 Invariants: a figure whose x axis was not swept is skipped; failed points are left out; files are
 written atomically. Reads result tables only: imports no simpy and never re-runs the engine.
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from sim.analysis.cluster_figures import cluster_vs_load, cluster_vs_replicas
 from sim.analysis.figure_style import png_bytes, save_figure
 from sim.analysis.hit_rate_figures import hit_rate_vs_block_size, hit_rate_vs_capacity
 from sim.analysis.salt_figure import salt_policy
@@ -41,6 +44,8 @@ FIGURES: dict[str, Callable[[SweepData], Figure | None]] = {
     "ttft_vs_capacity": ttft_vs_capacity,
     "ttft_cdf": ttft_cdf,
     "salt_policy": salt_policy,
+    "cluster_vs_replicas": cluster_vs_replicas,
+    "cluster_vs_load": cluster_vs_load,
 }
 """Every figure: file stem -> builder (``builder(SweepData) -> Figure | None``, None when the sweep
 lacks the axes it needs)."""

@@ -6,6 +6,8 @@ experiment function, print (no simulation here).
 ``--backend torch`` runs every step as a real forward pass (``gpu_backend``, reached through the
 backend registry ``sim.experiment.backend`` and imported only then).
 ``apcsim sweep SWEEP.yaml`` runs a sweep and ``apcsim plot SWEEP_DIR`` plots one (``sim.cli.sweep``).
+``apcsim size CONFIG --slo ttft_p99=2s`` finds the smallest replica count per router meeting the SLO
+(``sim.cli.size``).
 ``apcsim workloads stats CONFIG [--block-size N,...]`` prints the shape and infinite-cache hit bound
 of a config's workload (``sim.cli.workloads``).
 ``apcsim calibrate ...`` fits the latency model on the torch backend (``gpu_backend.calibrate``) and
@@ -49,6 +51,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "throughput_output_tokens_per_s", "sim_time_s",
     )
     print(json.dumps({k: s[k] for k in keys}, indent=2))
+    comparison = s.get("cluster", {}).get("comparison")
+    if comparison:
+        print(f"{'router':<24} {'hit rate':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'goodput':>8}")
+        for row in comparison:
+            print(f"{row['router']:<24} {row['token_hit_rate']:>9.3f} {row['ttft_p50_s']:>8.2f}s "
+                  f"{row['ttft_p99_s']:>8.2f}s {row['goodput_fraction']:>8.1%}")
     if args.backend != "sim":
         info = json.loads((folder / "meta.json").read_text()).get("executor", {})
         shown = ("device", "device_name", "model_shape", "dtype", "attention", "timing", "step_times")
@@ -75,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli.sweep import add_sweep_parsers
 
     add_sweep_parsers(sub)  # apcsim sweep SWEEP.yaml / apcsim plot SWEEP_DIR
+    from sim.cli.size import add_size_parser
+
+    add_size_parser(sub)  # apcsim size CONFIG --slo ttft_p99=2s
     from sim.cli.workloads import add_workloads_parser
 
     add_workloads_parser(sub)  # apcsim workloads stats CONFIG

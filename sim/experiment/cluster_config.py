@@ -150,6 +150,14 @@ class ClusterConfig(_Strict):
     faults: tuple[FaultConfig, ...] = ()
     ttft_slo_s: Annotated[float, Field(gt=0)] = 2.0
     seed: int | None = None
+    compare: tuple[RouterConfig, ...] = ()  # routers also replayed on the same fleet and stream
+
+    @field_validator("compare", mode="before")
+    @classmethod
+    def _compare_by_name(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return [{"kind": v} if isinstance(v, str) else v for v in value]
+        return value
 
     @field_validator("replicas", mode="before")
     @classmethod

@@ -133,7 +133,37 @@ def replay_cluster(
         record_events=cfg.replay.record_events,
         **replay_kwargs,
     )
-    return replay.run(), workload
+    result = replay.run()
+    if cluster.compare:
+        result.summary["cluster"]["comparison"] = [_headline(info, result.summary)] + [
+            _headline(*_replay_with(cfg, rc.model_dump(), executor_factory, build_latency, **replay_kwargs))
+            for rc in cluster.compare
+        ]
+    return result, workload
+
+
+_HEADLINE = ("token_hit_rate", "request_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s")
+
+
+def _headline(router: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    row = {"router": router_label(router), **{k: summary[k] for k in _HEADLINE}}
+    row["goodput_fraction"] = summary["cluster"]["goodput_fraction"]
+    row["load_imbalance_busy"] = summary["cluster"]["load_imbalance_busy"]
+    return row
+
+
+def router_label(router: dict[str, Any]) -> str:
+    """``llm_d (precise)``, ``dynamo``, ...: the kind, with llm-d's prefix mode."""
+    return f"{router['kind']} ({router['prefix']})" if router.get("prefix") else str(router["kind"])
+
+
+def _replay_with(cfg: ExperimentConfig, router: dict[str, Any], executor_factory: Any, build_latency: Any,
+                 **replay_kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    data = config_to_dict(cfg)
+    data["cluster"] = {**data["cluster"], "router": router, "compare": []}
+    other = config_from_dict(data, cfg.source, cfg.base_dir)
+    result, _ = replay_cluster(other, executor_factory, build_latency, **replay_kwargs)
+    return {"kind": router["kind"], "prefix": router.get("prefix")}, result.summary
 
 
 def write_cluster_extras(folder: Path, result: ClusterResult) -> None:
