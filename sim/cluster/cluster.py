@@ -40,7 +40,7 @@ import pandas as pd
 from sim.cluster.cluster_summary import cluster_block
 from sim.cluster.kv_event_pipeline import DelaySampler, KVEventPipeline
 from sim.cluster.replica import ClusterHooks, Replica, ReplicaSpec, row_metrics
-from sim.cluster.router import ClusterView, Router, RouterRequest, ReplicaMetrics
+from sim.cluster.router import ClusterView, ReplicaMetrics, Router, RouterRequest
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.scheduler import Scheduler
 from sim.replay.engine import ReplayResult, SimClock
@@ -226,7 +226,8 @@ class ClusterReplay(ClusterHooks, ClusterView):
 
     def _fault_events(self) -> Iterator[Wait]:
         clock = self.clock
-        events = [(f.down_at, 0, f) for f in self.faults] + [(f.up_at, 1, f) for f in self.faults if f.up_at is not None]
+        events = [(f.down_at, 0, f) for f in self.faults]
+        events += [(f.up_at, 1, f) for f in self.faults if f.up_at is not None]
         events.sort(key=lambda e: (e[0], e[1]))
         for t, kind, f in events:
             if t > clock.now:

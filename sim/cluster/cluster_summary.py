@@ -42,7 +42,8 @@ def _p(values: pd.Series, q: float) -> float:
     return float(np.percentile(v, q)) if len(v) else math.nan
 
 
-def replica_rows(requests: pd.DataFrame, steps: pd.DataFrame, stats: Sequence[PrefixCacheStats]) -> list[dict[str, Any]]:
+def replica_rows(requests: pd.DataFrame, steps: pd.DataFrame,
+                 stats: Sequence[PrefixCacheStats]) -> list[dict[str, Any]]:
     """One summary row per replica."""
     rows = []
     for i, st in enumerate(stats):

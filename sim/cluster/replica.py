@@ -25,12 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sim.cluster.column_table import ColumnTable
 from sim.cluster.router import ReplicaFacts, ReplicaMetrics
 from sim.core.executor import Executor
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.replay.engine import LoopProcess, SimClock, engine_loop
 from sim.replay.intake import RequestIntake
+from sim.replay.metrics import STEP_COLUMNS
 from sim.replay.recorder import ReplayRecorder
 from sim.replay.step_runner import StepRunner
 from workloads.trace_format import TraceRequest
@@ -83,7 +85,7 @@ class RoutedIntake(RequestIntake):
         super().__init__((), scheduler, rec)
         self._hooks = hooks
 
-    @property  # type: ignore[override]
+    @property
     def next_arrival(self) -> float:
         """The cluster's next routing instant (an arrival or a fault handing requests back)."""
         return self._hooks.next_time
@@ -117,6 +119,7 @@ class ReplicaRecorder(ReplayRecorder):
         super().__init__(False, None)
         self.index = index
         self._hooks = hooks
+        self._steps = ColumnTable(STEP_COLUMNS)  # type: ignore[assignment]  # a compact RecordTable
 
     def first_token(self, request: Request, now: float) -> None:
         super().first_token(request, now)

@@ -96,7 +96,9 @@ class LoopProcess:
                 else:
                     yield env.timeout(wait)
         except simpy.Interrupt:
-            self._loop.close()  # stopped from outside (the replica went down)
+            close = getattr(self._loop, "close", None)  # stopped from outside (the replica went down)
+            if close is not None:
+                close()
         except Exception as exc:
             self._on_error(exc)
             raise
