@@ -97,6 +97,7 @@ def replica_load_timeline(steps: pd.DataFrame, title: str, bins: int = 120) -> F
                    extent=(0.0, float(edges[-1]), -0.5, n - 0.5), vmin=0, vmax=1)
     fig.colorbar(im, ax=ax, label="busy fraction")
     ax.set_ylabel("replica")
+    ax.set_yticks(range(0, n, max(1, n // 16)))
     ax.set_title("busy fraction per replica")
     ax2 = axes[1][0]
     ax2.plot((edges[:-1] + edges[1:]) / 2, running / width, lw=1.5)

@@ -51,6 +51,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "throughput_output_tokens_per_s", "sim_time_s",
     )
     print(json.dumps({k: s[k] for k in keys}, indent=2))
+    if "cluster" in s:  # the fleet's load over time, beside the tables
+        from sim.analysis.cluster_figures import replica_load_timeline
+        from sim.analysis.figure_style import save_figure
+
+        save_figure(replica_load_timeline(result.steps, f"{cfg.name}: load per replica"), folder, "load_timeline")
     comparison = s.get("cluster", {}).get("comparison")
     if comparison:
         print(f"{'router':<24} {'hit rate':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'goodput':>8}")
