@@ -80,7 +80,7 @@ def _users(rng: np.random.Generator, prefixes: np.ndarray, choice: np.ndarray, a
         raise ValueError("suffixes_per_prefix must be >= 1")
     table = rng.integers(0, vocab_size, size=(len(prefixes), users, suffix_tokens), dtype=np.int64)
     who = rng.integers(0, users, size=len(choice))
-    prompts = {}
+    prompts: dict[tuple[int, int], np.ndarray] = {}
     out: list[TraceRequest] = []
     for i, (k, u) in enumerate(zip(choice.tolist(), who.tolist())):
         tokens = prompts.get((k, u))

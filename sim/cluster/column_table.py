@@ -45,10 +45,8 @@ class ColumnTable:
             try:
                 col.append(v)
             except TypeError:  # a float in an int column, or a non-number: widen
-                if isinstance(col, array) and col.typecode == "q" and isinstance(v, float):
-                    wide = array("d", col)
-                else:
-                    wide = list(col)
+                wide: Any = (array("d", col) if isinstance(col, array) and col.typecode == "q"
+                             and isinstance(v, float) else list(col))
                 wide.append(v)
                 cols[i] = wide
         self._n += 1
@@ -59,7 +57,7 @@ class ColumnTable:
     def to_frame(self) -> pd.DataFrame:
         if self._cols is None:
             return pd.DataFrame.from_records([], columns=list(self.columns))
-        data = {}
+        data: dict[str, Any] = {}
         for name, col in zip(self.columns, self._cols):
             if isinstance(col, array):
                 data[name] = np.frombuffer(col, dtype=np.int64 if col.typecode == "q" else np.float64).copy()
