@@ -164,7 +164,7 @@ class Replica:
         executor = self.spec.build_executor(sched)
         self.scheduler = sched
         self.intake = RoutedIntake(self.hooks, sched, self.rec)
-        runner = StepRunner(sched, executor, self.intake, self.rec, self.clock,
+        runner = StepRunner(sched, executor, self.intake, self.rec, self.clock.env,
                             fast_forward=self.spec.fast_forward, integrity_check=self.integrity_check,
                             max_window_steps=self.max_window_steps, on_step=None)
         self.is_up = True

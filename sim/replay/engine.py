@@ -175,7 +175,7 @@ class Replay:
         self.env = self.clock.env
         self.intake = RequestIntake(requests, scheduler, self.rec)
         self.runner = StepRunner(
-            scheduler, executor, self.intake, self.rec, self.clock, fast_forward=fast_forward,
+            scheduler, executor, self.intake, self.rec, self.env, fast_forward=fast_forward,
             integrity_check=integrity_check, max_window_steps=max_window_steps, on_step=on_step,
         )
         self._engine: LoopProcess | None = None
