@@ -1,4 +1,4 @@
-"""Real forward passes for the batches the ``sim`` scheduler produces (issue #5).
+"""Real forward passes for the batches the ``sim`` scheduler produces.
 
 The scheduler, KV-cache manager and block pool are the simulator's own (``sim/``); this package
 adds what a GPU worker adds in vLLM: a Llama-style model with seeded random weights

@@ -16,9 +16,11 @@ also assert that its scenario really occurred. Cases (``CASES``):
   re-admitted with a hit on the survivors;
 * ``salts``: identical tokens under two cache salts -- no cross-salt reuse, equal logits;
 * ``random_mix``: a seeded random workload on a small pool (everything at once);
+* ``long_context`` (:mod:`gpu_backend.cases_long`, separate for its cost): a 32k-token prompt in
+  chunks, then a request that hits all of its 2,048 blocks and decodes over them;
 * negative controls ``corrupt_shared_block`` and ``top_left_mask`` must make the comparison FAIL.
 
-Shared by ``tests/test_gpu_backend_*.py`` (CPU, fp32) and ``gpu_backend/gpu_check.py`` (CUDA).
+Shared by ``tests/test_gpu_backend_*.py`` (CPU, fp32) and ``gpu_backend/device_checks.py`` (the device run).
 """
 
 from __future__ import annotations
@@ -159,15 +161,27 @@ class Harness:
     def admissions_of(self, rid: str) -> list[Admission]:
         return [a for a in self.admissions if a.request_id == rid]
 
-    def compare(self, name: str, rids: list[str] | None = None) -> CaseResult:
-        """Every kept logit vector against the dense recompute of its request's full sequence."""
+    def compare(self, name: str, rids: list[str] | None = None, *, oracle: str | None = None) -> CaseResult:
+        """Every kept logit vector against the dense recompute of its request's full sequence (or,
+        with ``oracle``, of that one request's sequence, which must start with every compared
+        request's tokens: one dense pass for all of them, for long contexts)."""
         res = CaseResult(name, getattr(self.executor.attention, "name", "?"))
         rids = list(self.requests) if rids is None else rids
+        shared = None
+        if oracle is not None:
+            seq = self.requests[oracle].all_token_ids
+            want = sorted({pos for rid in rids for pos, _ in self.executor.kept_logits.get(rid, [])})
+            for rid in rids:
+                toks = self.requests[rid].all_token_ids
+                upto = max((pos for pos, _ in self.executor.kept_logits.get(rid, [])), default=-1) + 1
+                if list(toks[:upto]) != list(seq[:upto]):
+                    raise ValueError(f"{rid} is not a prefix of the oracle request {oracle}")
+            shared = dict(zip(want, self.model.dense_logits(seq, positions=want).cpu()))
         for rid in rids:
             kept = self.executor.kept_logits.get(rid, [])
             if not kept:
                 continue
-            dense = self.model.dense_logits(self.requests[rid].all_token_ids).cpu()
+            dense = shared if shared is not None else self.model.dense_logits(self.requests[rid].all_token_ids).cpu()
             worst = 0.0
             for pos, got in kept:
                 ref = dense[pos]

@@ -15,7 +15,15 @@ StepResult(duration_s, sampled_token_ids)``. Per step it
    a dense recompute);
 4. measures the step: wall clock around batch preparation + forward + logits, with
    ``torch.cuda.synchronize()`` on CUDA (``timing="wall"``, the default), or CUDA events around
-   the device work only (``timing="cuda_events"``).
+   the device work only (``timing="cuda_events"``), or on a CPU with one torch thread the calling
+   thread's CPU time (``timing="thread_cpu"``: ``time.thread_time()``, which leaves out the time
+   the process spends descheduled while other processes run on a shared machine). With
+   ``repeats`` > 1 the step runs that many times back to back and its duration is the median (a
+   step is idempotent: the same K/V go into the same slots), a noise reduction for shared CPUs;
+   the default is one run.
+
+A step that schedules nothing (async scheduling, or a step that only preempts) updates the block
+tables and returns zero seconds without a forward pass, as vLLM's model runner does.
 
 The executor has no ``decode_step_time``, so the replay's decode fast-forward is off: every step is
 run for real.
@@ -23,6 +31,7 @@ run for real.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Literal
@@ -59,8 +68,9 @@ class TorchExecutor:
         *,
         verify_with: KVCacheManager | None = None,
         keep_logits: bool = False,
-        timing: Literal["wall", "cuda_events"] = "wall",
+        timing: Literal["wall", "cuda_events", "thread_cpu"] = "wall",
         attention_report: dict[str, Any] | None = None,
+        repeats: int = 1,
     ) -> None:
         if cache.num_kv_heads != model.num_kv_heads or cache.head_dim != model.head_dim:
             raise ValueError("cache and model disagree on KV heads / head_dim")
@@ -71,18 +81,30 @@ class TorchExecutor:
         self.attention = attention
         self.verify_with = verify_with
         self.keep_logits = keep_logits
-        self.timing = timing if cache.device.type == "cuda" else "wall"
+        if timing == "thread_cpu" and (cache.device.type != "cpu" or torch.get_num_threads() != 1):
+            raise ValueError("timing 'thread_cpu' measures the calling thread's CPU time: it needs device cpu "
+                             f"and one torch thread (device {cache.device.type}, {torch.get_num_threads()} threads)")
+        self.timing = timing if cache.device.type == "cuda" or timing == "thread_cpu" else "wall"
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        self.repeats = repeats
         self.attention_report = attention_report or {"name": getattr(attention, "name", type(attention).__name__)}
         self.block_tables = BlockTables()
         self.kept_logits: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
         self.step_log: list[tuple[int, str, int, int, float]] = []  # (step, kind, seqs, tokens, seconds)
         self.step_shapes: list[StepShape] = []  # the StepShape of each logged step (validation, per-step error)
+        self.keep_inputs = False  # keep each logged step's inputs (re-timing, gpu_backend.real_run)
+        self.step_inputs: list[list[SeqInput]] = []
 
     # -- the Executor protocol ----------------------------------------------------------------
     def execute(self, output: SchedulerOutput) -> StepResult:
         self.block_tables.apply(output)
         if self.verify_with is not None:
             self.block_tables.verify(self.verify_with)
+        if output.is_empty():
+            # vLLM's model runner updates its state, then returns EMPTY_MODEL_RUNNER_OUTPUT without a
+            # forward pass (GPUModelRunner.execute_model): no time, nothing logged
+            return StepResult(0.0, {})
         seqs = []
         for s in output.scheduled:
             r = s.request
@@ -90,6 +112,8 @@ class TorchExecutor:
             seqs.append(SeqInput(r.request_id, r.token_slice(c, c + n), c, self.block_tables.tables[r.request_id],
                                  sample=bool(s.samples)))
         duration, batch, logits = self.run_timed(seqs)
+        if self.repeats > 1:  # a step is idempotent (same K/V into the same slots, same logits)
+            duration = statistics.median([duration, *(self.run_timed(seqs)[0] for _ in range(self.repeats - 1))])
         sampled: dict[str, list[int]] = {}
         for s in output.scheduled:
             if s.samples:
@@ -101,7 +125,15 @@ class TorchExecutor:
                 self.kept_logits[rid].append((pos, host[j]))
         self.step_log.append((output.step, step_kind(output), len(seqs), batch.num_tokens, duration))
         self.step_shapes.append(step_shape(output))
+        if self.keep_inputs:
+            self.step_inputs.append(seqs)
         return StepResult(duration, sampled)
+
+    def time_step(self, seqs: list[SeqInput]) -> float:
+        """One step's duration as :meth:`execute` measures it (median of ``repeats`` runs), without
+        touching the block tables or the logs: re-timing a step that already ran."""
+        times = [self.run_timed(seqs)[0] for _ in range(self.repeats)]
+        return times[0] if len(times) == 1 else statistics.median(times)
 
     def run_timed(self, seqs: list[SeqInput]) -> tuple[float, StepBatch, torch.Tensor | None]:
         """The measured part of a step: batch preparation + forward + logits of the sampling rows.
@@ -113,6 +145,7 @@ class TorchExecutor:
         if cuda:
             torch.cuda.synchronize(self.cache.device)
         t0 = time.perf_counter()
+        c0 = time.thread_time()
         if self.timing == "cuda_events":
             ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.inference_mode():
@@ -129,6 +162,8 @@ class TorchExecutor:
         duration = time.perf_counter() - t0
         if self.timing == "cuda_events":
             duration = ev0.elapsed_time(ev1) / 1e3
+        elif self.timing == "thread_cpu":
+            duration = time.thread_time() - c0
         return max(duration, 1e-9), batch, logits
 
     # -- reporting ----------------------------------------------------------------------------
@@ -168,6 +203,7 @@ class TorchExecutor:
             "attention": self.attention_report.get("name"),
             "attention_probes": self.attention_report.get("probes", {}),
             "timing": self.timing,
+            "timing_repeats": self.repeats,
             "token_id_mapping": "token_id % vocab_size",
             "sampling": "teacher forcing (each request's planned next token)",
             "step_times": self.step_time_summary(),

@@ -2,7 +2,7 @@
 
 ``make_torch_executor(cfg, scheduler)`` is the ``executor_factory`` that ``sim.experiment.run`` takes for
 ``apcsim run ... --backend torch``: it reads the config's ``backend:`` section (model shape, dtype,
-device, attention, seed, threads, timing), sizes the paged KV cache to the scheduler's pool
+device, attention, seed, threads, timing and its repeats), sizes the paged KV cache to the scheduler's pool
 (``engine.num_gpu_blocks`` blocks of ``engine.block_size``, block 0 the null block), builds the
 model directly on the device, and selects the attention path (the choice and every probe go to
 ``meta.json`` under ``executor``). Problems are reported as :class:`sim.experiment.config.ConfigError`.
@@ -80,6 +80,9 @@ def make_torch_executor(cfg: ExperimentConfig, scheduler: Scheduler) -> TorchExe
                                              head_dim=spec.head_dim)
     except RuntimeError as exc:
         raise ConfigError(f"{src}: backend.attention: {exc}") from None
-    return TorchExecutor(model, cache, attention,
-                         verify_with=scheduler.kv_cache_manager if b.verify_block_tables else None,
-                         timing=b.timing, attention_report=report)
+    try:
+        return TorchExecutor(model, cache, attention,
+                             verify_with=scheduler.kv_cache_manager if b.verify_block_tables else None,
+                             timing=b.timing, attention_report=report, repeats=b.timing_repeats)
+    except ValueError as exc:
+        raise ConfigError(f"{src}: backend.timing: {exc} (set backend.num_threads: 1)") from None

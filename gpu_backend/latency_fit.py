@@ -13,6 +13,15 @@ care about); columns are scaled to unit norm before solving and scaled back; the
 chosen among candidates by K-fold CV on the points given (the caller keeps held-out points out),
 the simplest set winning ties; folds are seeded.
 
+Terms and their physics: ``intercept`` -- a fixed cost per forward pass (launches, framework
+overhead, and the weights streamed once per step: on a memory-bound GPU decode the largest part);
+``num_seqs`` -- per-sequence cost (metadata, per-sequence attention work); ``num_new_tokens`` --
+GEMM FLOPs, linear in the tokens computed (a knee bends it like the roofline: flat at the weight
+read until ``K`` tokens); ``attention_pairs`` -- attention FLOPs, quadratic in a prefill's length
+and linear in its cached context; ``kv_read_tokens`` -- memory-bound KV bytes read;
+``mixed_step`` -- a per-step cost of mixing decodes with a prefill chunk, kept only when the data
+needs it (cross-validation).
+
 Imports numpy and scipy (lazily); no torch.
 """
 
@@ -40,11 +49,15 @@ def design_matrix(shapes: Sequence[StepShape], features: Sequence[str]) -> np.nd
     return np.array([[FittedLatency.feature_value(f, s) for f in features] for s in shapes], dtype=np.float64)
 
 
-def candidate_feature_sets(knees: Sequence[int] = ()) -> dict[str, tuple[str, ...]]:
-    """:data:`FEATURE_SETS` plus ``base`` with one roofline knee at each of ``knees`` tokens."""
+def candidate_feature_sets(knees: Sequence[int] = (), mixed: bool = False) -> dict[str, tuple[str, ...]]:
+    """:data:`FEATURE_SETS` plus ``base`` with one roofline knee at each of ``knees`` tokens, and
+    (``mixed``) ``base`` and ``split_seqs`` with a per-mixed-step cost (``mixed_step``)."""
     sets = dict(FEATURE_SETS)
     for k in knees:
         sets[f"base+knee{k}"] = (*FEATURE_SETS["base"], knee_feature(k))
+    if mixed:
+        sets["base+mixed"] = (*FEATURE_SETS["base"], "mixed_step")
+        sets["split_seqs+mixed"] = (*FEATURE_SETS["split_seqs"], "mixed_step")
     return sets
 
 

@@ -149,8 +149,10 @@ class LlamaModel:
 
     # -- the oracle ---------------------------------------------------------------------------
     @torch.no_grad()
-    def dense_logits(self, token_ids: Sequence[int] | np.ndarray | torch.Tensor) -> torch.Tensor:
-        """Logits ``[L, V]`` (float32) of a plain causal forward over a whole sequence, no cache."""
+    def dense_logits(self, token_ids: Sequence[int] | np.ndarray | torch.Tensor,
+                     positions: Sequence[int] | None = None) -> torch.Tensor:
+        """Logits ``[L, V]`` (float32) of a plain causal forward over a whole sequence, no cache (only
+        the rows at ``positions``, in that order, when given: long sequences)."""
         ids = torch.as_tensor(token_ids, dtype=torch.long) % self.vocab_size
         ids = ids.to(self.device)
         x = self.embed[ids]
@@ -164,4 +166,6 @@ class LlamaModel:
             o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                                v.transpose(0, 1)[None], is_causal=True, scale=self.scale)
             x = self._finish_layer(layer, x, o[0].transpose(0, 1))
+        if positions is not None:
+            x = x[torch.as_tensor(list(positions), dtype=torch.long, device=self.device)]
         return self.logits(self._rms_norm(x, self.final_norm))

@@ -42,6 +42,9 @@ class RealRun:
     step_shapes: list[StepShape]
     executor_info: dict[str, Any]
     wall_s: float
+    steps_retimed: np.ndarray | None = None  # per step: median over re-timing passes (None: not re-timed)
+    retime_passes: int = 0
+    step_inputs: list[list[SeqInput]] | None = None  # kept for re-timing later (keep_inputs)
 
 
 def _warm_up(ex: TorchExecutor, cfg: ExperimentConfig, steps: int = 3) -> None:
@@ -69,13 +72,23 @@ def _warm_up(ex: TorchExecutor, cfg: ExperimentConfig, steps: int = 3) -> None:
         ex.run_timed([pre, *dec])
 
 
-def real_run(cfg: ExperimentConfig, model: FittedLatency, warmup_steps: int = 3) -> RealRun:
-    """Replay ``cfg`` on the torch backend; keep the per-step shapes to price them with ``model``."""
+def real_run(cfg: ExperimentConfig, model: FittedLatency | None, warmup_steps: int = 3,
+             retime_passes: int = 0, keep_inputs: bool = False) -> RealRun:
+    """Replay ``cfg`` on the torch backend; keep the per-step shapes to price them with ``model``
+    (none: the predictions are NaN, e.g. when the replay is a calibration input).
+
+    With ``retime_passes`` > 0, every step of the replay is timed again that many times after it,
+    in passes over the whole sequence in replay order (back to back, as the replay ran them; a
+    pass apart in time, so a slow spell of a shared machine hits one pass, not all), and
+    ``steps_retimed`` holds each step's median over the passes: its cost with the measurement
+    noise averaged out, against which the model's per-step error is the model's own. The replay
+    itself (its clock, schedule and per-request latencies) is the one measured the first time."""
     made: list[TorchExecutor] = []
 
     def factory(c: ExperimentConfig, scheduler: Scheduler) -> TorchExecutor:
         ex = make_torch_executor(c, scheduler)
         _warm_up(ex, c, warmup_steps)
+        ex.keep_inputs = retime_passes > 0 or keep_inputs
         made.append(ex)
         return ex
 
@@ -84,30 +97,65 @@ def real_run(cfg: ExperimentConfig, model: FittedLatency, warmup_steps: int = 3)
     wall = time.perf_counter() - t0
     ex = made[0]
     measured = np.array([row[4] for row in ex.step_log])
-    predicted = np.array([model.step_time(s) for s in ex.step_shapes])
+    predicted = np.array([model.step_time(s) if model is not None else np.nan for s in ex.step_shapes])
     kinds = [row[1] for row in ex.step_log]
     ex_shapes = ex.step_shapes
+    retimed = None
+    if retime_passes > 0:
+        passes = [[ex.time_step(seqs) for seqs in ex.step_inputs] for _ in range(retime_passes)]
+        retimed = np.median(np.array(passes), axis=0) if ex.step_inputs else np.zeros(0)
+    inputs = list(ex.step_inputs) if keep_inputs else None
+    ex.step_inputs.clear()
     info = workload.executor_info or ex.describe()
     made.clear()
     del ex
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return RealRun(result.requests, result.summary, measured, predicted, kinds, list(ex_shapes), info, wall)
+    return RealRun(result.requests, result.summary, measured, predicted, kinds, list(ex_shapes), info, wall,
+                   retimed, retime_passes, inputs)
+
+
+def retime(cfg: ExperimentConfig, inputs: list[list[SeqInput]], passes: int, warmup_steps: int = 3) -> np.ndarray:
+    """``passes`` x steps: the steps of an earlier real run of ``cfg`` (its kept inputs) timed again
+    in replay order on a fresh executor of the same config (same pool, so the block ids are valid;
+    the K/V they read are whatever the pool holds -- the time does not depend on the values)."""
+    from sim.experiment.engine_description import resolve
+    from sim.experiment.run import build_scheduler
+
+    ex = make_torch_executor(cfg, build_scheduler(resolve(cfg)))
+    _warm_up(ex, cfg, warmup_steps)
+    out = np.array([[ex.time_step(seqs) for seqs in inputs] for _ in range(passes)])
+    del ex
+    gc.collect()
+    return out
+
+
+def _errors(p: np.ndarray, y: np.ndarray, kinds: np.ndarray) -> dict[str, Any]:
+    rel = (p - y) / y
+    out: dict[str, Any] = {"n": int(y.size), "mape": float(np.abs(rel).mean()), "mean_signed": float(rel.mean()),
+                           "total_ratio": float(p.sum() / y.sum()), "measured_total_s": float(y.sum()),
+                           "predicted_total_s": float(p.sum())}
+    out["by_kind"] = {k: {"n": int((kinds == k).sum()), "mape": float(np.abs(rel[kinds == k]).mean()),
+                          "mean_signed": float(rel[kinds == k].mean())}
+                      for k in ("prefill", "mixed", "decode") if (kinds == k).any()}
+    return out
 
 
 def per_step_error(run: RealRun) -> dict[str, Any]:
-    """The model's error on every step of the run (overall and per step kind)."""
+    """The model's error on every step of the run (overall and per step kind) against the step's
+    time as the replay measured it; with re-timing (``retime_passes``), also against each step's
+    median over the passes (``retimed``: the model's own error) and the replay's single
+    measurement against that median (``measurement_noise``)."""
     y, p = run.steps_measured, run.steps_predicted
     out: dict[str, Any] = {"n": int(y.size)}
     if y.size:
-        rel = (p - y) / y
-        out.update(mape=float(np.abs(rel).mean()), mean_signed=float(rel.mean()), total_ratio=float(p.sum() / y.sum()),
-                   measured_total_s=float(y.sum()), predicted_total_s=float(p.sum()))
         kinds = np.array(run.step_kinds)
-        out["by_kind"] = {k: {"n": int((kinds == k).sum()), "mape": float(np.abs(rel[kinds == k]).mean()),
-                              "mean_signed": float(rel[kinds == k].mean())}
-                          for k in ("prefill", "mixed", "decode") if (kinds == k).any()}
+        out.update(_errors(p, y, kinds))
+        r = run.steps_retimed
+        if r is not None and r.size == y.size:
+            out["retimed"] = {"passes": run.retime_passes, **_errors(p, r, kinds)}
+            out["measurement_noise"] = _errors(y, r, kinds)
     return out
 
 
@@ -118,5 +166,6 @@ def steps_table(run: RealRun) -> pd.DataFrame:
         rows.append({"step": i, "kind": kind, "num_seqs": shape.num_seqs, "num_decode_seqs": shape.num_decode_seqs,
                      "num_new_tokens": shape.num_new_tokens, "num_prefill_tokens": shape.num_prefill_tokens,
                      "context_tokens": shape.context_tokens, "attention_pairs": shape.attention_pairs,
-                     "measured_s": float(run.steps_measured[i]), "predicted_s": float(run.steps_predicted[i])})
+                     "measured_s": float(run.steps_measured[i]), "predicted_s": float(run.steps_predicted[i]),
+                     "retimed_s": float(run.steps_retimed[i]) if run.steps_retimed is not None else np.nan})
     return pd.DataFrame(rows)

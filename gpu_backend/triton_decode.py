@@ -30,6 +30,38 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
+def _tile(  # type: ignore[no-untyped-def]  # typed by triton
+    K, V, BT, q, m_i, l_i, acc, start, t_end, b, kvh, scale, d, dmask,
+    stride_kb, stride_kt, stride_kh, stride_btb,
+    PAGE: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr,
+):
+    """One tile of ``TILE`` tokens from ``start``: scores, online-softmax update, weighted values."""
+    tok = start + tl.arange(0, TILE)
+    valid = tok < t_end
+    page = tl.load(BT + b * stride_btb + tok // PAGE, mask=valid, other=0)
+    row = page.to(tl.int64) * stride_kb + (tok % PAGE).to(tl.int64) * stride_kt + kvh * stride_kh
+    kv_mask = valid[:, None] & dmask[None, :]
+    k = tl.load(K + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if IEEE:  # fp32 operands (fp32 caches, or the CPU interpreter, whose bf16 dot is broken)
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(valid[None, :], s * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a fully masked tile before any key: p = alpha = 0
+    p = tl.exp(s - m_ref[:, None])
+    alpha = tl.exp(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    if IEEE:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_decode_partial(  # type: ignore[no-untyped-def]  # typed by triton (pointers, tl.constexpr)
     Q, K, V, BT, SEQ_LENS, ACC, M, L,
     scale,
@@ -46,6 +78,8 @@ def _paged_decode_partial(  # type: ignore[no-untyped-def]  # typed by triton (p
     PAGE: tl.constexpr,
     TILE: tl.constexpr,
     IEEE: tl.constexpr,
+    HOST_LOOP: tl.constexpr,
+    LOOP_TILES: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -69,30 +103,17 @@ def _paged_decode_partial(  # type: ignore[no-untyped-def]  # typed by triton (p
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
-    offs = tl.arange(0, TILE)
-    for start in range(t_begin, t_end, TILE):
-        tok = start + offs
-        valid = tok < t_end
-        page = tl.load(BT + b * stride_btb + tok // PAGE, mask=valid, other=0)
-        row = page.to(tl.int64) * stride_kb + (tok % PAGE).to(tl.int64) * stride_kt + kvh * stride_kh
-        kv_mask = valid[:, None] & dmask[None, :]
-        k = tl.load(K + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:  # fp32 operands (fp32 caches, or the CPU interpreter, whose bf16 dot is broken)
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if IEEE:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    if HOST_LOOP:
+        # the interpreter cannot bound a range() by loaded values or scalar arguments (numpy >= 2.3
+        # refuses to turn a 1-element array into an int): loop a host-computed tile count (a
+        # constexpr, 0 and unused on a GPU, so it never forces a recompile there), masked past t_end
+        for it in range(0, LOOP_TILES):
+            m_i, l_i, acc = _tile(K, V, BT, q, m_i, l_i, acc, t_begin + it * TILE, t_end, b, kvh, scale, d, dmask,
+                                  stride_kb, stride_kt, stride_kh, stride_btb, PAGE, TILE, IEEE)
+    else:
+        for start in range(t_begin, t_end, TILE):
+            m_i, l_i, acc = _tile(K, V, BT, q, m_i, l_i, acc, start, t_end, b, kvh, scale, d, dmask,
+                                  stride_kb, stride_kt, stride_kh, stride_btb, PAGE, TILE, IEEE)
     out_mask = gmask[:, None] & dmask[None, :]
     tl.store(ACC + b * stride_ab + heads[:, None] * stride_ah + sp * stride_as + d[None, :], acc, mask=out_mask)
     tl.store(M + b * stride_mb + heads * stride_mh + sp, m_i, mask=gmask)
@@ -160,6 +181,8 @@ def paged_decode_attention(
         PAGE=page,
         TILE=tile,
         IEEE=q.dtype == torch.float32 or _INTERPRET,
+        HOST_LOOP=_INTERPRET,
+        LOOP_TILES=-(-(-(-max_seq_len // tile)) // splits) if _INTERPRET else 0,  # tiles per split, longest seq
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -1,4 +1,4 @@
-"""``apcsim validate CONFIG``: simulated vs real per-request latency on one workload (issue #6).
+"""``apcsim validate CONFIG``: simulated vs real per-request latency on one workload.
 
 Mirrors nothing in vLLM (it checks the simulator against real forward passes). The same config
 (scheduler, pool, workload) is replayed
@@ -17,8 +17,8 @@ is what a user of the simulator reads -- and the report says how often the prefi
 ``hit_tokens`` granted at admission agree between the runs. Scheduler (Python) time is in neither.
 
 The figures (MAPE, signed percentile errors, Pearson r, quality band, noise floor between real
-runs) are :mod:`gpu_backend.latency_error`'s; plus the latency model's in-situ per-step error on
-every step of real run 1.
+runs, and the latency model's error targets) are :mod:`gpu_backend.latency_error`'s; plus the latency
+model's in-situ per-step error on every step of real run 1, by step kind.
 
 Output folder (default ``<output_dir>/<name>/validate``): ``report.md``
 (:mod:`gpu_backend.validation_report`), ``report.json``, ``pairs.csv`` (one row per request: sim,
@@ -33,15 +33,19 @@ run; with a time budget, fewer real runs (never none) and a warning saying so. I
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpu_backend.host import load_average
-from gpu_backend.latency_error import pairs_table, summarize_pairs
+from gpu_backend.latency_error import pairs_table, summarize_pairs, targets
+from gpu_backend.profiling_grid import PRESETS
 from gpu_backend.real_run import RealRun, per_step_error, real_run, steps_table
 from gpu_backend.validation_plots import plot_cdf, plot_scatter
 from gpu_backend.validation_report import render_markdown, validation_table
@@ -70,7 +74,9 @@ def consistency_warnings(cfg: ExperimentConfig, model: FittedLatency) -> list[st
     meta = model.metadata
     b = cfg.backend
     want: dict[str, Any] = {"model_shape": b.model_shape, "dtype": b.dtype, "device_type": b.device,
-                            "block_size": cfg.engine.block_size, "attention_requested": b.attention}
+                            "block_size": cfg.engine.block_size, "attention_requested": b.attention,
+                            "timing": b.timing if b.device == "cuda" or b.timing == "thread_cpu" else "wall",
+                            "timing_repeats": b.timing_repeats}
     if b.device == "cpu":
         want["num_threads"] = b.num_threads or torch.get_num_threads()
     out = []
@@ -78,6 +84,22 @@ def consistency_warnings(cfg: ExperimentConfig, model: FittedLatency) -> list[st
         if key in meta and meta[key] != value:
             out.append(f"model file {key}={meta[key]!r} but this config runs {value!r}")
     return out
+
+
+def grid_preset_name(grid: Any) -> str | None:
+    """The name of the profiling-grid preset (``gpu_backend.profiling_grid.PRESETS``) a model was
+    calibrated on, from its metadata, or None when it matches none of them."""
+    preset = grid.get("preset") if isinstance(grid, dict) else None
+    for name, p in PRESETS.items():
+        if isinstance(preset, dict) and json.loads(json.dumps(dataclasses.asdict(p))) == preset:
+            return name
+    return None
+
+
+def _holdout_mape(fit_q: dict[str, Any]) -> float | None:
+    """The model file's held-out per-step MAPE (``fit.holdout.all`` now, ``fit.holdout`` in older files)."""
+    ho = fit_q.get("holdout", {})
+    return ho.get("all", ho).get("mape") if isinstance(ho, dict) else None
 
 
 def _display_path(p: Path) -> str:
@@ -90,13 +112,16 @@ def _display_path(p: Path) -> str:
 
 
 def validate(cfg: ExperimentConfig, out_dir: str | Path, *, real_runs: int = 2, warmup_steps: int = 3,
-             budget_s: float | None = None, step_overhead_s: float = 0.002,
-             log: Callable[[str], object] = print) -> dict[str, Any]:
+             budget_s: float | None = None, step_overhead_s: float = 0.002, retime_passes: int = 0,
+             reals: list[RealRun] | None = None, log: Callable[[str], object] = print) -> dict[str, Any]:
     """Run the simulated and ``real_runs`` real replays of ``cfg`` and write the report folder.
 
     With ``budget_s``, the real replays' wall time is estimated from the simulated one (its summed
     step time plus ``step_overhead_s`` per step for the scheduler) and fewer real runs are made (at
-    least one) when they would not fit; the report says so."""
+    least one) when they would not fit; the report says so. ``reals`` are real runs of ``cfg``
+    measured beforehand (e.g. interleaved with the calibration's replays, so that a shared
+    machine's slow drift affects both alike); then none is run here. ``retime_passes``: see
+    :func:`gpu_backend.real_run.real_run` (the first real run only)."""
     if real_runs < 1:
         raise ValueError("need at least one real run")
     t0 = time.perf_counter()
@@ -120,14 +145,19 @@ def validate(cfg: ExperimentConfig, out_dir: str | Path, *, real_runs: int = 2, 
                             f"(each estimated at {est:.1f} s from the simulated replay)")
             log("   " + warnings[-1])
             real_runs = fit
-    reals: list[RealRun] = []
-    for k in range(real_runs):
-        run = real_run(cfg, model, warmup_steps)
+    if reals is not None:
+        for run in reals:
+            run.steps_predicted = np.array([model.step_time(s) for s in run.step_shapes])
+        real_runs = len(reals)
+    todo, reals = (0 if reals else real_runs), list(reals or [])
+    for k in range(todo):
+        run = real_run(cfg, model, warmup_steps, retime_passes if k == 0 else 0)
         reals.append(run)
         log(f"   real run {k + 1}: {run.summary['num_steps']} steps in {run.wall_s:.1f} s wall, "
             f"TTFT p50 {run.summary['ttft_p50_s'] * 1e3:.2f} ms")
     pairs = pairs_table(sim_result.requests, [r.requests for r in reals])
     stats = summarize_pairs(pairs, real_runs)
+    per_step = per_step_error(reals[0])
     meta = model.metadata
     fit_q = meta.get("fit", {}) if isinstance(meta.get("fit"), dict) else {}
     noise = meta.get("noise_floor", {}) if isinstance(meta.get("noise_floor"), dict) else {}
@@ -138,7 +168,8 @@ def validate(cfg: ExperimentConfig, out_dir: str | Path, *, real_runs: int = 2, 
         "num_requests": int(len(pairs)),
         "num_real_runs": real_runs,
         "stats": stats,
-        "per_step": per_step_error(reals[0]),
+        "per_step": per_step,
+        "targets": targets(stats, per_step),
         "sim_summary": sim_result.summary,
         "real_summaries": [r.summary for r in reals],
         "real_wall_s": [r.wall_s for r in reals],
@@ -147,11 +178,12 @@ def validate(cfg: ExperimentConfig, out_dir: str | Path, *, real_runs: int = 2, 
         "model": {"path": _display_path(cfg.resolve_path(cfg.latency.path)) if cfg.latency.kind == "fitted" else None,
                   "features": dict(model.coefs), "device": meta.get("device"), "created": meta.get("created"),
                   "git_commit": meta.get("git_commit"), "torch_version": meta.get("torch_version"),
-                  "feature_set": fit_q.get("feature_set"), "holdout_mape": fit_q.get("holdout", {}).get("mape"),
-                  "noise_median_cv": noise.get("median_cv")},
+                  "feature_set": fit_q.get("feature_set"), "holdout_mape": _holdout_mape(fit_q),
+                  "noise_median_cv": noise.get("median_cv"), "grid": grid_preset_name(meta.get("grid"))},
         "warnings": warnings + consistency_warnings(cfg, model),
         "load_average": load_average(),
         "config": config_to_dict(cfg),
+        "config_path": _display_path(Path(cfg.source)),
         "git_commit": git_commit(Path(__file__).resolve().parent),
         "versions": package_versions(),
         "wall_s": 0.0,
@@ -178,7 +210,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if cfg.backend.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{cfg.source}: backend.device: cuda requested but torch sees no CUDA device")
     out = Path(args.out) if args.out else cfg.results_dir() / "validate"
-    validate(cfg, out, real_runs=args.real_runs, warmup_steps=args.warmup_steps)
+    validate(cfg, out, real_runs=args.real_runs, warmup_steps=args.warmup_steps, retime_passes=args.retime_passes)
     return 0
 
 

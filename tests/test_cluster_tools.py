@@ -94,7 +94,7 @@ def _fake_sweep(tmp_path: Path) -> Path:
     folder = tmp_path / "sw"
     folder.mkdir()
     pd.DataFrame(rows).to_parquet(folder / "table.parquet")
-    (folder / "sweep.json").write_text(json.dumps({"name": "sw", "axes": [
+    (folder / "sweep.json").write_text(json.dumps({"name": "sw", "complete": True, "axes": [
         {"key": "cluster.router"}, {"key": "cluster.replicas"}, {"key": "workload.time_scale"}]}))
     return folder
 

@@ -85,7 +85,7 @@ def test_run_writes_every_result_file_and_is_deterministic(tmp_path):
     p = _write(tmp_path, SMALL)
     outs = [tmp_path / "a", tmp_path / "b"]
     for out in outs:
-        assert main(["run", str(p), "--no-progress", "--out", str(out)]) == 0
+        assert main(["run", str(p), "--no-progress", "--csv", "--out", str(out)]) == 0
     for name in ("requests.parquet", "requests.csv", "steps.parquet", "steps.csv", "summary.json",
                  "config.resolved.yaml", "meta.json"):
         assert (outs[0] / name).is_file(), name
@@ -108,7 +108,7 @@ def test_overrides_and_seed_change_results(tmp_path):
     p = _write(tmp_path, SMALL)
     assert main(["run", str(p), "--no-progress", "--out", str(tmp_path / "a"), "--set", "seed=1"]) == 0
     assert main(["run", str(p), "--no-progress", "--out", str(tmp_path / "b"), "--set", "seed=2"]) == 0
-    assert (tmp_path / "a" / "requests.csv").read_bytes() != (tmp_path / "b" / "requests.csv").read_bytes()
+    assert (tmp_path / "a" / "requests.parquet").read_bytes() != (tmp_path / "b" / "requests.parquet").read_bytes()
     cfg = load_config(p, ["engine.block_size=64", "workload.num_requests=7"])
     assert cfg.engine.block_size == 64 and cfg.workload.num_requests == 7
     with pytest.raises(ConfigError, match="engine.bogus: unknown key"):

@@ -68,15 +68,15 @@ def test_hit_tokens_and_readmission_recorded():
     assert res.summary["prefix_cache"]["hits"] == res.prefix_cache.hits
 
 
-def test_stall_reports_a_clear_error():
+def test_request_that_never_fits_the_pool_stops_a_strict_run():
     sched = _sched(num_blocks=3, block_size=16, max_model_len=4096)
-    with pytest.raises(ReplayError, match="cannot be admitted"):
-        _replay([_req("big", 0.0, 100)], sched)
+    with pytest.raises(ReplayError, match=r"request big: never_fits_pool: 100 KV slots .* 7 blocks of 16, the pool"):
+        _replay([_req("big", 0.0, 100)], sched, reject_invalid=False)
 
 
-def test_prompt_longer_than_max_model_len_is_rejected():
-    with pytest.raises(ReplayError, match="exceeds max_model_len"):
-        _replay([_req("long", 0.0, 5000)], _sched(max_model_len=4096))
+def test_prompt_longer_than_max_model_len_stops_a_strict_run():
+    with pytest.raises(ReplayError, match="request long: prompt_too_long: prompt of 5000 tokens, max_model_len 4096"):
+        _replay([_req("long", 0.0, 5000)], _sched(max_model_len=4096), reject_invalid=False)
 
 
 def test_unsorted_arrivals_rejected():
@@ -180,6 +180,17 @@ def test_async_same_step_sharing_and_output_block_caching():
     follow = TraceRequest("f", 5.0, np.concatenate([np.arange(0, 20), out_ids, np.arange(900, 910)]), 1)
     res = _replay([first, follow], _async_sched())
     assert res.requests.set_index("request_id").loc["f", "hit_tokens"] == 32
+
+
+def test_async_without_prefix_caching_caches_nothing():
+    # vLLM's KVCacheManager.cache_blocks returns at once when caching is off: the async
+    # scheduler's deferred caching of generated blocks must not hash a single block either
+    sched = Scheduler(SchedulerConfig(async_scheduling=True, max_model_len=4096),
+                      CacheConfig(16, 1000, enable_prefix_caching=False), make_block_hasher("sha256", 16))
+    res = Replay(sched, SimulatedExecutor(FixedLatency(0.01)), _workload(2, 40, rate=20.0),
+                 integrity_check=True).run()
+    assert (res.steps["cached_blocks"] == 0).all()
+    assert sched.kv_cache_manager.block_pool.num_cached_blocks == 0
 
 
 def test_async_timing_and_integrity():

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("torch_one_thread")  # the `model` fixture is in conftest.py
 
-from gpu_backend import cases  # noqa: E402
+from gpu_backend import cases, cases_long  # noqa: E402
 from gpu_backend.model import LlamaModel  # noqa: E402
 from gpu_backend.shapes import TINY  # noqa: E402
 
@@ -87,3 +87,21 @@ def test_bf16_same_top_token_and_small_kl():
         assert r.max_kl <= cases.BF16_KL_BOUND and r.top1_mismatches == 0
     neg = cases.case_top_left_mask(m)
     assert not neg.passes(torch.bfloat16)
+
+
+def test_long_context_reuse_equals_recompute():
+    """A 32k-token prompt (2,048 blocks of 16) prefilled in 16 chunks, then a request that hits all
+    2,048 blocks and decodes over them: its logits (and the first request's) equal one dense
+    recompute of the longer sequence, fp32 1e-5, block tables checked after every step. The
+    costliest CPU test (two 32k-token causal attentions: one paged, one dense), so it uses torch's
+    default thread count."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(2, torch.get_num_interop_threads(), __import__("os").cpu_count() or 1)))
+    try:
+        m = LlamaModel(TINY, dtype=torch.float32, device="cpu", seed=0)
+        r = cases_long.case_long_context(m, context=32768)
+    finally:
+        torch.set_num_threads(old)
+    _check(r)
+    assert r.facts["hit_blocks"] == 2048 and r.facts["a_chunks"] == 16
+    assert r.facts["hits"] == {"a": 0, "b": 32768}

@@ -184,9 +184,19 @@ def test_feature_vector_order() -> None:
     vec = FittedLatency.feature_vector(s)
     assert len(vec) == len(FEATURES) == len(FittedLatency.FEATURES)
     expected = {"intercept": 1.0, "num_prefill_seqs": s.num_prefill_seqs,
-                "num_decode_tokens": s.num_decode_tokens, "kv_read_tokens": s.kv_read_tokens}
+                "num_decode_tokens": s.num_decode_tokens, "kv_read_tokens": s.kv_read_tokens,
+                "mixed_step": 1.0}  # 3 decodes and a prefill chunk in one step
     for f in FEATURES:
         assert vec[FEATURES.index(f)] == expected.get(f, getattr(s, f, None))
+
+
+def test_mixed_step_term_costs_only_steps_that_mix() -> None:
+    m = FittedLatency({"intercept": 1e-3, "mixed_step": 5e-4})
+    assert m.step_time(_shape()) == pytest.approx(1.5e-3)  # decodes + a prefill chunk
+    assert m.step_time(StepShape.decode_only(4, 400)) == pytest.approx(1e-3)
+    assert m.step_time(StepShape.prefill_only(64, 32)) == pytest.approx(1e-3)
+    assert FittedLatency.feature_value("mixed_step", StepShape.decode_only(2, 10)) == 0.0
+    assert FittedLatency.from_dict(m.to_dict()).coefs == m.coefs
 
 
 def test_fitted_hand_computed_value() -> None:

@@ -86,16 +86,25 @@ def test_resume_skips_finished_points(tmp_path):
     assert (first.folder / "points" / first.table["key"][0] / "row.json").stat().st_mtime_ns != before  # rewritten
 
 
+def _bad_trace_grid(tmp_path: Path) -> dict:
+    """A ``workload`` axis whose middle value fails only when it runs: its trace's line 2 is bad
+    (a problem no validation before the run can see, unlike a pool too small for max_model_len)."""
+    (tmp_path / "bad.jsonl").write_text('{"id": "a", "arrival": 0, "tokens": [1, 2, 3], "output_tokens": 2}\n'
+                                        '{"id": "b", "arrival": 1, "tokens": [1, 2], "output_tokens": -3}\n')
+    ok = {"kind": "synthetic_shared_prefix", "num_requests": 20, "num_prefixes": 3, "prefix_tokens": 256,
+          "suffix_tokens": 64, "output_tokens": 16, "rate": 20.0}
+    return {"workload": {"ok": ok, "bad": {"kind": "trace", "path": "bad.jsonl"}, "ok2": {**ok, "num_requests": 30}}}
+
+
 def test_failing_point_is_recorded_and_others_run(tmp_path):
-    # 4 blocks of 16 tokens cannot hold one max_model_len=512 sequence: vLLM refuses to start
-    p = _sweep(tmp_path, grid={"engine.num_gpu_blocks": [400, 4, 800]})
+    p = _sweep(tmp_path, grid=_bad_trace_grid(tmp_path))
     rep = run_sweep(p, workers=2, progress=False)
     df = rep.table
     assert df["status"].tolist() == ["ok", "error", "ok"]
-    assert "cannot hold one max_model_len=512 sequence" in df.loc[1, "error"]
+    assert "bad.jsonl:2: field 'output_tokens'" in df.loc[1, "error"]
     assert [pt for pt, _ in rep.errors] == [1]
     err_dir = rep.folder / "points" / df.loc[1, "key"]
-    assert "ConfigError" in (err_dir / "error.txt").read_text()
+    assert "TraceFormatError" in (err_dir / "error.txt").read_text()
     assert json.loads((err_dir / "row.json").read_text())["status"] == "error"
     # a re-run retries the failed point only
     again = run_sweep(p, workers=1, progress=False)
@@ -105,14 +114,20 @@ def test_failing_point_is_recorded_and_others_run(tmp_path):
 def test_cli_exit_codes(tmp_path, capsys):
     from sim.cli.main import main
 
-    p = _sweep(tmp_path, grid={"engine.num_gpu_blocks": [400, 4]})
+    p = _sweep(tmp_path, grid=_bad_trace_grid(tmp_path))
     assert main(["sweep", str(p), "--workers", "1", "--no-plots", "--no-progress"]) == 1
     out = capsys.readouterr().out
-    assert "1 failed" in out and "point 1: ConfigError" in out
+    assert "1 failed" in out and "point 1: TraceFormatError" in out
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"name": "b", "base": {"workload": {"kind": "nope"}}}))
     assert main(["sweep", str(bad)]) == 2
     assert f"{bad}: " in capsys.readouterr().err
+    # 4 blocks of 16 tokens cannot hold one max_model_len=512 sequence: refused before anything runs
+    small = _sweep(tmp_path, name="small", grid={"engine.num_gpu_blocks": [400, 4]})
+    assert main(["sweep", str(small), "--workers", "1", "--no-plots", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "grid.engine.num_gpu_blocks: a pool of 4 blocks" in err and "(point engine.num_gpu_blocks=4)" in err
+    assert not (tmp_path / "out" / "small").exists()
 
 
 def test_kill_9_mid_sweep_then_resume(tmp_path):

@@ -143,5 +143,33 @@ def test_set_overrides_the_base(tmp_path):
     sw = load_sweep(p, overrides=["workload.num_requests=7", "engine.block_size=64"])
     assert {pt.config.workload.num_requests for pt in sw.points} == {7}
     assert [pt.config.engine.block_size for pt in sw.points] == [16, 32]  # the axis wins
-    with pytest.raises(ConfigError, match=r"--set: override 'oops' must look like key.path=value"):
+    with pytest.raises(ConfigError, match=r"--set oops: an override must look like key.path=value"):
         load_sweep(p, overrides=["oops"])
+
+
+def test_every_point_resolved_before_running_and_all_bad_points_reported(tmp_path):
+    # Llama-3-8B's max_model_len 131,072 needs 16 GiB of KV cache: 2 and 4 GiB fail at both block sizes
+    base = {"model": "llama-3-8b", "gpu": "H100-SXM", "latency": {"kind": "roofline"},
+            "workload": {"kind": "chat", "sessions": 2}}
+    p = _write(tmp_path, {"name": "s", "base": base,
+                          "grid": {"engine.kv_cache_gib": [2, 4, 64], "engine.block_size": [16, 64]}})
+    with pytest.raises(ConfigError) as err:
+        load_sweep(p)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 5 and lines[-1] == f"{p}: 4 of 6 points are invalid; nothing ran"
+    for line, (gib, bs) in zip(lines, [(2, 16), (2, 64), (4, 16), (4, 64)]):
+        assert line.startswith(f"{p}: grid.engine.kv_cache_gib: a pool of "), line
+        assert "cannot hold one max_model_len=131072 sequence" in line
+        assert line.endswith(f"(point engine.kv_cache_gib={gib}, engine.block_size={bs})"), line
+    p2 = _write(tmp_path, {"name": "s", "base": {**base, "engine": {"max_model_len": 8192}},
+                           "grid": {"engine.kv_cache_gib": [2, 4, 64], "engine.block_size": [16, 64]}}, "ok.yaml")
+    assert len(load_sweep(p2).points) == 6
+
+
+def test_one_problem_shared_by_every_point_is_listed_once(tmp_path):
+    p = _write(tmp_path, {"name": "s", "base": {**BASE, "engine": {"blok_size": 16}},
+                          "grid": {"seed": [0, 1, 2]}})
+    with pytest.raises(ConfigError) as err:
+        load_sweep(p)
+    assert str(err.value).splitlines() == [f"{p}: base.engine.blok_size: unknown key",
+                                           f"{p}: 3 of 3 points are invalid; nothing ran"]

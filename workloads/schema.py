@@ -25,7 +25,8 @@ from workloads.tenants import SaltPolicy
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # finite floats only: a rate, time_scale or distribution bound of .inf / .nan is refused
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _number_is_fixed(v: Any) -> Any:

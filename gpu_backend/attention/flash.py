@@ -5,7 +5,9 @@ variable-length flash call per batch, ``cu_seqlens`` for queries and keys, causa
 ``window_size=(-1, 0)`` (bottom-right aligned).
 
 * ``flash_paged``: the whole mixed batch in one call straight over the paged pool (torch with
-  ``varlen_attn(block_table=...)``);
+  ``varlen_attn(block_table=...)``); FlashAttention-2's paged mode takes pages of a multiple of
+  256 tokens only, so any other block size is refused with a message naming that constraint
+  (:func:`paged_block_size_refusal`) before the kernel is called;
 * ``flash_gather``: prefill sequences; gathers their K/V into packed buffers first, then one call
   (any torch with ``varlen_attn``).
 
@@ -41,6 +43,21 @@ def varlen_takes_block_table() -> bool:
     return fn is not None and "block_table" in inspect.signature(fn).parameters
 
 
+#: FlashAttention-2's paged KV cache takes pages of a multiple of this many tokens: torch's
+#: ``varlen_attn(block_table=...)`` runs FA2's ``mha_varlen_fwd``, which checks
+#: ``page_block_size % 256 == 0`` ("Paged KV cache block size must be divisible by 256").
+FLASH_PAGE_MULTIPLE = 256
+
+
+def paged_block_size_refusal(block_size: int) -> str | None:
+    """Why ``flash_paged`` cannot run at this KV block size (None if it can)."""
+    if block_size % FLASH_PAGE_MULTIPLE == 0:
+        return None
+    return (f"flash_paged needs engine.block_size to be a multiple of {FLASH_PAGE_MULTIPLE} (FlashAttention-2's "
+            f"paged KV cache, torch varlen_attn with block_table=), got {block_size}; use block_size "
+            f"{FLASH_PAGE_MULTIPLE}, {2 * FLASH_PAGE_MULTIPLE}, ... or attention auto / flash_gather / triton")
+
+
 def _kernel() -> Callable[..., Any]:
     fn = find_varlen_attn()
     if fn is None:
@@ -59,6 +76,9 @@ class FlashPagedAttention:
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: StepBatch, scale: float,
             which: Subset, out: torch.Tensor) -> None:
+        why = paged_block_size_refusal(batch.block_size)
+        if why is not None:
+            raise ValueError(why)
         varlen_attn = _kernel()
         info = subset(batch, which)
         key = ("flash_paged", which)

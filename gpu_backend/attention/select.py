@@ -29,6 +29,7 @@ from gpu_backend.attention.flash import (
     FlashGatherAttention,
     FlashPagedAttention,
     find_varlen_attn,
+    paged_block_size_refusal,
     varlen_takes_block_table,
 )
 from gpu_backend.attention.reference import ReferenceAttention
@@ -97,8 +98,12 @@ def _build(name: str) -> AttentionImpl:
     raise ValueError(f"unknown attention implementation {name!r}")
 
 
-def _unavailable(name: str, device: torch.device) -> str | None:
+def _unavailable(name: str, device: torch.device, block_size: int) -> str | None:
     """Why candidate ``name`` cannot run here, or None."""
+    if name == "flash_paged":
+        why = paged_block_size_refusal(block_size)
+        if why is not None:
+            return why
     if name in ("flash_paged", "flash_gather"):
         if device.type != "cuda":
             return "needs CUDA"
@@ -139,7 +144,7 @@ def select_attention(requested: str, *, device: str | torch.device, dtype: torch
     tol = _tolerance(dtype)
 
     def probe(name: str, which: Subset) -> AttentionImpl | None:
-        why = _unavailable(name, dev)
+        why = _unavailable(name, dev, block_size)
         if why is not None:
             probes[f"{name}/{which}"] = f"unavailable: {why}"
             return None
@@ -173,6 +178,8 @@ def select_attention(requested: str, *, device: str | torch.device, dtype: torch
                     break
             else:
                 if requested != "auto" and order:
+                    if requested == "flash_paged" and paged_block_size_refusal(block_size):
+                        raise RuntimeError(paged_block_size_refusal(block_size))
                     raise RuntimeError(f"attention {requested!r} is not usable here: {report['probes']}")
         d, p = chosen["decode"], chosen["prefill"]
         if d.name == p.name == "flash_paged" and probe("flash_paged", "all") is not None:

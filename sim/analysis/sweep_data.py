@@ -7,18 +7,20 @@ Mirrors nothing in vLLM (apcsim's own sweep layout: ``table.parquet`` + ``sweep.
 (``workload.tenants.num_tenants``); every other axis names the *configs*, one curve each.
 
 Invariants: failed points are left out (``status != "ok"``); configs keep their order of first
-appearance in the table; reading a folder never re-runs anything.
+appearance in the table; reading a folder never re-runs anything; a folder whose ``sweep.json``
+lacks ``complete: true`` (a sweep running or interrupted) is refused with ``ResultsError``.
 
-Imports pandas only (no matplotlib, no simpy, no sim.experiment).
+Imports pandas and, of sim.experiment, only its results-folder check (no matplotlib, no simpy).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from sim.experiment.results_folder import require_complete_sweep
 
 BLOCK = "engine.block_size"
 CAP_GIB = "engine.kv_cache_gib"
@@ -36,15 +38,13 @@ class SweepData:
         table = self.folder / "table.parquet"
         if not table.is_file():
             raise FileNotFoundError(2, "no table.parquet (run apcsim sweep first)", str(table))
+        m = require_complete_sweep(self.folder)
         df = pd.read_parquet(table)
-        manifest = self.folder / "sweep.json"
-        self.name = self.folder.name
-        axes: list[str] = []
-        if manifest.is_file():
-            m = json.loads(manifest.read_text())
-            axes = [a["key"] for a in m.get("axes", [])]
-            self.name = m.get("name", self.name)
+        axes = [a["key"] for a in m.get("axes", [])]
+        self.name = m.get("name", self.folder.name)
         self.axes = [a for a in axes if a in df.columns]
+        if "first_admission_token_hit_rate" not in df and "request_hit_rate" in df:  # a table of release 0.1
+            df["first_admission_token_hit_rate"] = df["request_hit_rate"]
         self.all = df
         self.df = df[df["status"] == "ok"].copy() if "status" in df else df.copy()
         self.block = BLOCK in self.axes and self.df["block_size"].nunique() > 1
@@ -92,6 +92,25 @@ class SweepData:
             d = d[d[col] == val]
         return d
 
+    def pivot(self, values: str, index: str | list[str], columns: str, df: pd.DataFrame | None = None) -> pd.DataFrame:
+        """``values`` by ``index`` x ``columns`` over ``df`` (default: every ok point), one point per cell.
+
+        Never averages: when points differ in an axis that is neither in ``index``, in ``columns`` nor
+        held fixed (by filtering ``df`` first, e.g. with :meth:`where`), it raises ``ValueError``
+        naming that axis."""
+        d = self.df if df is None else df
+        keys = ([index] if isinstance(index, str) else list(index)) + [columns]
+        dup = d.duplicated(subset=keys, keep=False)
+        if dup.any():
+            cols = [*self.axes, "block_size", "kv_pool_gib", "num_gpu_blocks", "salt_policy", "num_tenants"]
+            varying = [c for c in dict.fromkeys(cols) if c in d and c not in keys and d.loc[dup, c].nunique() > 1]
+            raise ValueError(f"{int(dup.sum())} points share cells of {values} by {keys}: hold "
+                             f"{', '.join(varying) or 'the other axes'} fixed first (a pivot never averages)")
+        out = d.pivot(index=keys[:-1], columns=columns, values=values)
+        if len(keys) == 2:  # rows and columns in their order of first appearance (numbers sorted)
+            out = out.reindex(index=_ordered(d[keys[0]]))
+        return out.reindex(columns=_ordered(d[columns]))
+
     def cap_title(self, cap: Any) -> str:
         if cap is None:
             return ""
@@ -100,6 +119,12 @@ class SweepData:
             tokens = int(sub["capacity_tokens"].median()) if len(sub) else 0  # the resolved engine's
             return f"KV pool {num_label(cap)} GiB (~{_tokens(tokens)} tokens)"
         return f"KV pool {int(cap):,} blocks"
+
+
+def _ordered(col: pd.Series) -> list[Any]:
+    """A column's distinct values: sorted when numeric, else in their order of first appearance."""
+    values = list(dict.fromkeys(col.dropna()))
+    return sorted(values) if all(isinstance(v, (int, float)) for v in values) else values
 
 
 def _short(key: str) -> str:

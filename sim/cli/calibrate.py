@@ -34,6 +34,15 @@ def add_calibrate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on a CPU)")
     ap.add_argument("--seed", type=int, default=None, help="weight seed")
+    ap.add_argument("--timing", choices=("wall", "cuda_events", "thread_cpu"), default=None,
+                    help="step timing (thread_cpu: the thread's CPU time, CPU with one thread)")
+    ap.add_argument("--timing-repeats", type=int, default=None, help="a step's time is the median of N runs of it")
+    ap.add_argument("--replay", action="append", default=[], metavar="CONFIG",
+                    help="a calibration workload: its real replay's steps are timed as it runs them and join the "
+                         "fit (repeatable; use workloads other than the validation ones)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of every --replay config (repeatable)")
+    ap.add_argument("--replay-budget-s", type=float, default=None, help="skip further replays beyond this")
     ap.add_argument("--grid", choices=(*GRID_PRESETS, "auto"), default="auto",
                     help="profiling grid: quick (CI), cpu, gpu; auto = gpu on cuda, cpu otherwise")
     ap.add_argument("--warmup", type=int, default=None, help="discarded rounds over the grid (preset default)")
@@ -52,6 +61,9 @@ def add_validate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="backend.device override")
     ap.add_argument("--real-runs", type=int, default=2, help="real replays (>= 2 gives the noise floor)")
     ap.add_argument("--warmup-steps", type=int, default=3, help="discarded warm-up steps before each real replay")
+    ap.add_argument("--retime-passes", type=int, default=0,
+                    help="time every step of real run 1 again in N passes after it; the per-step error is also "
+                         "reported against each step's median over them (measurement noise averaged out)")
     ap.add_argument("--out", default=None, help="report folder (default <output_dir>/<name>/validate)")
 
 

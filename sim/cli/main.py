@@ -1,8 +1,10 @@
 """``apcsim`` command line (mirrors the ``vllm`` CLI's subcommand dispatch): parse, call one
 experiment function, print (no simulation here).
 
-``apcsim run CONFIG.yaml [--set key.path=value ...] [--out DIR] [--no-progress]
-[--backend sim|torch] [--device cpu|cuda]`` replays one experiment and writes its results folder;
+``apcsim run CONFIG.yaml [--set key.path=value ...] [--out DIR] [--no-progress] [--json] [--no-bounds]
+[--csv] [--backend sim|torch] [--device cpu|cuda]`` replays one experiment, writes its results
+folder (replaced whole, ``sim.experiment.results_folder``; Ctrl-C prints what it holds, exit code
+130) and prints the human summary of ``sim.cli.summary`` (``--json``: the headline metrics as JSON);
 ``--backend torch`` runs every step as a real forward pass (``gpu_backend``, reached through the
 backend registry ``sim.experiment.backend`` and imported only then).
 ``apcsim sweep SWEEP.yaml`` runs a sweep and ``apcsim plot SWEEP_DIR`` plots one (``sim.cli.sweep``).
@@ -39,25 +41,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if args.backend != "torch":
             raise ConfigError("--device applies to --backend torch only")
         overrides.append(f"backend.device={args.device}")
+    if args.csv:
+        overrides.append("replay.tables=[parquet, csv]")
     cfg = load_config(args.config, overrides)
     factory = executor_factory(args.backend)  # torch is imported only here, and only for the torch backend
     result, folder = run_experiment(
-        cfg, out=args.out, progress=False if args.no_progress else None, executor_factory=factory
+        cfg, out=args.out, progress=False if args.no_progress else None, executor_factory=factory,
+        bounds=not args.no_bounds,
     )
     s = result.summary
-    print(f"wrote {folder}/")
-    keys = (
-        "num_requests", "num_steps", "token_hit_rate", "request_hit_rate", "num_preemptions",
-        "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "throughput_output_tokens_per_s", "sim_time_s",
-    )
-    print(json.dumps({k: s[k] for k in keys}, indent=2))
+    if args.json:  # the machine-readable output of earlier releases, unchanged
+        print(f"wrote {folder}/")
+        keys = (
+            "num_requests", "num_steps", "token_hit_rate", "request_hit_rate", "num_preemptions",
+            "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "throughput_output_tokens_per_s", "sim_time_s",
+        )
+        print(json.dumps({k: s[k] for k in keys}, indent=2))
+    else:
+        from sim.cli.summary import render
+
+        meta = json.loads((folder / "meta.json").read_text())
+        print(render(s, name=cfg.name, folder=str(folder), wall_time_s=result.wall_time_s,
+                     bounds_wall_time_s=meta.get("bounds_wall_time_s")))
     if "cluster" in s:  # the fleet's load over time, beside the tables
         from sim.analysis.cluster_figures import replica_load_timeline
         from sim.analysis.figure_style import save_figure
 
         save_figure(replica_load_timeline(result.steps, f"{cfg.name}: load per replica"), folder, "load_timeline")
     comparison = s.get("cluster", {}).get("comparison")
-    if comparison:
+    if comparison and not args.json:
         print(f"{'router':<24} {'hit rate':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'goodput':>8}")
         for row in comparison:
             print(f"{row['router']:<24} {row['token_hit_rate']:>9.3f} {row['ttft_p50_s']:>8.2f}s "
@@ -66,7 +78,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         info = json.loads((folder / "meta.json").read_text()).get("executor", {})
         shown = ("device", "device_name", "model_shape", "dtype", "attention", "timing", "step_times")
         print(f"{args.backend} backend: " + json.dumps({k: info.get(k) for k in shown}, indent=2))
-    print(f"wall time {result.wall_time_s:.2f} s")
+    if args.json:
+        print(f"wall time {result.wall_time_s:.2f} s")
     return 0
 
 
@@ -79,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a config key, e.g. --set engine.block_size=64 (repeatable)")
     run.add_argument("--out", default=None, help="results folder (default: <output_dir>/<name>)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--json", action="store_true",
+                     help="print the headline metrics as JSON (the output of earlier releases) instead of the table")
+    run.add_argument("--no-bounds", action="store_true",
+                     help="skip the offline references (infinite cache, Belady, sequential LRU) and the diagnosis "
+                          "they feed; saves a pass over the workload")
+    run.add_argument("--csv", action="store_true", help="write requests.csv and steps.csv beside the parquet tables")
     run.add_argument("--backend", choices=tuple(EXECUTORS), default="sim",
                      help="sim: step times from the latency model (default); torch: real forward passes "
                           "(gpu_backend, config section 'backend:'), measured step times")
@@ -110,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"apcsim: error: {exc.filename}: no such file", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # RunInterrupted says what the results folder holds
+        print(f"apcsim: {str(exc) or 'interrupted'}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -213,8 +213,10 @@ class ClusterReplay(ClusterHooks, ClusterView):
         self._outstanding[decision.replica][rr.request_id] = rr
         self._where[rr.request_id] = decision.replica
         replica = self.replicas[decision.replica]
-        replica.intake.push(tr)
-        replica.wake()
+        if replica.intake.push(tr):
+            replica.wake()
+        else:  # refused at intake, as vLLM refuses it: the router sees the error reply at once
+            self.finished(decision.replica, rr.request_id)
 
     def _arrivals(self) -> Iterator[Wait]:
         clock = self.clock

@@ -54,6 +54,7 @@ class ReplicaSpec:
     build_scheduler: Callable[[], Scheduler]
     build_executor: Callable[[Scheduler], Executor]
     fast_forward: bool = True
+    reject_invalid: bool = True  # a request the engine refuses is recorded as rejected (else ReplayError)
 
 
 class ClusterHooks:
@@ -81,8 +82,8 @@ def row_metrics(row: tuple[Any, ...]) -> ReplicaMetrics:
 class RoutedIntake(RequestIntake):
     """A replica's intake: requests come from the router (see the module docstring)."""
 
-    def __init__(self, hooks: ClusterHooks, scheduler: Scheduler, rec: ReplayRecorder) -> None:
-        super().__init__((), scheduler, rec)
+    def __init__(self, hooks: ClusterHooks, scheduler: Scheduler, rec: ReplayRecorder, reject_invalid: bool) -> None:
+        super().__init__((), scheduler, rec, reject_invalid=reject_invalid)
         self._hooks = hooks
 
     @property
@@ -100,9 +101,14 @@ class RoutedIntake(RequestIntake):
     def deliver_due(self, t: float) -> None:
         self._hooks.route_due(t)
 
-    def push(self, tr: TraceRequest) -> None:
-        """Changes state: the router sent ``tr`` here; it joins the next step's admissions."""
-        self._pending.append(self._make_request(tr))
+    def push(self, tr: TraceRequest) -> bool:
+        """Changes state: the router sent ``tr`` here; it joins the next step's admissions. False
+        when the engine refuses it at intake (``sim.replay.rejection``: recorded as ``rejected``)."""
+        request = self._make_request(tr)
+        if request is None:
+            return False
+        self._pending.append(request)
+        return True
 
     def drained(self) -> bool:
         return self._hooks.done and not self._pending
@@ -163,7 +169,7 @@ class Replica:
             sched.kv_cache_manager.block_pool.event_sink = self.event_sink(sched)
         executor = self.spec.build_executor(sched)
         self.scheduler = sched
-        self.intake = RoutedIntake(self.hooks, sched, self.rec)
+        self.intake = RoutedIntake(self.hooks, sched, self.rec, self.spec.reject_invalid)
         runner = StepRunner(sched, executor, self.intake, self.rec, self.clock.env,
                             fast_forward=self.spec.fast_forward, integrity_check=self.integrity_check,
                             max_window_steps=self.max_window_steps, on_step=None)

@@ -12,11 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from itertools import repeat
-from operator import itemgetter
 
 from sim.core.kv_cache_block import KVCacheBlock
-
-_key = itemgetter(0)
 
 
 class FreeKVCacheBlockQueue:
@@ -42,7 +39,7 @@ class FreeKVCacheBlockQueue:
         """Unlink and return the ``n`` head blocks, head first (one C-level pop each)."""
         if n > len(self._q):
             raise ValueError(f"Cannot get {n} free blocks from the pool")
-        return list(map(_key, map(self._q.popitem, repeat(False, n))))  # C-level loop
+        return [b for b, _ in map(self._q.popitem, repeat(False, n))]
 
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink ``block`` wherever it is (a touched hit)."""

@@ -248,8 +248,11 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Changes state: cache the request's blocks that are full within its first ``num_tokens``
-        tokens (the async scheduler's deferred caching; the decode fast-forward)."""
-        self.coordinator.cache_blocks(request, num_tokens)
+        tokens (the async scheduler's deferred caching; the decode fast-forward). Nothing when
+        prefix caching is off, as vLLM's ``KVCacheManager.cache_blocks`` (its ``enable_caching``
+        guard): an uncached pool never hashes a block, so freed blocks return to the queue head."""
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request, num_tokens)
 
     def free(self, request: Request) -> None:
         """Changes state: release the request's blocks, each group last block first (its chain tail

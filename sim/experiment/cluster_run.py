@@ -99,7 +99,8 @@ def replica_specs(
         def executor(sched: Scheduler, sub: ExperimentConfig = sub) -> Executor:
             return executor_factory(sub, sched)
 
-        specs.append(ReplicaSpec(f"replica-{i}", facts, scheduler, executor, sub.replay.fast_forward))
+        specs.append(ReplicaSpec(f"replica-{i}", facts, scheduler, executor, sub.replay.fast_forward,
+                                 sub.replay.on_invalid_request == "reject"))
         engines.append(engine)
     return specs, engines
 

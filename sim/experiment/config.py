@@ -5,6 +5,12 @@ validated by pydantic models (unknown keys are errors).
 message names the file and the offending key (``configs/x.yaml: engine.blok_size: unknown key``).
 Input paths inside a config (traces, fitted latency files) are resolved against the config
 file's directory; ``output_dir`` is relative to the working directory.
+Strict input: YAML is read by ``sim.experiment.strict_yaml`` (a key given twice, bytes that are
+not UTF-8 and bad syntax are refused with ``file:line``); float keys take finite numbers only;
+block sizes of a config file follow vLLM 0.25.1's attention backends
+(``sim.experiment.block_size_rule``; :func:`config_from_dict` applies it with ``startup_checks``). A
+problem caused by ``--set key=value`` names the override (``--set engine.block_size=7:
+engine.block_size: ...``), not the file.
 Invariants: every model is frozen and forbids unknown keys; a problem is one ``ConfigError``
 line per bad key, ``file: key: problem``. Imports neither simpy nor torch.
 """
@@ -12,17 +18,19 @@ line per bad key, ``file: key: problem``. Imports neither simpy nor torch.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic_core import ErrorDetails
 
 from sim.core.errors import ApcsimError
 from sim.core.hashing import HASH_ALGOS
 from sim.core.kv_cache_spec import KVGroupSpec, check_groups
+from sim.experiment.block_size_rule import check_block_size
 from sim.experiment.cluster_config import ROUTER_TAGS, ClusterConfig
+from sim.experiment.strict_yaml import YAMLInputError, load_yaml_file, load_yaml_text
 from workloads.paths import input_path
 from workloads.schema import UNION_TAGS as _WORKLOAD_TAGS
 from workloads.schema import (  # noqa: F401  (re-exported: the workload models)
@@ -44,14 +52,35 @@ class ConfigError(ApcsimError, ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: a float key takes finite numbers only (``step_time_s: .inf`` would run
+    # and report TTFT = inf; ``kv_cache_gib: .inf`` would end in a traceback)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+STARTUP_CHECKS = "vllm_startup_checks"
+"""Validation-context flag: apply the checks of vLLM's served-engine start-up that its bare
+``Scheduler`` does not make (the attention backend's block-size rule)."""
+
+
+def _backend_block_size(value: int, info: ValidationInfo) -> int:
+    """vLLM 0.25.1's attention-backend rule (``sim.experiment.block_size_rule``), for configs read
+    from files (``load_config``, ``load_sweep``: what ``vllm serve`` would start). A mapping given
+    to :func:`config_from_dict` without the flag skips it: vLLM's own ``Scheduler``, driven
+    directly (as ``tools/vllm_oracle`` does for ``tests/test_vllm_agreement.py``), accepts any size."""
+    if info.context and info.context.get(STARTUP_CHECKS):
+        check_block_size(value)
+    return value
+
+
+BlockSize = Annotated[int, Field(gt=0, le=4096), AfterValidator(_backend_block_size)]
+"""A KV-cache block size; from a file, one vLLM 0.25.1 has an attention backend for."""
 
 
 class KVCacheGroupConfig(_Strict):
     """One KV-cache group of a sliding-window or hybrid model (see ``sim.core.kv_cache_spec``)."""
 
     kind: Literal["full", "sliding_window"]
-    block_size: Annotated[int, Field(gt=0, le=4096)]
+    block_size: BlockSize
     sliding_window: Annotated[int, Field(gt=0)] | None = None
 
     @model_validator(mode="after")
@@ -67,7 +96,7 @@ class EngineConfig(_Strict):
     """vLLM engine knobs (defaults: vLLM 0.25.1's LLM-class defaults on a >=70 GiB GPU, but
     ``max_num_batched_tokens`` 8192 / ``max_num_seqs`` 256, the API-server-like H100 setting)."""
 
-    block_size: Annotated[int, Field(gt=0, le=4096)] = 16
+    block_size: BlockSize = 16
     num_gpu_blocks: Annotated[int, Field(ge=2)] | None = None
     kv_cache_gib: Annotated[float, Field(gt=0)] | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.92
@@ -144,17 +173,35 @@ LatencyConfig = Annotated[
 WorkloadConfig = _WorkloadConfig
 
 
+TableFormat = Literal["parquet", "csv"]
+
+
 class ReplayConfig(_Strict):
+    """How the replay runs and what it writes. ``tables``: the formats of ``requests`` and
+    ``steps`` (parquet by default; ``[parquet, csv]`` or ``apcsim run --csv`` adds CSV).
+    ``on_invalid_request``: ``reject`` (vLLM's behaviour: a prompt longer than ``max_model_len``,
+    or a request that can never fit the pool, is rejected alone and the run goes on) or ``error``
+    (the run stops at that request)."""
+
     fast_forward: bool = True
     progress: bool | Literal["auto"] = "auto"
     record_events: bool = False
+    tables: Annotated[tuple[TableFormat, ...], Field(min_length=1)] = ("parquet",)
+    on_invalid_request: Literal["reject", "error"] = "reject"
+
+    @model_validator(mode="after")
+    def _tables_unique(self) -> ReplayConfig:
+        if len(set(self.tables)) != len(self.tables):
+            raise ValueError(f"tables lists a format twice: {list(self.tables)}")
+        return self
 
 
 class BackendConfig(_Strict):
     """The real PyTorch backend, used only by ``apcsim run --backend torch`` (see ``gpu_backend``):
     model shape (``tiny``, a built-in model name or a YAML spec path), precision, device,
     attention path (``auto`` probes the fast CUDA paths and falls back to ``reference``), weight
-    seed (default: the experiment seed), CPU threads, step timing, and the per-step check that the
+    seed (default: the experiment seed), CPU threads, step timing (and how many times each step is
+    run to take the median: a noise reduction for shared CPUs), and the per-step check that the
     executor's block tables equal the KV manager's."""
 
     model_shape: str = "tiny"
@@ -163,7 +210,8 @@ class BackendConfig(_Strict):
     attention: Literal["auto", "reference", "triton", "flash_paged", "flash_gather"] = "auto"
     seed: int | None = None
     num_threads: Annotated[int, Field(gt=0)] | None = None
-    timing: Literal["wall", "cuda_events"] = "wall"
+    timing: Literal["wall", "cuda_events", "thread_cpu"] = "wall"
+    timing_repeats: Annotated[int, Field(ge=1)] = 1  # a step's time: median of this many runs of it
     verify_block_tables: bool = True
 
 
@@ -193,12 +241,23 @@ class ExperimentConfig(_Strict):
         return Path(self.output_dir).expanduser() / self.name
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_\-]+")
+
+
 def _format_loc(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if not (isinstance(p, str) and p in _UNION_TAGS)]
-    return ".".join(parts) or "<top level>"
+    # a key that is not plain (a space, a dot, a control character) is quoted, so that the
+    # message stays one readable line
+    parts = [p if not isinstance(p, str) or _PLAIN_KEY.fullmatch(p) else repr(p)
+             for p in loc if not (isinstance(p, str) and p in _UNION_TAGS)]
+    return ".".join(str(p) for p in parts) or "<top level>"
 
 
 _UNION_TAGS = {"fixed", "roofline", "fitted"} | _WORKLOAD_TAGS | ROUTER_TAGS
+
+
+def _one_line(text: str) -> str:
+    """``text`` with control characters escaped (a value quoted in a message cannot break its line)."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _describe(err: ErrorDetails) -> str:
@@ -212,43 +271,76 @@ def _describe(err: ErrorDetails) -> str:
     return f"{msg} (got {err['input']!r})" if err["type"] != "value_error" else msg
 
 
-def config_from_dict(data: Any, source: str = "<config>", base_dir: str | Path = ".") -> ExperimentConfig:
-    """Validate a mapping; errors name ``source`` and each bad key."""
+def config_from_dict(data: Any, source: str = "<config>", base_dir: str | Path = ".", *,
+                     startup_checks: bool = False) -> ExperimentConfig:
+    """Validate a mapping; errors name ``source`` and each bad key. ``startup_checks``: also the
+    checks of vLLM's served-engine start-up (the block-size rule; on for config files)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of keys, got {type(data).__name__}")
     try:
-        return ExperimentConfig.model_validate({**data, "base_dir": str(base_dir), "source": source})
+        return ExperimentConfig.model_validate({**data, "base_dir": str(base_dir), "source": source},
+                                               context={STARTUP_CHECKS: startup_checks})
     except ValidationError as exc:
-        lines = [f"{source}: {_format_loc(e['loc'])}: {_describe(e)}" for e in exc.errors()]
+        lines = [_one_line(f"{source}: {_format_loc(e['loc'])}: {_describe(e)}") for e in exc.errors()]
         raise ConfigError("\n".join(lines)) from None
 
 
 def load_yaml(path: str | Path) -> Any:
+    """A YAML file's content, read strictly (``sim.experiment.strict_yaml``: a key given twice,
+    bytes that are not UTF-8 and bad syntax are refused); problems raise ``ConfigError``
+    ``file:line[:col]: problem``."""
     path = Path(path)
     try:
-        text = path.read_text()
+        return load_yaml_file(path)
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
+        raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
+    except YAMLInputError as exc:
+        raise ConfigError(f"{path}:{exc}" if exc.where else f"{path}: {exc}") from None
+
+
+def _override(item: str) -> str:
+    """``--set item`` for a message (quoted when it holds a control character or a line break)."""
+    return f"--set {item}" if item.isprintable() else f"--set {item!r}"
+
+
+def override_value(item: str) -> tuple[str, Any]:
+    """``key.path=value`` split, the value parsed as (strict) YAML; problems raise ``ConfigError``
+    naming the override (``--set engine.block_size=[: invalid YAML: ...``), not the config file."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"{_override(item)}: an override must look like key.path=value")
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from None
+        return key, load_yaml_text(raw)
+    except YAMLInputError as exc:
+        raise ConfigError(f"{_override(item)}: {exc.problem}") from None
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a config mapping."""
+def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "") -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a config mapping; a problem
+    raises ``ConfigError`` naming the override (``source`` is unused, kept for callers)."""
     for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{source}: override {item!r} must look like key.path=value")
+        key, value = override_value(item)
         try:
-            set_dotted(data, key, yaml.safe_load(raw))
+            set_dotted(data, key, value)
         except ConfigError as exc:
-            raise ConfigError(f"{source}: override {item!r}: {exc}") from None
+            raise ConfigError(f"{_override(item)}: {exc}") from None
     return data
+
+
+def blame_override(line: str, source: str, overrides: list[str]) -> str:
+    """A ``source: loc: problem`` line, naming the override that set ``loc`` when there is one
+    (``--set engine.block_size=7: engine.block_size: ...``); else the line unchanged."""
+    prefix = f"{source}: "
+    if not line.startswith(prefix):
+        return line
+    loc, sep, _ = line[len(prefix):].partition(": ")
+    if not sep:
+        return line
+    for item in reversed(overrides):  # the last override of a key is the one that counts
+        key = item.partition("=")[0]
+        if loc == key or loc.startswith(key + ".") or key.startswith(loc + "."):
+            return f"{_override(item)}: {line[len(prefix):]}"
+    return line
 
 
 def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
@@ -272,8 +364,14 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     if overrides:
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys")
-        data = apply_overrides(data, overrides, str(path))
-    return config_from_dict(data, str(path), path.parent)
+        data = apply_overrides(data, overrides)
+    try:
+        return config_from_dict(data, str(path), path.parent, startup_checks=True)
+    except ConfigError as exc:
+        if not overrides:
+            raise
+        lines = [blame_override(ln, str(path), overrides) for ln in str(exc).splitlines()]
+        raise ConfigError("\n".join(lines)) from None
 
 
 def config_to_dict(cfg: ExperimentConfig) -> dict[str, Any]:

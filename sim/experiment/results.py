@@ -2,17 +2,22 @@
 
 ``results/<name>/`` holds:
 
-* ``requests.parquet`` / ``requests.csv`` -- one row per request (see ``sim.replay.metrics``);
-* ``steps.parquet`` / ``steps.csv`` -- one row per engine step;
+* ``requests.parquet`` -- one row per request (see ``sim.replay.metrics``), ``requests.csv`` too
+  with ``replay.tables: [parquet, csv]`` (``apcsim run --csv``; CSV instead of parquet where
+  pyarrow is not installed, e.g. a bare GPU image);
+* ``steps.parquet`` (``steps.csv``) -- one row per engine step;
 * ``summary.json`` -- headline metrics (deterministic: same config and seed, same bytes);
 * ``config.resolved.yaml`` -- the validated config with every default filled in;
-* ``meta.json`` -- git commit, package versions, platform, wall time (differs run to run);
-* ``kv_events.jsonl`` -- KV cache events with their step, when ``replay.record_events`` is on.
+* ``kv_events.jsonl`` -- KV cache events with their step, when ``replay.record_events`` is on;
+* ``meta.json`` -- git commit, package versions, platform, wall time, ``run_id`` (differ run to
+  run) and ``complete: true``; written last.
 
-Files are written to a temporary name and renamed, so a folder never holds half a file.
+The folder is replaced whole or not at all (``sim.experiment.results_folder``): the files go into
+a private temporary folder beside it, which is then swapped in, so no file of an older run
+survives beside newer ones and an interrupted run leaves the previous results.
 
-Invariants: a file is complete or absent; ``summary.json`` is deterministic. Imports neither
-simpy nor torch.
+Invariants: a folder holds one run's complete results or is not there; ``summary.json`` is
+deterministic. Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import os
 import platform
 import subprocess
 import sys
+import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -32,8 +39,9 @@ import pandas as pd
 import yaml
 
 from sim.core.kv_events import event_to_dict
+from sim.experiment.results_folder import ResultsError, ResultsFolder, os_problem
 
-_PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib")
+_PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib", "scipy")
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:
@@ -87,9 +95,15 @@ def _json_safe(obj: Any) -> Any:
 
 
 def _atomic_write(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    """Write ``path`` through a private temporary name in its folder, then rename it into place
+    (a file is complete or absent; two writers never share a temporary file)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")  # created by ``write``: the umask applies
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -97,9 +111,32 @@ def write_json(path: Path, data: Any) -> None:
     _atomic_write(path, lambda p: p.write_text(text))
 
 
-def write_table(out_dir: Path, name: str, df: pd.DataFrame) -> None:
-    _atomic_write(out_dir / f"{name}.parquet", lambda p: df.to_parquet(p, index=False))
-    _atomic_write(out_dir / f"{name}.csv", lambda p: df.to_csv(p, index=False))
+def write_table(out_dir: Path, name: str, df: pd.DataFrame, formats: Sequence[str] = ("parquet", "csv")) -> None:
+    """``<name>.parquet`` and/or ``<name>.csv`` in ``out_dir``; CSV in place of parquet where no
+    parquet engine (pyarrow) is installed (e.g. a bare GPU image)."""
+    csv = "csv" in formats
+    if "parquet" in formats:
+        try:
+            _atomic_write(out_dir / f"{name}.parquet", lambda p: df.to_parquet(p, index=False))
+        except ImportError:  # no pyarrow: the table still lands, as CSV
+            csv = True
+    if csv:
+        _atomic_write(out_dir / f"{name}.csv", lambda p: df.to_csv(p, index=False))
+
+
+def _write_files(
+    folder: Path, *, config: dict[str, Any], requests: pd.DataFrame, steps: pd.DataFrame,
+    summary: dict[str, Any], meta: dict[str, Any], events: list[tuple[int, Any]] | None, tables: Sequence[str],
+) -> None:
+    write_table(folder, "requests", requests, tables)
+    write_table(folder, "steps", steps, tables)
+    write_json(folder / "summary.json", summary)
+    text = yaml.safe_dump(config, sort_keys=False)
+    _atomic_write(folder / "config.resolved.yaml", lambda p: p.write_text(text))
+    if events:
+        lines = "".join(json.dumps({"step": s, **event_to_dict(e)}) + "\n" for s, e in events)
+        _atomic_write(folder / "kv_events.jsonl", lambda p: p.write_text(lines))
+    write_json(folder / "meta.json", meta)  # last: its complete marker says every other file is there
 
 
 def write_results(
@@ -111,16 +148,30 @@ def write_results(
     summary: dict[str, Any],
     meta: dict[str, Any],
     events: list[tuple[int, Any]] | None = None,
+    tables: Sequence[str] = ("parquet",),
+    folder: ResultsFolder | None = None,
 ) -> Path:
-    """Write every result file of one run into ``out_dir`` (created if needed)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_table(out_dir, "requests", requests)
-    write_table(out_dir, "steps", steps)
-    write_json(out_dir / "summary.json", summary)
-    text = yaml.safe_dump(config, sort_keys=False)
-    _atomic_write(out_dir / "config.resolved.yaml", lambda p: p.write_text(text))
-    write_json(out_dir / "meta.json", meta)
-    if events:
-        lines = "".join(json.dumps({"step": s, **event_to_dict(e)}) + "\n" for s, e in events)
-        _atomic_write(out_dir / "kv_events.jsonl", lambda p: p.write_text(lines))
-    return out_dir
+    """Write every result file of one run as the folder ``out_dir``, replacing it whole.
+
+    ``folder``: a :class:`ResultsFolder` for ``out_dir`` opened before the replay (so that an
+    unwritable location fails early); else one is opened here. ``meta`` gains ``run_id`` and
+    ``complete: true``. A write that fails (a full disk) raises :class:`ResultsError` saying what
+    the folder holds now."""
+    rf = folder if folder is not None else ResultsFolder(out_dir).open()
+    try:
+        if rf.tmp is None:
+            raise ResultsError(f"{rf.final}: the results folder is not open")
+        rf.run_id = uuid.uuid4().hex
+        meta = {**meta, "run_id": rf.run_id, "complete": True}
+        try:
+            _write_files(rf.tmp, config=config, requests=requests, steps=steps, summary=summary, meta=meta,
+                         events=events, tables=tables)
+            return rf.commit()
+        except OSError as exc:
+            rf.abort()
+            raise ResultsError(
+                f"{rf.final}: could not write the results ({os_problem(exc)}); {rf.state(rf.run_id)}"
+            ) from None
+    finally:
+        if folder is None:
+            rf.close()

@@ -15,6 +15,7 @@ comes in as an ``executor_factory`` from the registry ``sim.experiment.executor`
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from sim.core.scheduler import Scheduler
 from sim.experiment.config import ConfigError, ExperimentConfig, config_to_dict
 from sim.experiment.engine_description import EngineDescription, gpu_spec, model_spec, resolve
 from sim.experiment.results import run_metadata, write_results
+from sim.experiment.results_folder import ResultsFolder
 from sim.experiment.workload import build_workload
 from sim.replay.engine import Replay, ReplayResult
 from sim.timing.fitted_latency import FittedLatency
@@ -85,7 +87,9 @@ def replay_experiment(
     if cfg.cluster is not None:
         from sim.experiment.cluster_run import replay_cluster
 
-        return replay_cluster(cfg, executor_factory or simulated_executor, build_latency, **replay_kwargs)
+        fleet, workload = replay_cluster(cfg, executor_factory or simulated_executor, build_latency, **replay_kwargs)
+        fleet.summary["skipped_bad_lines"] = workload.reader.skipped if workload.reader is not None else 0
+        return fleet, workload
     engine = engine if engine is not None else resolve(cfg)
     scheduler = build_scheduler(engine)
     executor = (executor_factory or simulated_executor)(cfg, scheduler)
@@ -98,13 +102,27 @@ def replay_experiment(
         progress=_progress_enabled(cfg, progress),
         total=workload.total,
         record_events=cfg.replay.record_events,
+        reject_invalid=cfg.replay.on_invalid_request == "reject",
         **replay_kwargs,
     )
     result = replay.run()
     describe = getattr(executor, "describe", None)
     if callable(describe):
         workload.executor_info = describe()
+    # what the loaders skipped (skip_bad_lines) is part of the result: summary.json, sweep rows
+    result.summary["skipped_bad_lines"] = workload.reader.skipped if workload.reader is not None else 0
     return result, workload
+
+
+def engine_facts(cfg: ExperimentConfig, engine: EngineDescription) -> dict[str, Any]:
+    """The resolved engine as ``summary.json`` records it (key ``engine``)."""
+    return {
+        "model": cfg.model, "gpu": cfg.gpu, "block_size": engine.block_size,
+        "num_gpu_blocks": engine.num_gpu_blocks, "capacity_tokens": engine.capacity_tokens,
+        "kv_pool_gib": engine.kv_pool_gib, "max_model_len": engine.max_model_len,
+        "num_kv_groups": len(engine.kv_groups),
+        "enable_prefix_caching": engine.cache_config.enable_prefix_caching,
+    }
 
 
 def run_experiment(
@@ -113,26 +131,51 @@ def run_experiment(
     out: str | Path | None = None,
     progress: bool | None = None,
     executor_factory: ExecutorFactory | None = None,
+    bounds: bool = False,
 ) -> tuple[ReplayResult, Path]:
-    """Replay ``cfg`` and write its results folder; returns the result and the folder."""
-    result, workload = replay_experiment(cfg, progress=progress, executor_factory=executor_factory)
-    extra: dict[str, Any] = {"workload": workload.description}
-    if workload.executor_info is not None:
-        extra["executor"] = workload.executor_info
-    if workload.reader is not None:
-        extra["skipped_bad_lines"] = workload.reader.skipped
-        extra["skipped_line_numbers"] = workload.reader.skipped_lines
-    folder = write_results(
-        Path(out) if out is not None else cfg.results_dir(),
-        config=config_to_dict(cfg),
-        requests=result.requests,
-        steps=result.steps,
-        summary=result.summary,
-        meta=run_metadata(result.wall_time_s, extra),
-        events=result.events or None if cfg.cluster is None else None,
-    )
-    if cfg.cluster is not None:
-        from sim.experiment.cluster_run import write_cluster_extras
+    """Replay ``cfg`` and write its results folder; returns the result and the folder.
 
-        write_cluster_extras(folder, result)  # type: ignore[arg-type]  # a ClusterResult (replay_experiment)
+    The summary gains the resolved engine (``engine``) and, with ``bounds``, the offline references
+    of ``sim.experiment.bounds`` over the replay's own stream (``infinite_cache_hit_rate``,
+    ``belady_hit_rate``, ``lru_sequential_hit_rate`` and the diagnosis references); their wall time
+    goes to ``meta.json`` (``bounds_wall_time_s``).
+
+    The folder (``out``, default ``<output_dir>/<name>``) is checked and locked before the replay
+    and replaced whole at the end (``sim.experiment.results_folder``): an unwritable location or
+    a concurrent run on it fails at once (``ResultsError``), and SIGINT raises ``RunInterrupted``
+    saying what the folder holds."""
+    engine = resolve(cfg)
+    with ResultsFolder(Path(out) if out is not None else cfg.results_dir()) as target:
+        result, workload = replay_experiment(cfg, progress=progress, executor_factory=executor_factory, engine=engine)
+        result.summary["engine"] = engine_facts(cfg, engine)
+        extra: dict[str, Any] = {"workload": workload.description}
+        # the offline references model one engine's pool; a fleet's would need its routing too
+        if bounds and cfg.cluster is None:
+            from sim.experiment.bounds import limit_references, reference_hit_rates
+
+            t0 = time.perf_counter()
+            refs = reference_hit_rates(cfg, engine)
+            refs.update(limit_references(cfg, engine, refs["infinite_cache_hit_rate"]))
+            result.summary.update(refs)
+            extra["bounds_wall_time_s"] = time.perf_counter() - t0
+        if workload.executor_info is not None:
+            extra["executor"] = workload.executor_info
+        if workload.reader is not None:
+            extra["skipped_bad_lines"] = workload.reader.skipped
+            extra["skipped_line_numbers"] = workload.reader.skipped_lines
+        folder = write_results(
+            target.final,
+            config=config_to_dict(cfg),
+            requests=result.requests,
+            steps=result.steps,
+            summary=result.summary,
+            meta=run_metadata(result.wall_time_s, extra),
+            events=result.events or None if cfg.cluster is None else None,
+            tables=cfg.replay.tables,
+            folder=target,
+        )
+        if cfg.cluster is not None:
+            from sim.experiment.cluster_run import write_cluster_extras
+
+            write_cluster_extras(folder, result)  # type: ignore[arg-type]  # a ClusterResult (replay_experiment)
     return result, folder

@@ -12,16 +12,20 @@ The sweep folder ``<output_dir>/<name>/`` holds:
   ``ttft_p50_s``, ..., nested ones flattened as ``prefix_cache.hits``), the offline bounds
   (``infinite_cache_hit_rate``, ``belady_hit_rate``, ``lru_sequential_hit_rate``), ``status``
   (``ok`` / ``error`` / ``missing``), ``error``, ``key`` and the wall times;
-* ``sweep.json`` -- the sweep's axes and every point's key; ``sweep.yaml`` -- a copy of the file;
+* ``sweep.json`` -- the sweep's axes, every point's key and ``complete`` (false while the sweep runs,
+  true once the table is written: ``apcsim plot`` refuses a folder without it); ``sweep.yaml`` --
+  a copy of the file;
 * the plots, drawn afterwards by ``apcsim sweep`` (``sim.cli.sweep``) or ``apcsim plot`` with
   ``sim.analysis.plots``: this module stays below the analysis layer.
 
-Resume: a point whose folder holds an ``ok`` row is skipped; ``error`` points are retried;
+Resume: a point whose folder holds an ``ok`` row (and a ``meta.json`` with ``complete: true``) is
+skipped; ``error`` points are retried;
 ``--no-resume`` reruns everything. Killing the sweep (even ``kill -9``) loses no finished point and
 leaves no half-written one: leftovers ``points/.tmp-*`` are removed by the next run. A lock file
 keeps two sweeps from writing one folder at once.
 
-Execution: a local process pool (all cores by default; ``workers=1`` runs in this process), or Ray
+Execution: a local process pool (all cores by default; ``workers=1`` runs in this process; a point
+whose worker process dies is retried once alone, then recorded as failed: ``sim.experiment.sweep_pool``), or Ray
 tasks (``ray=True``; ``ray_address`` joins a running cluster, else a local Ray instance starts).
 Ray workers need apcsim installed and the input files at the same paths; they send results back
 and this process writes them, so the cluster needs no shared file system.
@@ -33,14 +37,11 @@ points ran in. Imports neither torch nor ``sim.analysis`` (simpy only inside the
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import shutil
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ import pandas as pd
 from sim.experiment.config import ConfigError
 from sim.experiment.results import _atomic_write, write_json, write_table
 from sim.experiment.sweep_config import Point, Sweep, load_sweep
-from sim.experiment.sweep_point import WALL_COLUMNS, commit_point, compute_point, error_result, read_row, run_and_commit
+from sim.experiment.sweep_point import WALL_COLUMNS, commit_point, compute_point, error_result, read_row
+from sim.experiment.sweep_pool import run_local
 
 TABLE = "table"
 FRONT_COLUMNS = (
@@ -126,26 +128,6 @@ def _stream_order(p: Point) -> tuple[str, str, int]:
     return (json.dumps([w, p.config.seed], sort_keys=True, default=str), json.dumps(sizes, sort_keys=True), p.index)
 
 
-def _watch_parent(close_fds: tuple[int, ...] = ()) -> None:
-    """Worker initializer: drop the inherited sweep-lock descriptor (so that the lock dies with the
-    driver), and exit when the parent (the driver) goes away, e.g. after ``kill -9``, instead of
-    running on as an orphan."""
-    for fd in close_fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    parent = os.getppid()
-
-    def loop() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=loop, daemon=True).start()
-
-
 def _bar(total: int, desc: str, enabled: bool) -> Any:
     from tqdm import tqdm
 
@@ -153,37 +135,6 @@ def _bar(total: int, desc: str, enabled: bool) -> Any:
         monitor_interval = 0  # no monitor thread (workers are forked after the bar exists)
 
     return Bar(total=total, desc=desc, unit="pt", disable=not enabled, smoothing=0.1, dynamic_ncols=True)
-
-
-def _mp_context() -> Any:
-    """``fork`` on Linux: workers start at once with everything imported, and their parent is this
-    process, which the orphan watchdog relies on (it forks before any other thread exists: the
-    pool starts its workers at the first submit, and the progress bar runs no monitor thread).
-    Elsewhere the platform default."""
-    if sys.platform.startswith("linux"):
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context()  # pragma: no cover
-
-
-def _run_local(tasks: list[dict[str, Any]], points_dir: Path, workers: int, on_row: Callable[[dict], None],
-               lock_fd: int | None = None) -> None:
-    if workers <= 1 or len(tasks) <= 1:
-        for t in tasks:
-            on_row(run_and_commit(t, str(points_dir)))
-        return
-    fds = (lock_fd,) if lock_fd is not None else ()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(), initializer=_watch_parent,
-                             initargs=(fds,)) as pool:
-        pending = {pool.submit(run_and_commit, t, str(points_dir)) for t in tasks}
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in done:
-                    on_row(f.result())
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            raise
 
 
 def _run_ray(tasks: list[dict[str, Any]], points_dir: Path, workers: int | None, address: str | None,
@@ -274,7 +225,7 @@ def run_sweep(
     report = SweepReport(folder, pd.DataFrame())
     with SweepLock(folder) as lock:
         _clean_leftovers(points_dir)
-        write_json(folder / "sweep.json", sweep.manifest())
+        write_json(folder / "sweep.json", {**sweep.manifest(), "complete": False})  # true once the table is
         text = sweep.path.read_text()
         _atomic_write(folder / "sweep.yaml", lambda p: p.write_text(text))
         unique = _unique_tasks(sweep.points)
@@ -304,9 +255,10 @@ def run_sweep(
             if ray:
                 _run_ray(tasks, points_dir, workers, ray_address, on_row, not resume)
             else:
-                _run_local(tasks, points_dir, n_workers, on_row, lock.fd)
+                run_local(tasks, points_dir, n_workers, on_row, lock.fd)
         finally:
             bar.close()
         report.table = write_sweep_table(sweep, folder)
+        write_json(folder / "sweep.json", {**sweep.manifest(), "complete": True})
     report.wall_time_s = time.perf_counter() - t0
     return report

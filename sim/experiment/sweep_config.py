@@ -23,9 +23,12 @@ A sweep YAML file::
 Points = grid product x zip groups. An axis key is a dotted config key (``engine.block_size``,
 ``workload.tenants.salt``, ``seed``); each point = base + its axis values set at those keys
 (parents before children, so a ``workload`` axis can be refined by ``workload.tenants.salt``),
-then validated as an :class:`~sim.experiment.config.ExperimentConfig`. A problem stops the sweep before
-anything runs with one message naming the sweep file and the key (``grid.engine.block_size``,
-``zip.seed``, ``base.engine.blok_size``, or the base_config file and its key).
+then validated as an :class:`~sim.experiment.config.ExperimentConfig` and its engine resolved
+(:func:`~sim.experiment.engine_description.resolve`: the pool size, and the pool against
+``max_model_len``, as vLLM checks at start-up). Problems stop the sweep before anything runs with
+one message listing every bad point, each line naming the sweep file, the key
+(``grid.engine.block_size``, ``zip.seed``, ``base.engine.blok_size``, or the base_config file and
+its key) and the point.
 
 Input paths resolve against the base_config file's folder when there is one, else against the
 sweep file's folder. A point's identity is the hash of its resolved config (sorted JSON, without
@@ -49,15 +52,17 @@ from sim.experiment.config import (
     ConfigError,
     ExperimentConfig,
     apply_overrides,
+    blame_override,
     config_from_dict,
     config_to_dict,
     load_yaml,
     set_dotted,
 )
+from sim.experiment.engine_description import resolve
 
 SWEEP_KEYS = {"name", "description", "output_dir", "base", "base_config", "grid", "zip", "bounds", "keep_steps"}
 DEFAULT_OUTPUT_DIR = "results/sweeps"
-KEY_FORMAT = 1  # bump when the meaning of a point's stored result changes
+KEY_FORMAT = 2  # bump when the meaning of a point's stored result changes (2: the hit rates named for what they count)
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -177,8 +182,10 @@ def point_key(cfg: ExperimentConfig, bounds: bool) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def _attribute(line: str, source: str, axes: list[Axis], point_desc: str, base_where: str) -> str:
-    """Rewrite one ``source: loc: problem`` line so that it names the sweep key responsible."""
+def _attribute(line: str, source: str, axes: list[Axis], point_desc: str, base_where: str,
+               overrides: list[str] | None = None) -> str:
+    """Rewrite one ``source: loc: problem`` line so that it names the sweep key responsible (an
+    axis, else a ``--set`` override, else the base)."""
     prefix = f"{source}: "
     rest = line[len(prefix):] if line.startswith(prefix) else line
     loc, sep, problem = rest.partition(": ")
@@ -188,6 +195,9 @@ def _attribute(line: str, source: str, axes: list[Axis], point_desc: str, base_w
         if loc == a.key or loc.startswith(a.key + ".") or a.key.startswith(loc + "."):
             tail = loc[len(a.key):] if loc.startswith(a.key) else ""
             return f"{source}: {a.section}.{a.key}{tail}: {problem} ({point_desc})"
+    blamed = blame_override(line, source, overrides or [])
+    if blamed != line:
+        return blamed
     return f"{base_where}{loc}: {problem}"
 
 
@@ -249,7 +259,7 @@ def load_sweep(path: str | Path, output_dir: str | None = None, overrides: list[
         raise ConfigError(f"{source}: base: required (an experiment mapping, or base_config: path)")
     base = deep_merge(base, inline)
     if overrides:
-        base = apply_overrides(base, list(overrides), f"{source}: --set")
+        base = apply_overrides(base, list(overrides))
     base["name"] = name  # points share the sweep's name; their folders are keyed by config hash
     base.pop("output_dir", None)
 
@@ -289,21 +299,47 @@ def load_sweep(path: str | Path, output_dir: str | None = None, overrides: list[
     grid_axes = [a for a in axes if a.section == "grid"]
     dims: list[list[list[tuple[Axis, int]]]] = [[[(a, i)] for i in range(len(a.values))] for a in grid_axes]
     dims += [[[(a, i) for a in g] for i in range(len(g[0].values))] for g in zip_groups]
+    problems: dict[str, None] = {}  # every problem line of every point, in order, each once
+    bad = 0
     for index, combo in enumerate(itertools.product(*dims)):
         chosen = [pair for part in combo for pair in part]
         labels = {a.key: a.labels[i] for a, i in chosen}
         point_overrides = {a.key: a.values[i] for a, i in chosen}
         desc_pt = "point " + ", ".join(f"{k}={v}" for k, v in labels.items()) if labels else "the only point"
-        cfg_data = copy.deepcopy(base)
-        for a, i in sorted(chosen, key=lambda ai: ai[0].key.count(".")):
-            try:
-                set_dotted(cfg_data, a.key, a.values[i])
-            except ConfigError as exc:
-                raise ConfigError(f"{source}: {a.section}.{a.key}: {exc} in the base config ({desc_pt})") from None
         try:
-            cfg = config_from_dict(cfg_data, base_source, base_dir)
+            cfg = _point_config(base, chosen, source, base_source, base_dir)
+        except _AxisError as exc:
+            bad += 1
+            problems[f"{exc} ({desc_pt})"] = None
+            continue
         except ConfigError as exc:
-            lines = [_attribute(ln, base_source, axes, desc_pt, base_where) for ln in str(exc).splitlines()]
-            raise ConfigError("\n".join(lines)) from None
+            bad += 1
+            problems.update(dict.fromkeys(_attribute(ln, base_source, axes, desc_pt, base_where, overrides or [])
+                                          for ln in str(exc).splitlines()))
+            continue
         sweep.points.append(Point(index, labels, point_overrides, cfg, point_key(cfg, bounds)))
+    if problems:
+        lines = list(problems)
+        if bad > 1:
+            lines.append(f"{source}: {bad} of {bad + len(sweep.points)} points are invalid; nothing ran")
+        raise ConfigError("\n".join(lines))
     return sweep
+
+
+class _AxisError(ConfigError):
+    """An axis value that cannot be set in the base config (named by the sweep key already)."""
+
+
+def _point_config(base: dict[str, Any], chosen: list[tuple[Axis, int]], source: str, base_source: str,
+                  base_dir: Path) -> ExperimentConfig:
+    """One point's config: the base with its axis values set, validated, and its engine resolved
+    (so that a pool too small for ``max_model_len`` stops the sweep before anything runs)."""
+    cfg_data = copy.deepcopy(base)
+    for a, i in sorted(chosen, key=lambda ai: ai[0].key.count(".")):
+        try:
+            set_dotted(cfg_data, a.key, a.values[i])
+        except ConfigError as exc:
+            raise _AxisError(f"{source}: {a.section}.{a.key}: {exc} in the base config") from None
+    cfg = config_from_dict(cfg_data, base_source, base_dir, startup_checks=True)
+    resolve(cfg)
+    return cfg

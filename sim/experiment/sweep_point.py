@@ -24,8 +24,9 @@ upper bound for one full-attention group, a sliding window and full + sliding-wi
 alike); ``belady_hit_rate`` and ``lru_sequential_hit_rate`` at capacity ``num_gpu_blocks - 1``
 only when the pool holds one full-attention group, NaN otherwise: their model is one pool of
 equal blocks, which several groups competing for the pool, or a window freeing blocks, break.
-The block reference string of a stream is cached in the worker process, so points that differ
-only in pool capacity hash their stream once.
+They are computed by :func:`sim.experiment.bounds.reference_hit_rates`, which caches the block
+reference string of a stream in the worker process, so points that differ only in pool capacity
+hash their stream once.
 
 Invariants: a point folder is complete or absent, never half written; every column but
 :data:`WALL_COLUMNS` is deterministic. Imports simpy only inside :func:`compute_point` (through
@@ -41,7 +42,6 @@ import shutil
 import time
 import traceback
 import uuid
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +49,12 @@ import yaml
 
 from sim.experiment.engine_description import EngineDescription, resolve
 from sim.experiment.results import _json_safe, run_metadata
+from sim.experiment.results_folder import is_complete
 
 ROW_FILE = "row.json"
 WALL_COLUMNS = ("wall_time_s", "bounds_wall_time_s", "worker", "worker_peak_rss_mib")
 """Columns that differ from run to run (everything else in a row is deterministic): the point's wall
 times, the worker that ran it (``host:pid``) and that worker process's peak RSS so far (MiB)."""
-
-_REFS_CACHE: OrderedDict[str, Any] = OrderedDict()
-_REFS_CACHE_SIZE = 2
 
 
 def _flatten(prefix: str, data: dict[str, Any], out: dict[str, Any]) -> None:
@@ -86,35 +84,6 @@ def derived_facts(cfg: Any, engine: EngineDescription) -> dict[str, Any]:
         "salt_policy": tenants.salt if tenants is not None else None,
         "num_tenants": tenants.num_tenants if tenants is not None else None,
     }
-
-
-def _references(cfg: Any, engine: EngineDescription) -> Any:
-    """The point's block reference string (cached per stream and block size in this process)."""
-    from sim.experiment.config import config_to_dict
-    from sim.experiment.workload import build_workload
-    from workloads.bounds import block_references
-
-    ident = json.dumps(
-        {"workload": config_to_dict(cfg)["workload"], "seed": cfg.seed, "base": cfg.base_dir,
-         "block_size": engine.block_size}, sort_keys=True, default=str,
-    )
-    refs = _REFS_CACHE.get(ident)
-    if refs is None:
-        refs = block_references(build_workload(cfg, engine).requests, engine.block_size)
-        _REFS_CACHE[ident] = refs
-        while len(_REFS_CACHE) > _REFS_CACHE_SIZE:
-            _REFS_CACHE.popitem(last=False)
-    else:
-        _REFS_CACHE.move_to_end(ident)
-    return refs
-
-
-def point_bounds(cfg: Any, engine: EngineDescription) -> dict[str, Any]:
-    """Offline bounds of a point at its scheduler block size (see the module docstring)."""
-    from workloads.bounds import offline_bounds
-
-    capacity = max(0, engine.num_gpu_blocks - 1) if engine.single_full_group else None
-    return offline_bounds(_references(cfg, engine), capacity)
 
 
 def _worker_facts() -> dict[str, Any]:
@@ -162,7 +131,9 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
         row.update(metrics)
         tb = time.perf_counter()
         if task.get("bounds", True):
-            row.update(point_bounds(cfg, engine))
+            from sim.experiment.bounds import reference_hit_rates
+
+            row.update(reference_hit_rates(cfg, engine))
         row.update(status="ok", error=None, wall_time_s=wall, bounds_wall_time_s=time.perf_counter() - tb,
                    **_worker_facts())
         extra: dict[str, Any] = {"workload": workload.description, "sweep_point_key": task["key"]}
@@ -170,7 +141,7 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
             "requests.parquet": _parquet(result.requests),
             "summary.json": _json_bytes(result.summary),
             "config.resolved.yaml": yaml.safe_dump(config_to_dict(cfg), sort_keys=False).encode(),
-            "meta.json": _json_bytes(run_metadata(result.wall_time_s, extra)),
+            "meta.json": _json_bytes({**run_metadata(result.wall_time_s, extra), "complete": True}),
         }
         if task.get("keep_steps"):
             files["steps.parquet"] = _parquet(result.steps)
@@ -196,11 +167,18 @@ def error_result(
 
 
 def read_row(folder: Path) -> dict[str, Any] | None:
-    """A committed point's row, or None when the folder holds none."""
+    """A committed point's row, or None when the folder holds none -- or holds an ``ok`` row without
+    the ``complete: true`` marker in its ``meta.json`` (an older apcsim, or a folder copied half):
+    such a point runs again."""
     try:
-        return json.loads((folder / ROW_FILE).read_text())
+        row = json.loads((folder / ROW_FILE).read_text())
     except (OSError, ValueError):
         return None
+    if not isinstance(row, dict):
+        return None
+    if row.get("status") == "ok" and not is_complete(folder):
+        return None
+    return row
 
 
 def commit_point(points_dir: Path, key: str, files: dict[str, bytes], *, replace: bool = False) -> Path:

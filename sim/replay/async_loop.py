@@ -6,6 +6,10 @@ batches are queued, or nothing is left to schedule -- apply the outputs of the o
 finished at t). So step j is scheduled before step j-1's tokens are known (the scheduler's output
 placeholders), and a step's tokens arrive when the next step starts.
 
+A batch that schedules nothing (e.g. the only running request has its last token in flight and the
+waiting head does not fit) takes zero time, as in vLLM, which runs no forward pass for it: the next
+iteration starts at the same instant (:meth:`~sim.replay.step_runner.StepRunner.launch`).
+
 Invariants: at most two batches in flight; outputs are applied oldest first; no fast-forward in
 this mode; a stall (nothing schedulable, nothing running, nothing in flight) raises ReplayError.
 

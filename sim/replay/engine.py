@@ -168,12 +168,13 @@ class Replay:
         record_events: bool = False,
         max_window_steps: int = 1 << 16,
         on_step: Callable[[Scheduler], None] | None = None,
+        reject_invalid: bool = True,
     ) -> None:
         self.scheduler = scheduler
         self.rec = ReplayRecorder(progress, total)
         self.clock = SimClock()
         self.env = self.clock.env
-        self.intake = RequestIntake(requests, scheduler, self.rec)
+        self.intake = RequestIntake(requests, scheduler, self.rec, reject_invalid=reject_invalid)
         self.runner = StepRunner(
             scheduler, executor, self.intake, self.rec, self.env, fast_forward=fast_forward,
             integrity_check=integrity_check, max_window_steps=max_window_steps, on_step=on_step,

@@ -10,7 +10,11 @@ Invariants:
   clock cannot hide it from the step that starts at its arrival;
 * ``uid`` is the delivery order (0, 1, ...);
 * ``next_arrival`` is the arrival of the first undelivered record (``inf`` when the stream is done);
-  the fast-forward must not play a step past it.
+  the fast-forward must not play a step past it;
+* a record the engine refuses (``sim.replay.rejection``: a prompt too long for ``max_model_len``, a
+  request that can never fit the pool) is recorded as ``rejected`` with its reason and never
+  reaches the scheduler, as vLLM refuses a request alone; with ``reject_invalid=False`` it raises
+  ReplayError instead (the run stops).
 
 Pure Python: imports neither simpy nor torch.
 """
@@ -24,6 +28,7 @@ from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.replay.errors import ReplayError
 from sim.replay.recorder import ReplayRecorder
+from sim.replay.rejection import reject_reason
 from workloads.trace_format import TraceRequest
 
 ARRIVAL_EPS_S = 1e-9
@@ -33,8 +38,10 @@ ARRIVAL_EPS_S = 1e-9
 class RequestIntake:
     """Walks the request stream one record ahead; turns due records into pending Requests."""
 
-    def __init__(self, requests: Iterable[TraceRequest], scheduler: Scheduler, rec: ReplayRecorder) -> None:
+    def __init__(self, requests: Iterable[TraceRequest], scheduler: Scheduler, rec: ReplayRecorder,
+                 *, reject_invalid: bool = True) -> None:
         self.scheduler = scheduler
+        self.reject_invalid = reject_invalid
         self.rec = rec
         self._source: Iterator[TraceRequest] = iter(requests)
         self._source_done = False
@@ -63,7 +70,9 @@ class RequestIntake:
     def deliver_due(self, t: float) -> None:
         """Turn every request arriving at or before ``t`` (to ARRIVAL_EPS_S) into a pending Request."""
         while (tr := self.peek()) is not None and tr.arrival <= t + ARRIVAL_EPS_S:
-            self._pending.append(self._make_request(tr))
+            request = self._make_request(tr)
+            if request is not None:
+                self._pending.append(request)
             self._lookahead = None
 
     def admit_due(self, t: float) -> None:
@@ -79,19 +88,29 @@ class RequestIntake:
         """Nothing left to deliver or admit."""
         return self.peek() is None and not self._pending
 
-    def _make_request(self, tr: TraceRequest) -> Request:
+    def _make_request(self, tr: TraceRequest) -> Request | None:
+        """The scheduler Request of ``tr``, or None when it is rejected (recorded as such)."""
         sched = self.scheduler
-        max_len = sched.config.max_model_len
-        if len(tr.tokens) > max_len:
-            raise ReplayError(f"request {tr.id}: prompt of {len(tr.tokens)} tokens exceeds max_model_len {max_len}")
+        reason = reject_reason(tr, sched)
+        if reason is not None and not self.reject_invalid:
+            raise ReplayError(f"request {tr.id}: {reason}")
         try:
             self.rec.new_request(
                 tr.id, tr.arrival, len(tr.tokens), tr.output_tokens, tr.salt, tr.lora, tr.tenant, tr.session,
-                tr.prompt_logprobs,
+                tr.prompt_logprobs, reject_reason=reason,
             )
         except ValueError as exc:
             raise ReplayError(str(exc)) from None
+        if reason is not None:
+            return None
         self._uid += 1
+        try:
+            return self._request(tr)
+        except ValueError as exc:  # a record Request refuses (output_tokens >= 2**24): one line, no traceback
+            raise ReplayError(str(exc)) from None
+
+    def _request(self, tr: TraceRequest) -> Request:
+        sched = self.scheduler
         return Request(
             tr.id,
             tr.tokens,

@@ -6,11 +6,28 @@ Per request: ``arrival``, ``first_scheduled`` (start of the step that first admi
 ``first_token`` (end of the step that sampled its first token), ``finish``, ``ttft``, ``tpot``
 (``(finish - first_token) / (output_tokens - 1)``), ``e2e``, ``prompt_tokens``, ``output_tokens``,
 ``hit_tokens`` (computed tokens granted at first admission, vLLM's ``num_new_computed_tokens``),
-``num_preemptions`` and ``readmit_hit_tokens`` (hits on each re-admission, ``;``-separated).
+``num_preemptions`` and ``readmit_hit_tokens`` (hits on each re-admission, ``;``-separated),
+``status`` (``finished``, or ``rejected``: refused at intake, ``sim.replay.rejection``) and
+``reject_reason`` (``prompt_too_long: ...`` / ``never_fits_pool: ...``, else empty).
 
-Summary ``token_hit_rate`` is vLLM's definition: prefix-cache ``hits / queries`` summed over every
-lookup of non-preempted requests (a head-of-line request looked up k times counts k times;
-``prompt_logprobs`` requests are not counted; resumed requests go to the ``preempted_*`` counters).
+Rejected requests never ran: every summary metric is over the other requests
+(``num_requests`` counts those), and ``num_rejected_requests`` counts the rejected ones.
+
+Summary hit rates (each a fraction; the names say what is counted):
+
+* ``prefix_cache_hit_rate`` -- vLLM's metric (``PrefixCacheStats``): prefix-cache ``hits / queries``
+  summed over every lookup of non-preempted requests (a request waiting at the head of the queue is
+  looked up, and counted, again at every step; ``prompt_logprobs`` requests are not counted;
+  resumed requests go to the ``preempted_*`` counters);
+* ``first_admission_token_hit_rate`` -- ``hit_tokens`` granted at each request's first admission
+  over all prompt tokens (each request counted once; what the offline bounds of
+  ``workloads.bounds`` model, so compare those with this one);
+* ``requests_with_hit_fraction`` -- the share of requests granted at least one hit token at first
+  admission (``num_requests_with_hit / num_requests``).
+
+Deprecated aliases, kept with identical values for one release (0.2 drops them):
+``token_hit_rate`` = ``prefix_cache_hit_rate``, ``request_hit_rate`` =
+``first_admission_token_hit_rate`` (token-weighted, not a share of requests).
 """
 
 from __future__ import annotations
@@ -40,6 +57,8 @@ REQUEST_COLUMNS = (
     "tenant",
     "session",
     "prompt_logprobs",
+    "status",
+    "reject_reason",
 )
 
 STEP_COLUMNS = (
@@ -108,19 +127,34 @@ def summarize(
     sim_time_s: float,
     num_evictions: int,
 ) -> dict[str, Any]:
-    """Headline metrics of a run (JSON-serialisable)."""
+    """Headline metrics of a run (JSON-serialisable); rejected requests are only counted."""
+    if "status" in requests:
+        rejected = requests["status"] == "rejected"
+        num_rejected = int(rejected.sum())
+        if num_rejected:
+            requests = requests[~rejected]
+    else:
+        num_rejected = 0
     n = len(requests)
     prompt = int(requests["prompt_tokens"].sum()) if n else 0
     outputs = int(requests["output_tokens"].sum()) if n else 0
     hit_first = int(requests["hit_tokens"].sum()) if n else 0
+    with_hit = int((requests["hit_tokens"] > 0).sum()) if n else 0
+    prefix_rate = (stats.hits / stats.queries) if stats.queries else 0.0
+    first_rate = (hit_first / prompt) if prompt else 0.0
     span = (float(requests["finish"].max()) - float(requests["arrival"].min())) if n else 0.0
     out: dict[str, Any] = {
         "num_requests": n,
+        "num_rejected_requests": num_rejected,
         "num_steps": len(steps),
         "prompt_tokens": prompt,
         "output_tokens": outputs,
-        "token_hit_rate": (stats.hits / stats.queries) if stats.queries else 0.0,
-        "request_hit_rate": (hit_first / prompt) if prompt else 0.0,
+        "prefix_cache_hit_rate": prefix_rate,
+        "first_admission_token_hit_rate": first_rate,
+        "requests_with_hit_fraction": with_hit / n if n else 0.0,
+        "num_requests_with_hit": with_hit,
+        "token_hit_rate": prefix_rate,  # deprecated alias of prefix_cache_hit_rate
+        "request_hit_rate": first_rate,  # deprecated alias of first_admission_token_hit_rate
         "prefix_cache": asdict(stats),
         "num_preemptions": int(requests["num_preemptions"].sum()) if n else 0,
         "num_evictions": num_evictions,

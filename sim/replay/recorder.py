@@ -18,7 +18,7 @@ from sim.replay.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RecordTable, final
 _COL = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
 _FIRST_SCHEDULED, _FIRST_TOKEN, _FINISH = _COL["first_scheduled"], _COL["first_token"], _COL["finish"]
 _HIT_TOKENS, _READMIT, _PREEMPTIONS = _COL["hit_tokens"], _COL["readmit_hit_tokens"], _COL["num_preemptions"]
-_OUTPUT_TOKENS = _COL["output_tokens"]
+_OUTPUT_TOKENS, _STATUS = _COL["output_tokens"], _COL["status"]
 
 
 class _Progress:
@@ -53,12 +53,15 @@ class ReplayRecorder:
     def new_request(
         self, request_id: str, arrival: float, prompt_tokens: int, output_tokens: int, salt: str | None,
         lora: str | None, tenant: str | None, session: str | None, prompt_logprobs: bool,
+        reject_reason: str | None = None,
     ) -> None:
+        """A request's row on arrival; a rejected one (``reject_reason`` set) stays ``rejected``,
+        with no timings and no hit tokens."""
         if request_id in self._rows:
             raise ValueError(f"duplicate request id {request_id!r}")
         self._rows[request_id] = self._requests.append_mutable(
             request_id, arrival, None, None, None, prompt_tokens, output_tokens, None, 0, "",
-            salt, lora, tenant, session, prompt_logprobs,
+            salt, lora, tenant, session, prompt_logprobs, "rejected" if reject_reason else "", reject_reason or "",
         )
 
     def admitted(self, request: Request, hit_tokens: int, now: float) -> None:
@@ -83,6 +86,7 @@ class ReplayRecorder:
     def finished(self, request: Request, now: float) -> None:
         row = self._rows[request.request_id]
         row[_FINISH] = now
+        row[_STATUS] = "finished"
         row[_PREEMPTIONS] = request.num_preemptions
         row[_OUTPUT_TOKENS] = len(request.output_token_ids)
         self._progress.update(1)

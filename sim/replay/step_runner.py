@@ -6,7 +6,8 @@ execute_model()`` -> ``scheduler.update_from_output()``. The loops (``sim.replay
 them. Loops are generators of :data:`Wait` values, which the SimPy adapter
 (``sim.replay.engine``) turns into clock events.
 
-Invariants: an executor's step time is positive (else ReplayError); admissions are recorded at the
+Invariants: an executor's step time is positive (else ReplayError), except that a step which
+schedules nothing takes zero time whatever the executor says (no forward pass runs); admissions are recorded at the
 step's start, first tokens and finishes at the time ``apply`` runs; ``after_step`` runs the
 integrity check (when enabled) after every applied step or window.
 
@@ -88,7 +89,11 @@ class StepRunner:
         self.num_plain_steps += 1
         out = sched.schedule()
         result = self.executor.execute(out)
-        if not result.duration_s > 0:
+        if out.is_empty():
+            # nothing scheduled: vLLM runs no forward pass (GPUModelRunner.execute_model returns
+            # EMPTY_MODEL_RUNNER_OUTPUT at once), so the step costs no time in either loop
+            result = StepResult(0.0, result.sampled_token_ids)
+        elif not result.duration_s > 0:
             raise ReplayError(f"executor returned a non-positive step time {result.duration_s}")
         for s in out.scheduled:
             if s.admitted:

@@ -24,14 +24,17 @@ fields and properties of :class:`StepShape` -- plus, optionally, *knee* features
 the model bend like a roofline: a step's GEMMs cost about the same (weights streamed from memory)
 until the batch holds ``K`` tokens and grow with the token count after that, which a single linear
 term cannot follow (``a + b * max(0, n - a / b)`` *is* ``max(a, b * n)``). Files without knees read
-exactly as before. Coefficients must be finite and >= 0 and at least one must be > 0. The predicted
-step time is ``sum(coef * feature)``, floored at :data:`MIN_STEP_TIME_S` (1 µs) so it is always > 0.
+exactly as before. ``mixed_step`` is 1 for a step that holds both decodes and prefill tokens (a
+prefill chunk piggy-backing on decodes) and 0 otherwise: an extra cost per mixed step, for when
+the data shows one (two attention paths, two metadata builds). Coefficients must be finite and
+>= 0 and at least one must be > 0. The predicted step time is ``sum(coef * feature)``, floored
+at :data:`MIN_STEP_TIME_S` (1 µs) so it is always > 0.
 
 The hot path never touches a dict: the properties are linear in the six stored fields
 (``num_prefill_seqs = num_seqs - num_decode_seqs``, ``num_decode_tokens = num_new_tokens -
 num_prefill_tokens``, ``kv_read_tokens = context_tokens + num_new_tokens``), so the coefficients are
 folded once into seven floats and :meth:`FittedLatency.step_time` is six multiply-adds (plus one
-per knee feature, if any).
+per knee feature and one test for ``mixed_step``, if any).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ FEATURES: tuple[str, ...] = (
     "context_tokens",
     "attention_pairs",
     "kv_read_tokens",
+    "mixed_step",
 )
 
 #: Knee features: ``num_new_tokens_over_<K>`` = ``max(0, num_new_tokens - K)``.
@@ -111,7 +115,7 @@ class FittedLatency(LatencyModel):
             raise ValueError(f"fitted latency{where}: 'features' must be a non-empty mapping")
         clean: dict[str, float] = {}
         for feat, value in coefs.items():
-            if feat not in _FOLD and not (isinstance(feat, str) and KNEE_RE.match(feat)):
+            if feat not in _FOLD and feat != "mixed_step" and not (isinstance(feat, str) and KNEE_RE.match(feat)):
                 raise ValueError(
                     f"fitted latency{where}: unknown feature {feat!r}; allowed: {', '.join(FEATURES)} "
                     f"and num_new_tokens_over_<K>"
@@ -126,7 +130,8 @@ class FittedLatency(LatencyModel):
         meta = dict(metadata or {})
         for reserved in ("kind", "features"):
             meta.pop(reserved, None)
-        knees = sorted((f for f in clean if f not in _FOLD), key=lambda f: int(KNEE_RE.match(f).group(1)))  # type: ignore[union-attr]
+        knees = sorted((f for f in clean if f not in _FOLD and f != "mixed_step"),
+                       key=lambda f: int(KNEE_RE.match(f).group(1)))  # type: ignore[union-attr]
         self.coefs = {f: clean[f] for f in (*FEATURES, *knees) if f in clean}  # canonical order
         self._knees = tuple((int(KNEE_RE.match(f).group(1)), clean[f]) for f in knees if clean[f] > 0)  # type: ignore[union-attr]
         self.metadata = meta
@@ -144,6 +149,7 @@ class FittedLatency(LatencyModel):
         self._c_pre = base["num_prefill_tokens"]
         self._c_ctx = base["context_tokens"]
         self._c_pairs = base["attention_pairs"]
+        self._c_mixed = self.coefs.get("mixed_step", 0.0)
 
     # ------------------------------------------------------------------ files
 
@@ -197,12 +203,13 @@ class FittedLatency(LatencyModel):
             float(s.context_tokens),
             float(s.attention_pairs),
             float(s.context_tokens + s.num_new_tokens),
+            1.0 if 0 < s.num_decode_seqs < s.num_seqs else 0.0,
         ]
 
     @staticmethod
     def feature_value(name: str, shape: StepShape) -> float:
         """The value of one feature (a :data:`FEATURES` name or a knee feature) for ``shape``."""
-        if name in _FOLD:
+        if name in FEATURES:
             return FittedLatency.feature_vector(shape)[FEATURES.index(name)]
         m = KNEE_RE.match(name)
         if m is None:
@@ -217,6 +224,8 @@ class FittedLatency(LatencyModel):
         for k, c in self._knees:
             if s.num_new_tokens > k:
                 t += c * (s.num_new_tokens - k)
+        if self._c_mixed and 0 < s.num_decode_seqs < s.num_seqs:
+            t += self._c_mixed
         return t if t > MIN_STEP_TIME_S else MIN_STEP_TIME_S
 
     def describe(self) -> dict[str, object]:

@@ -1,7 +1,8 @@
 """The simulated executor: step durations from a latency model, sampled tokens from each
 request's plan (trace-given ``output_token_ids`` or the simulator's unique generated ids).
 
-Implements :class:`sim.core.executor.Executor`; ``price`` lets the replay fast-forward price a step
+Implements :class:`sim.core.executor.Executor`; a step that schedules nothing takes zero time (vLLM
+runs no forward pass for it); ``price`` lets the replay fast-forward price a step
 shape without running it. Imports neither simpy nor torch.
 """
 
@@ -23,6 +24,8 @@ class SimulatedExecutor:
         self.latency_model = latency_model
 
     def execute(self, output: SchedulerOutput) -> StepResult:
+        if output.is_empty():  # no forward pass for an empty batch (vLLM's EMPTY_MODEL_RUNNER_OUTPUT)
+            return StepResult(0.0, {})
         return StepResult(self.latency_model.step_time(step_shape(output)), planned_samples(output))
 
     def price(self, shape: StepShape) -> float:

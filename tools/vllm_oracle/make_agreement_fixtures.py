@@ -208,7 +208,9 @@ def oracle_argv(trace_rel: str, name: str, e: dict) -> list[str]:
             "--max-model-len", e["max_model_len"], "--max-num-batched-tokens", e["max_num_batched_tokens"],
             "--max-num-seqs", e["max_num_seqs"], "--policy", e["policy"],
             "--long-prefill-token-threshold", e["long_prefill_token_threshold"], "--watermark", e["watermark"],
-            "--step-time", e["step_time"], "--hash-algo", "sha256", "--hash-seed", "0", "--quiet"]
+            "--step-time", e["step_time"], "--hash-algo", "sha256", "--hash-seed", "0", "--quiet",
+            # a step that schedules nothing takes no time (no forward pass; apcsim's convention too)
+            "--free-empty"]
     if not e["enable_chunked_prefill"]:
         argv.append("--no-chunked-prefill")
     if e["async_scheduling"]:

@@ -24,7 +24,8 @@ Replay semantics (see README.md for the full statement):
   arrival <= t (trace order), call schedule(), build a stub
   ModelRunnerOutput that gives exactly one sampled token to each scheduled
   request whose prefill is complete after this step, call
-  update_from_output(); t += d.  When the engine goes idle, the next step
+  update_from_output(); t += d (t stays put after a step that scheduled
+  nothing: no forward pass runs for it).  When the engine goes idle, the next step
   starts at max(t, next arrival).
 
 Run with the venv made by setup.sh:
@@ -419,6 +420,7 @@ def replay(args) -> tuple[list[ReqResult], dict]:
     complete_flags: dict[int, dict[str, bool]] = {}
     empty_streak = 0
     drain_steps = 0
+    empty_steps = 0  # steps that scheduled nothing (free with --free-empty)
     # A single empty step is legitimate: when the running request that
     # needs a block preempts *itself* (priority policy: it is the worst
     # one; FCFS: it is the last one), vLLM breaks out of the running loop
@@ -522,7 +524,15 @@ def replay(args) -> tuple[list[ReqResult], dict]:
 
         if not (args.free_drain and so is None):
             step += 1
-            n_in_base += 1
+            # the clock advances by d only if a forward pass ran: vLLM's model runner returns
+            # EMPTY_MODEL_RUNNER_OUTPUT at once for a batch that schedules nothing
+            # (GPUModelRunner.execute_model), so with --free-empty (default) such a step takes no
+            # time; a drain-only iteration takes d only with --no-free-drain
+            empty = so is not None and so.total_num_scheduled_tokens == 0
+            if not (empty and args.free_empty):
+                n_in_base += 1
+            else:
+                empty_steps += 1
         if args.max_steps and step >= args.max_steps:
             raise RuntimeError(f"--max-steps {args.max_steps} exceeded")
         # 7. engine idle -> next step starts at max(t, next arrival)
@@ -547,6 +557,7 @@ def replay(args) -> tuple[list[ReqResult], dict]:
     stats.update(
         total_steps=step,
         drain_steps=drain_steps,
+        empty_steps=empty_steps,
         total_preemptions=total_preemptions,
         num_requests=len(trace),
         max_running=max_running,
@@ -566,6 +577,7 @@ def replay(args) -> tuple[list[ReqResult], dict]:
             watermark=args.watermark,
             async_scheduling=bool(args.async_sched),
             free_drain=bool(args.free_drain),
+            free_empty=bool(args.free_empty),
             hash_algo=args.hash_algo,
             step_time=args.step_time,
             scheduler_reserve_full_isl=bool(
@@ -637,6 +649,10 @@ def parse_args(argv=None, *, batch_ok=True):
                    "schedule, only the last in-flight batch's output applied) "
                    "takes no time and is not counted as a step, as in apcsim "
                    "(default); --no-free-drain makes it a step of duration d")
+    p.add_argument("--free-empty", action=argparse.BooleanOptionalAction, default=True,
+                   help="a step whose schedule() scheduled no token takes no time (vLLM's "
+                   "model runner runs no forward pass for it), as in apcsim (default); "
+                   "--no-free-empty charges it d like any other step")
     p.add_argument("--hash-algo", default="sha256",
                    choices=["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"])
     p.add_argument("--hash-seed", default="0",

@@ -1,0 +1,161 @@
+"""The human summary ``apcsim run`` prints: an aligned plain-text table of one run's summary.
+
+Mirrors nothing in vLLM. Shows the workload (requests, tokens), the pool (blocks, tokens, GiB),
+the three hit rates -- first-admission beside the offline references that count requests the same
+way, vLLM's ``prefix_cache_hit_rate``, the share of requests with a hit --, evictions and
+preemptions, TTFT / TPOT / queue time / E2E percentiles at 3 significant figures, throughput and
+the diagnosis of ``sim.analysis.diagnosis``.
+
+Invariants: renders only values present in the summary (a missing or NaN figure prints ``n/a``),
+never computes a metric. Imports nothing beyond the standard library and the diagnosis.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Mapping
+from typing import Any, TypeGuard
+
+from sim.analysis.diagnosis import diagnose
+
+_LATENCIES = (("TTFT", "ttft"), ("TPOT", "tpot"), ("queue time", "queue_time"), ("E2E", "e2e"))
+
+
+def _ok(x: Any) -> TypeGuard[float]:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def sig(x: Any, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant figures, without exponent for everyday magnitudes."""
+    if not _ok(x):
+        return "n/a"
+    if x == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(x)))
+    if mag >= digits - 1 and abs(x) < 1e9:
+        return f"{round(x, digits - 1 - mag):,.0f}"
+    if mag < -4:
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{max(0, digits - 1 - mag)}f}"
+
+
+def seconds(x: Any) -> str:
+    """A duration at 3 significant figures in s or ms."""
+    if not _ok(x):
+        return "n/a"
+    return f"{sig(x * 1e3)} ms" if 0 < abs(x) < 1 else f"{sig(x)} s"
+
+
+def count(x: Any) -> str:
+    """A count: exact with separators below 10,000, else 3 significant figures with k / M / G."""
+    if not _ok(x):
+        return "n/a"
+    for div, unit in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
+        if abs(x) >= 10_000 and abs(x) >= div:
+            return f"{sig(x / div)}{unit}"
+    return f"{int(x):,}"
+
+
+def exact(x: Any) -> str:
+    """A count with thousands separators."""
+    return f"{int(x):,}" if _ok(x) else "n/a"
+
+
+def _row(label: str, *cells: str, width: int = 38) -> str:
+    return f"  {label:<{width}}" + "  ".join(cells)
+
+
+def _pool(s: Mapping[str, Any]) -> str:
+    e = s.get("engine") or {}
+    if not e:
+        return "n/a"
+    gib = e.get("kv_pool_gib")
+    text = (f"{exact(e['num_gpu_blocks'])} blocks x {e['block_size']} tokens = {count(e['capacity_tokens'])} "
+            f"tokens" + (f" ({sig(gib)} GiB)" if _ok(gib) else ""))
+    groups = e.get("num_kv_groups", 1)
+    fleet = (s.get("cluster") or {}).get("num_replicas")
+    text += f" per replica x {fleet} replicas" if fleet else ""
+    return text + (f", {groups} KV-cache groups" if groups and groups > 1 else "") + (
+        f"; {e['model']} on {e['gpu']}, max_model_len {exact(e['max_model_len'])}")
+
+
+_REFERENCES = (
+    ("infinite_cache_hit_rate", "infinite cache", "upper bound: nothing is ever evicted"),
+    ("belady_hit_rate", "Belady, this pool", "optimal eviction, requests one at a time"),
+    ("lru_sequential_hit_rate", "vLLM's LRU, this pool", "requests one at a time (no concurrency)"),
+)
+
+
+def _hit_rates(s: Mapping[str, Any]) -> list[str]:
+    frac = s.get("requests_with_hit_fraction")
+    lines = ["hit rate    (fractions of prompt tokens)",
+             _row("first admission (each request once)", f"{sig(s.get('first_admission_token_hit_rate')):<7}",
+                  "first_admission_token_hit_rate")]
+    if "infinite_cache_hit_rate" not in s:
+        lines.append(_row("  (no bounds: they model one engine, not a routed fleet)" if "cluster" in s
+                          else "  (no bounds: run without --no-bounds)"))
+    for key, label, note in _REFERENCES:
+        if key in s:
+            lines.append(_row(f"  {label}", f"{sig(s.get(key)):<7}", note))
+    queries = (s.get("prefix_cache") or {}).get("queries")
+    lines += [
+        _row("vLLM prefix_cache_hit_rate", f"{sig(s.get('prefix_cache_hit_rate')):<7}",
+             f"every lookup: {count(queries)} tokens looked up for {count(s.get('prompt_tokens'))} prompt tokens"),
+        _row("requests with >= 1 hit token", f"{(sig(100 * frac) + ' %') if _ok(frac) else 'n/a':<7}",
+             f"{exact(s.get('num_requests_with_hit'))} of {exact(s.get('num_requests'))} requests"),
+    ]
+    return lines
+
+
+def _losses(loss: Mapping[str, float]) -> str:
+    names = (("capacity", "capacity"), ("overload", "overload"), ("isolation", "isolation"),
+             ("block_granularity", "block granularity"))
+    shown = [f"{label} {sig(loss[k]) if _ok(loss.get(k)) else 'n/a'}" for k, label in names if k in loss]
+    tail = f"; never repeated {sig(loss['workload'])}" if _ok(loss.get("workload")) else ""
+    return "missed prompt tokens by cause: " + ", ".join(shown) + tail
+
+
+def _left_out(s: Mapping[str, Any]) -> str:
+    """What the run did not serve: rejected requests and skipped trace lines, when there are any."""
+    parts = [f"{exact(v)} {what}" for key, what in (("num_rejected_requests", "rejected (see reject_reason)"),
+                                                  ("skipped_bad_lines", "trace lines skipped"))
+             if _ok(v := s.get(key)) and v > 0]
+    return "; " + ", ".join(parts) if parts else ""
+
+
+def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
+           bounds_wall_time_s: float | None = None, width: int = 100) -> str:
+    """The summary of one run as aligned lines (see the module docstring)."""
+    n = s.get("num_requests", 0)
+    prompt, outputs = s.get("prompt_tokens", 0), s.get("output_tokens", 0)
+    mean_prompt = prompt / n if n else math.nan
+    wall = f"{sig(wall_time_s)} s wall" + (f" (+ {sig(bounds_wall_time_s)} s for the bounds)"
+                                          if bounds_wall_time_s is not None else "")
+    lines = [
+        f"{name}: {exact(n)} requests replayed in {wall}; {seconds(s.get('sim_time_s'))} simulated -> {folder}/",
+        "",
+        f"workload    {exact(n)} requests; {count(prompt)} prompt tokens (mean {count(mean_prompt)}), "
+        f"{count(outputs)} output tokens" + _left_out(s),
+        f"pool        {_pool(s)}",
+        "",
+        *_hit_rates(s),
+        f"cache       {exact(s.get('num_evictions'))} evictions, {exact(s.get('num_preemptions'))} preemptions",
+        "",
+        "latency" + " " * 9 + "".join(f"{h:>10}" for h in ("p50", "p90", "p99", "mean")),
+    ]
+    for label, key in _LATENCIES:
+        cells = [seconds(s.get(f"{key}_p{q}_s")) for q in (50, 90, 99)] + [seconds(s.get(f"{key}_mean_s"))]
+        lines.append(f"  {label:<14}" + "".join(f"{c:>10}" for c in cells))
+    lines.append(f"throughput  {sig(s.get('throughput_requests_per_s'))} requests/s, "
+                 f"{sig(s.get('throughput_output_tokens_per_s'))} output tokens/s "
+                 f"(mean batch {sig(s.get('mean_batch_size'))} requests)")
+    if "cluster" in s:  # the diagnosis reads the one-engine bounds; a fleet's run shows its routers instead
+        return "\n".join(lines)
+    d = diagnose(s)
+    wrap = textwrap.TextWrapper(width=width, initial_indent="diagnosis   ", subsequent_indent=" " * 12)
+    lines += ["", *wrap.wrap(d.line)]
+    if d.losses and d.cause not in ("caching_off", "unknown"):
+        wrap.initial_indent = " " * 12
+        lines += wrap.wrap(_losses(d.losses))
+    return "\n".join(lines)

@@ -1,0 +1,96 @@
+"""Offline reference hit rates of an experiment's own request stream, at its resolved engine.
+
+Mirrors nothing in vLLM: the references of ``workloads.bounds`` (one request at a time in arrival
+order, each counted once at its lookup, so they compare with the replay's
+``first_admission_token_hit_rate``) computed over the stream the replay saw, at the scheduler
+block size and pool of the point's :class:`~sim.experiment.engine_description.EngineDescription`.
+
+* :func:`reference_hit_rates` -- ``infinite_cache_hit_rate`` always (also an upper bound for
+  sliding-window and hybrid pools); ``belady_hit_rate`` and ``lru_sequential_hit_rate`` at capacity
+  ``num_gpu_blocks - 1`` only when the pool holds one full-attention group, NaN otherwise (their
+  model is one pool of equal blocks, which several groups competing for it, or a window freeing
+  blocks, break). Sweep rows and ``apcsim run``'s ``summary.json`` carry these.
+* :func:`limit_references` -- what the diagnosis of ``apcsim run`` (``sim.analysis.diagnosis``)
+  needs to tell isolation and block granularity apart from the workload:
+  ``infinite_cache_hit_rate_shared`` (the infinite cache with every ``cache_salt`` and LoRA name
+  dropped: one namespace for all requests; equal to ``infinite_cache_hit_rate`` when the stream has
+  neither), ``infinite_cache_hit_rate_block_16`` (the infinite cache at block size 16, vLLM's
+  default, present only when the engine's block size is larger) and the stream's
+  ``num_cache_salts``, ``num_lora_adapters`` and ``num_prompt_logprobs_requests`` (such requests
+  never read the cache).
+
+Invariants: every reference is computed from the stream ``sim.experiment.workload.build_workload``
+gives for ``(cfg, engine)``, the replay's own; the block reference string is cached per stream and
+block size in the process (sweep points that differ only in pool size hash their stream once).
+Imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import OrderedDict
+from typing import Any
+
+from sim.core.request import token_array
+from sim.experiment.config import ExperimentConfig, config_to_dict
+from sim.experiment.engine_description import EngineDescription
+from sim.experiment.workload import build_workload
+from workloads.bounds import BlockReferences, HitBound, block_references, offline_bounds
+
+FINE_BLOCK_SIZE = 16
+"""The block size of the granularity reference (vLLM's default block size)."""
+
+_REFS_CACHE: OrderedDict[str, BlockReferences] = OrderedDict()
+_REFS_CACHE_SIZE = 2
+
+
+def _references(cfg: ExperimentConfig, engine: EngineDescription) -> BlockReferences:
+    """The stream's block reference string at the scheduler block size (cached, see the docstring)."""
+    ident = json.dumps(
+        {"workload": config_to_dict(cfg)["workload"], "seed": cfg.seed, "base": cfg.base_dir,
+         "block_size": engine.block_size}, sort_keys=True, default=str,
+    )
+    refs = _REFS_CACHE.get(ident)
+    if refs is None:
+        refs = block_references(build_workload(cfg, engine).requests, engine.block_size)
+        _REFS_CACHE[ident] = refs
+        while len(_REFS_CACHE) > _REFS_CACHE_SIZE:
+            _REFS_CACHE.popitem(last=False)
+    else:
+        _REFS_CACHE.move_to_end(ident)
+    return refs
+
+
+def reference_hit_rates(cfg: ExperimentConfig, engine: EngineDescription) -> dict[str, float]:
+    """``infinite_cache_hit_rate``, ``belady_hit_rate`` and ``lru_sequential_hit_rate`` (see the
+    module docstring)."""
+    capacity = max(0, engine.num_gpu_blocks - 1) if engine.single_full_group else None
+    return offline_bounds(_references(cfg, engine), capacity)
+
+
+def limit_references(cfg: ExperimentConfig, engine: EngineDescription, infinite: float) -> dict[str, Any]:
+    """The diagnosis references (see the module docstring); ``infinite`` is the stream's
+    ``infinite_cache_hit_rate``, reused where a reference provably equals it. One pass over the
+    stream, each prompt expanded once."""
+    requests = list(build_workload(cfg, engine).requests)  # compact: prompts expand below, one at a time
+    salts = {r.salt for r in requests if r.salt is not None}
+    loras = {r.lora for r in requests if r.lora is not None}
+    shared = HitBound(engine.block_size) if salts or loras else None
+    fine = HitBound(FINE_BLOCK_SIZE) if engine.block_size > FINE_BLOCK_SIZE else None
+    if shared is not None or fine is not None:
+        for req in requests:
+            tokens = token_array(req.tokens)
+            if shared is not None:
+                shared.add(dataclasses.replace(req, salt=None, lora=None), tokens)
+            if fine is not None:
+                fine.add(req, tokens)
+    out: dict[str, Any] = {
+        "infinite_cache_hit_rate_shared": shared.value if shared is not None else infinite,
+        "num_cache_salts": len(salts),
+        "num_lora_adapters": len(loras),
+        "num_prompt_logprobs_requests": sum(1 for r in requests if r.prompt_logprobs),
+    }
+    if fine is not None:
+        out[f"infinite_cache_hit_rate_block_{FINE_BLOCK_SIZE}"] = fine.value
+    return out
