@@ -24,7 +24,8 @@ def _sweep(tmp_path: Path, grid: dict) -> Path:
     p.write_text(yaml.safe_dump({
         "name": "plots", "output_dir": str(tmp_path / "out"),
         "base": {"latency": {"kind": "fixed", "step_time_s": 0.005}, "model": "llama-3.2-1b",
-                 "engine": {"max_model_len": 512, "max_num_batched_tokens": 512}, "workload": _workload(30, 200)},
+                 "engine": {"max_model_len": 512, "max_num_batched_tokens": 512}, "workload": _workload(30, 200),
+                 "replay": {"attribution": "summary"}},  # the miss-cause figures need it
         "grid": grid,
     }, sort_keys=False))
     return p
@@ -69,8 +70,9 @@ def test_plot_command_and_tenant_sweep(tmp_path, capsys):
     rep = run_sweep(p, workers=1, progress=False)
     assert main(["plot", str(rep.folder)]) == 0
     out = capsys.readouterr().out.split()
-    # no block size / capacity axes: only the CDF and the salt-vs-tenants figure apply
-    assert sorted(Path(x).name for x in out) == ["salt_policy.png", "salt_policy.svg", "ttft_cdf.png", "ttft_cdf.svg"]
+    # no block size / capacity axes: only the CDF, the salt-vs-tenants figure and the causes per salt apply
+    assert sorted(Path(x).name for x in out) == ["miss_causes_vs_salt_policy.png", "miss_causes_vs_salt_policy.svg",
+                                                 "salt_policy.png", "salt_policy.svg", "ttft_cdf.png", "ttft_cdf.svg"]
     assert main(["plot", str(tmp_path / "nope")]) == 2
 
 

@@ -133,7 +133,7 @@ def test_apcsim_run_rejects_alone_and_reports(tmp_path, capsys):
     p = _trace_config(tmp_path, [100, 600, 200])
     assert main(["run", str(p), "--no-progress", "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
-    assert '"num_rejected_requests": 1' in out and '"num_requests": 2' in out
+    assert "2 requests replayed" in out and "1 rejected (see reject_reason)" in out
     req = pd.read_parquet(tmp_path / "o" / "requests.parquet")
     assert list(req["status"]) == ["finished", "rejected", "finished"]
     assert req["reject_reason"].iloc[1].startswith("prompt_too_long: prompt of 600 tokens, max_model_len 512")

@@ -56,6 +56,28 @@ SALT_POLICIES: tuple[str, ...] = (
 )
 
 
+def apply_salt_policy(req: TraceRequest, policy: SaltPolicy, tenant: int, user: int, session: str) -> None:
+    """Set ``req.tenant`` (``t{tenant}``) and the salt of ``policy`` for tenant index ``tenant``,
+    user index ``user`` and ``session`` (for ``shared_system_prompt``: no salt and the tenant tag
+    after ``req.system_tokens``; see the module docstring). Changes ``req`` in place."""
+    name = f"t{tenant}"
+    req.tenant = name
+    if policy == "none":
+        req.salt = None
+    elif policy == "per_tenant":
+        req.salt = name
+    elif policy == "per_user":
+        req.salt = f"{name}/u{user}"
+    elif policy == "per_session":
+        req.salt = f"session:{session}"
+    elif policy == "per_request":
+        req.salt = f"request:{req.id}"
+    else:  # shared_system_prompt
+        req.salt = None
+        pos = min(max(req.system_tokens, 0), len(req.tokens))
+        req.tokens = TaggedTokens(req.tokens, pos, TENANT_TAG_BASE + tenant)
+
+
 def keyed_uniform(seed: int, purpose: str, key: str) -> float:
     """A deterministic uniform number in [0, 1) for ``(seed, purpose, key)``."""
     h = hashlib.blake2b(f"{seed}\x1f{purpose}\x1f{key}".encode(), digest_size=8).digest()
@@ -105,23 +127,7 @@ class TenantModel:
         """Set tenant, salt, LoRA, prompt-logprobs (and the tag for ``shared_system_prompt``)."""
         session = req.session if req.session is not None else req.id
         t, u = self.assign(session)
-        tenant = f"t{t}"
-        req.tenant = tenant
-        policy = self.salt
-        if policy == "none":
-            req.salt = None
-        elif policy == "per_tenant":
-            req.salt = tenant
-        elif policy == "per_user":
-            req.salt = f"{tenant}/u{u}"
-        elif policy == "per_session":
-            req.salt = f"session:{session}"
-        elif policy == "per_request":
-            req.salt = f"request:{req.id}"
-        else:  # shared_system_prompt
-            req.salt = None
-            pos = min(max(req.system_tokens, 0), len(req.tokens))
-            req.tokens = TaggedTokens(req.tokens, pos, TENANT_TAG_BASE + t)
+        apply_salt_policy(req, self.salt, t, u, session)
         req.lora = f"lora-{t % self.lora_adapters}" if self.lora_adapters else req.lora
         if self.prompt_logprobs_fraction > 0:
             req.prompt_logprobs = keyed_uniform(self.seed, "plp", req.id) < self.prompt_logprobs_fraction

@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -241,4 +241,15 @@ def save_figure(fig: Figure, folder: Path, stem: str) -> list[Path]:
         os.replace(tmp, p)
         out.append(p)
     plt.close(fig)
+    return out
+
+
+def draw_figures(builders: Mapping[str, Callable[[Any], Figure | None]], data: Any, folder: Path) -> list[Path]:
+    """Build and save every figure of ``builders`` (file stem -> builder, which returns None when
+    ``data`` lacks what its figure needs) into ``folder``; returns the files written, in order."""
+    out: list[Path] = []
+    for stem, build in builders.items():
+        fig = build(data)
+        if fig is not None:
+            out.extend(save_figure(fig, folder, stem))
     return out

@@ -13,6 +13,8 @@ and axis roles in ``sweep_data``, the style in ``figure_style``:
 * ``salt_policy`` -- hit rate, TTFT p50 and p99 per salt policy;
 * ``cluster_vs_replicas`` / ``cluster_vs_load`` -- routers against replica count and load
   (``cluster_figures``).
+* ``miss_causes_vs_block_size`` / ``_vs_capacity`` / ``_vs_salt_policy`` -- the hit rate and the
+  stacked miss causes (``miss_figures``; sweeps run with ``replay.attribution``).
 
 Invariants: a figure whose x axis was not swept is skipped; failed points are left out; files are
 written atomically. Reads result tables only: imports no simpy and never re-runs the engine.
@@ -26,8 +28,9 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from sim.analysis.cluster_figures import cluster_vs_load, cluster_vs_replicas
-from sim.analysis.figure_style import png_bytes, save_figure
+from sim.analysis.figure_style import draw_figures, png_bytes, save_figure
 from sim.analysis.hit_rate_figures import hit_rate_vs_block_size, hit_rate_vs_capacity
+from sim.analysis.miss_figures import miss_causes_vs_block_size, miss_causes_vs_capacity, miss_causes_vs_salt_policy
 from sim.analysis.salt_figure import salt_policy
 from sim.analysis.sweep_data import SweepData
 from sim.analysis.ttft_figures import ttft_cdf, ttft_vs_block_size, ttft_vs_capacity
@@ -46,6 +49,9 @@ FIGURES: dict[str, Callable[[SweepData], Figure | None]] = {
     "salt_policy": salt_policy,
     "cluster_vs_replicas": cluster_vs_replicas,
     "cluster_vs_load": cluster_vs_load,
+    "miss_causes_vs_block_size": miss_causes_vs_block_size,
+    "miss_causes_vs_capacity": miss_causes_vs_capacity,
+    "miss_causes_vs_salt_policy": miss_causes_vs_salt_policy,
 }
 """Every figure: file stem -> builder (``builder(SweepData) -> Figure | None``, None when the sweep
 lacks the axes it needs)."""
@@ -54,11 +60,4 @@ lacks the axes it needs)."""
 def plot_sweep(folder: str | Path) -> list[Path]:
     """Draw every applicable figure of a sweep folder; returns the files written."""
     d = SweepData(Path(folder))
-    out: list[Path] = []
-    if d.df.empty:
-        return out
-    for stem, build in FIGURES.items():
-        fig = build(d)
-        if fig is not None:
-            out.extend(save_figure(fig, d.folder, stem))
-    return out
+    return [] if d.df.empty else draw_figures(FIGURES, d, d.folder)

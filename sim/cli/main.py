@@ -12,6 +12,8 @@ backend registry ``sim.experiment.backend`` and imported only then).
 (``sim.cli.size``).
 ``apcsim workloads stats CONFIG [--block-size N,...]`` prints the shape and infinite-cache hit bound
 of a config's workload (``sim.cli.workloads``).
+``apcsim sidechannel STUDY.yaml`` runs a timing side-channel study and prints its per-policy table
+(``sim.cli.sidechannel``).
 ``apcsim calibrate ...`` fits the latency model on the torch backend (``gpu_backend.calibrate``) and
 ``apcsim validate CONFIG`` compares simulated and real per-request latency (``gpu_backend.validate``);
 registered by ``sim.cli.calibrate``; torch and ``gpu_backend`` are imported only when they run.
@@ -44,6 +46,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.csv:
         overrides.append("replay.tables=[parquet, csv]")
     cfg = load_config(args.config, overrides)
+    if cfg.sidechannel is not None:
+        raise ConfigError(f"{args.config}: sidechannel: a side-channel experiment runs with apcsim sidechannel")
     factory = executor_factory(args.backend)  # torch is imported only here, and only for the torch backend
     result, folder = run_experiment(
         cfg, out=args.out, progress=False if args.no_progress else None, executor_factory=factory,
@@ -116,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli.calibrate import add_calibration_commands
 
     add_calibration_commands(sub)  # apcsim calibrate ... / apcsim validate CONFIG (gpu_backend, when run)
+    from sim.cli.explain import add_explain_parser
+
+    add_explain_parser(sub)  # apcsim explain RUN_DIR --request ID
+    from sim.cli.sidechannel import add_sidechannel_parser
+
+    add_sidechannel_parser(sub)  # apcsim sidechannel STUDY.yaml
     return parser
 
 

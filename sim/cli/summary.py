@@ -109,6 +109,9 @@ def _hit_rates(s: Mapping[str, Any]) -> list[str]:
 
 
 def _losses(loss: Mapping[str, float]) -> str:
+    if "cold" in loss:  # the engine's miss attribution (sim.replay.attribution): every cause it counted
+        return "missed prompt tokens by cause: " + ", ".join(
+            f"{k.replace('_', ' ')} {sig(v)}" for k, v in sorted(loss.items(), key=lambda kv: -kv[1]) if v)
     names = (("capacity", "capacity"), ("overload", "overload"), ("isolation", "isolation"),
              ("block_granularity", "block granularity"))
     shown = [f"{label} {sig(loss[k]) if _ok(loss.get(k)) else 'n/a'}" for k, label in names if k in loss]

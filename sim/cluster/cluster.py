@@ -319,5 +319,5 @@ class ClusterReplay(ClusterHooks, ClusterView):
             ttft_slo_s=self.ttft_slo_s, span_s=span, faults=self._fault_log, kv_events=kv,
         )
         recorded = self.pipeline.recorded if self.pipeline is not None and self.pipeline.recorded else []
-        return ClusterResult(requests, steps, stats, summary, wall, [(s, e) for _, s, e in recorded], per,
-                             [r for r, _, _ in recorded])
+        return ClusterResult(requests, steps, stats, summary, wall, events=[(s, e) for _, s, e in recorded],
+                             replicas=per, event_replicas=[r for r, _, _ in recorded])

@@ -16,7 +16,7 @@ Imports nothing but ``sim.core.kv_cache_block``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, KeysView
 
 from sim.core.kv_cache_block import BlockKey, KVCacheBlock
 
@@ -67,6 +67,10 @@ class BlockHashToBlockMap:
         """Query: ``(key, blocks)`` per key, blocks first-inserted first."""
         for key, entry in self._cache.items():
             yield key, ([entry] if type(entry) is KVCacheBlock else list(entry.values()))  # type: ignore[union-attr]
+
+    def keys(self) -> KeysView[BlockKey]:
+        """Query: a live set-like view of the cached keys (for bulk membership tests)."""
+        return self._cache.keys()
 
     def __len__(self) -> int:
         return len(self._cache)

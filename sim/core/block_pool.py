@@ -15,8 +15,12 @@ Invariants (checked by ``check_integrity``):
   (reused first) and hashed ones at the tail, each list in the given order; callers free a
   request's blocks in reverse, so its chain tail is evicted before its head.
 
+An optional ``observer`` (:mod:`sim.core.cache_observer`, set after construction like
+``event_sink``) is told about every caching and every dropped key; it changes nothing.
+
 Cost: every operation is O(blocks it touches); the one-group caching and the no-event allocation
-have a fast path (one map call, no per-block method call). Imports neither simpy nor torch.
+have a fast path (one map call, no per-block method call); without an observer one None check per
+call. Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
@@ -25,20 +29,22 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from sim.core.block_hash_map import BlockHashToBlockMap
+from sim.core.cache_observer import EVICT_EXPLICIT, EVICT_RESET, EVICT_REUSED
 from sim.core.free_block_queue import FreeKVCacheBlockQueue
 from sim.core.hashing import block_extra_keys, external_block_hash
 from sim.core.kv_cache_block import KVCacheBlock, make_block_key
 from sim.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventSink
 
 if TYPE_CHECKING:  # pragma: no cover
+    from sim.core.cache_observer import CacheObserver
     from sim.core.request import Request
 
 
 class BlockPool:
     """Owns all blocks, the free queue and the hash map; emits KV events to an optional sink.
 
-    Queries say so; every other method changes state. ``event_sink`` may be set after
-    construction (the replay loop records events that way)."""
+    Queries say so; every other method changes state. ``event_sink`` and ``observer`` may be set
+    after construction (the replay loop records events and attributes misses that way)."""
 
     def __init__(
         self,
@@ -56,6 +62,7 @@ class BlockPool:
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.event_sink = event_sink
+        self.observer: CacheObserver | None = None  # sim.core.cache_observer: told, never consulted
         self.num_cached_blocks = 0  # blocks holding a hash (for per-step metrics)
         self._grouped = False  # set once a group other than 0 caches (hybrid models)
         self.num_evictions = 0  # cached blocks whose hash was dropped on reuse
@@ -106,6 +113,8 @@ class BlockPool:
             # hot path (one full-attention group, so no null blocks and group ids all 0), no events
             cmap.insert_blocks(blocks[num_cached_blocks:num_full_blocks], hashes[num_cached_blocks:num_full_blocks])
             self.num_cached_blocks += num_full_blocks - num_cached_blocks
+            if self.observer is not None:
+                self.observer.on_cache(request, blocks, num_cached_blocks, num_full_blocks, 0)
             return
         if group_id:
             self._grouped = True
@@ -128,6 +137,8 @@ class BlockPool:
         if self.event_sink is not None:
             self._emit_stored(request, hashes, stored, kept, num_cached_blocks, num_full_blocks, block_size,
                               group_id, spec_kind, sliding_window)
+        if self.observer is not None:
+            self.observer.on_cache(request, blocks, num_cached_blocks, num_full_blocks, group_id)
 
     def _emit_stored(
         self,
@@ -175,6 +186,8 @@ class BlockPool:
                     if block.block_hash is not None:
                         self._evict(block)
             else:
+                if self.observer is not None:
+                    self.observer.on_evict(ret, EVICT_REUSED)
                 n_evicted = self.cached_block_hash_to_block.evict_blocks(ret)
                 self.num_cached_blocks -= n_evicted
                 self.num_evictions += n_evicted
@@ -182,10 +195,12 @@ class BlockPool:
             block.ref_cnt = 1
         return ret
 
-    def _evict(self, block: KVCacheBlock) -> None:
+    def _evict(self, block: KVCacheBlock, reason: str = EVICT_REUSED) -> None:
         """Drop a cached block's hash, emitting ``BlockRemoved`` if it was in the map."""
         key = block.block_hash
         assert key is not None
+        if self.observer is not None:
+            self.observer.on_evict((block,), reason)
         if self.cached_block_hash_to_block.pop(key, block.block_id) is not None:
             self.num_evictions += 1
             if self.event_sink is not None:
@@ -224,12 +239,14 @@ class BlockPool:
         for bid in block_ids:
             block = self.blocks[bid]
             if block.block_hash is not None:
-                self._evict(block)
+                self._evict(block, EVICT_EXPLICIT)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every hash; only allowed when no block is in use (the null block aside)."""
         if self.num_gpu_blocks - self.get_num_free_blocks() != 1:
             return False
+        if self.observer is not None:
+            self.observer.on_evict([b for b in self.blocks if b.block_hash is not None], EVICT_RESET)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         for block in self.blocks:
             block.block_hash = None

@@ -142,6 +142,9 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         num_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         if self._num_blocks_to_allocate(rid, num_need_slot, hits) + watermark_blocks > num_free:
             return None
+        obs = self.block_pool.observer
+        if obs is not None:  # sim.core.cache_observer: the allocation succeeds, nothing changed yet
+            obs.on_allocate(request, num_new_computed_tokens)
 
         req_blocks = self.req_to_blocks.get(rid)
         if req_blocks is None:
@@ -167,6 +170,8 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         n = -(-num_tokens // self.block_size) - len(req_blocks)  # cdiv, inlined (decode fast-forward)
         if n <= 0:
             return []
+        if self.block_pool.observer is not None:
+            self.block_pool.observer.on_allocate_new_blocks(request_id)
         new_blocks = self.block_pool.get_new_blocks(n)
         req_blocks.extend(new_blocks)
         return new_blocks

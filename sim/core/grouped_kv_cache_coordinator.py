@@ -142,6 +142,8 @@ class GroupedKVCacheCoordinator(KVCacheCoordinator):
         need = self.get_num_blocks_to_allocate(rid, num_need_slot, hits, num_local, False)
         if need + watermark_blocks > pool.get_num_free_blocks():
             return None
+        if pool.observer is not None:  # sim.core.cache_observer: the allocation succeeds, nothing changed yet
+            pool.observer.on_allocate(request, num_new_computed_tokens)
         if hits:
             if any(rid in m.num_cached_block for m in self.single_type_managers):
                 raise AssertionError(f"{rid}: a running request cannot get new prefix hits")
@@ -153,6 +155,8 @@ class GroupedKVCacheCoordinator(KVCacheCoordinator):
         return new_blocks
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        if self.block_pool.observer is not None:
+            self.block_pool.observer.on_allocate_new_blocks(request_id)
         new_blocks: list[KVCacheBlock] = []
         for m in self.single_type_managers:
             new_blocks.extend(m.allocate_new_blocks(request_id, num_tokens))

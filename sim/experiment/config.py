@@ -17,20 +17,36 @@ line per bad key, ``file: key: problem``. Imports neither simpy nor torch.
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
-from sim.core.errors import ApcsimError
 from sim.core.hashing import HASH_ALGOS
 from sim.core.kv_cache_spec import KVGroupSpec, check_groups
 from sim.experiment.block_size_rule import check_block_size
 from sim.experiment.cluster_config import ROUTER_TAGS, ClusterConfig
-from sim.experiment.strict_yaml import YAMLInputError, load_yaml_file, load_yaml_text
+from sim.experiment.config_error import ConfigError
+from sim.experiment.overrides import (  # noqa: F401  (re-exported: callers import them from here)
+    apply_overrides,
+    blame_override,
+    override_value,
+    set_dotted,
+)
+from sim.experiment.sidechannel_config import SideChannelConfig
+from sim.experiment.strict_yaml import YAMLInputError, load_yaml_file
+from sim.timing.step_noise import DEFAULT_SIGMA
 from workloads.paths import input_path
 from workloads.schema import UNION_TAGS as _WORKLOAD_TAGS
 from workloads.schema import (  # noqa: F401  (re-exported: the workload models)
@@ -45,10 +61,6 @@ from workloads.schema import (  # noqa: F401  (re-exported: the workload models)
     TraceWorkload,
 )
 from workloads.schema import WorkloadConfig as _WorkloadConfig
-
-
-class ConfigError(ApcsimError, ValueError):
-    """A configuration problem; ``str()`` is ``file: key: problem``."""
 
 
 class _Strict(BaseModel):
@@ -149,17 +161,37 @@ class EngineConfig(_Strict):
         return self
 
 
-class FixedLatencyConfig(_Strict):
+class StepNoiseConfig(_Strict):
+    """Step-time jitter (``sim.timing.step_noise``): each simulated step's duration times a mean-1
+    lognormal factor, from its own stream (``seed``, default: the experiment seed). ``sigma``
+    defaults to the real backend's measured run-to-run noise (the CPU reference); unset
+    ``latency.noise`` = no jitter (durations exactly the latency model's)."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    sigma: Annotated[float, Field(ge=0, le=2)] = DEFAULT_SIGMA
+    seed: int | None = None
+
+
+def _unset(value: Any) -> bool:
+    return value is None
+
+
+class _Latency(_Strict):
+    # left out of the resolved config when unset, so configs without it keep their point keys
+    noise: StepNoiseConfig | None = Field(default=None, exclude_if=_unset)
+
+
+class FixedLatencyConfig(_Latency):
     kind: Literal["fixed"]
     step_time_s: Annotated[float, Field(gt=0)] = 0.01
 
 
-class RooflineLatencyConfig(_Strict):
+class RooflineLatencyConfig(_Latency):
     kind: Literal["roofline"]
     overhead_s: Annotated[float, Field(ge=0)] | None = None
 
 
-class FittedLatencyConfig(_Strict):
+class FittedLatencyConfig(_Latency):
     kind: Literal["fitted"]
     path: str
 
@@ -188,6 +220,15 @@ class ReplayConfig(_Strict):
     record_events: bool = False
     tables: Annotated[tuple[TableFormat, ...], Field(min_length=1)] = ("parquet",)
     on_invalid_request: Literal["reject", "error"] = "reject"
+    # miss attribution (sim.replay.attribution): off; summary = per-request cause counts and their
+    # sums; full = also one row per prompt block (blocks.parquet, for apcsim explain)
+    attribution: Literal["off", "summary", "full"] = "off"
+
+    @field_validator("attribution", mode="before")
+    @classmethod
+    def _attribution_bool(cls, v: Any) -> Any:
+        # YAML reads a bare off / on as booleans
+        return {False: "off", True: "summary"}.get(v, v) if isinstance(v, bool) else v
 
     @model_validator(mode="after")
     def _tables_unique(self) -> ReplayConfig:
@@ -229,6 +270,8 @@ class ExperimentConfig(_Strict):
     replay: ReplayConfig = ReplayConfig()
     backend: BackendConfig = BackendConfig()
     cluster: ClusterConfig | None = None  # N replicas behind a router (sim.experiment.cluster_run)
+    # a timing side-channel experiment (``apcsim sidechannel``); left out of the resolved config when unset
+    sidechannel: SideChannelConfig | None = Field(default=None, exclude_if=_unset)
     base_dir: str = Field(default=".", exclude=True)  # input paths resolve against this
     source: str = Field(default="<config>", exclude=True)  # the file, for error messages
 
@@ -296,65 +339,6 @@ def load_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}: cannot read config: {exc.strerror or exc}") from None
     except YAMLInputError as exc:
         raise ConfigError(f"{path}:{exc}" if exc.where else f"{path}: {exc}") from None
-
-
-def _override(item: str) -> str:
-    """``--set item`` for a message (quoted when it holds a control character or a line break)."""
-    return f"--set {item}" if item.isprintable() else f"--set {item!r}"
-
-
-def override_value(item: str) -> tuple[str, Any]:
-    """``key.path=value`` split, the value parsed as (strict) YAML; problems raise ``ConfigError``
-    naming the override (``--set engine.block_size=[: invalid YAML: ...``), not the config file."""
-    key, sep, raw = item.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"{_override(item)}: an override must look like key.path=value")
-    try:
-        return key, load_yaml_text(raw)
-    except YAMLInputError as exc:
-        raise ConfigError(f"{_override(item)}: {exc.problem}") from None
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = "") -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a config mapping; a problem
-    raises ``ConfigError`` naming the override (``source`` is unused, kept for callers)."""
-    for item in overrides:
-        key, value = override_value(item)
-        try:
-            set_dotted(data, key, value)
-        except ConfigError as exc:
-            raise ConfigError(f"{_override(item)}: {exc}") from None
-    return data
-
-
-def blame_override(line: str, source: str, overrides: list[str]) -> str:
-    """A ``source: loc: problem`` line, naming the override that set ``loc`` when there is one
-    (``--set engine.block_size=7: engine.block_size: ...``); else the line unchanged."""
-    prefix = f"{source}: "
-    if not line.startswith(prefix):
-        return line
-    loc, sep, _ = line[len(prefix):].partition(": ")
-    if not sep:
-        return line
-    for item in reversed(overrides):  # the last override of a key is the one that counts
-        key = item.partition("=")[0]
-        if loc == key or loc.startswith(key + ".") or key.startswith(loc + "."):
-            return f"{_override(item)}: {line[len(prefix):]}"
-    return line
-
-
-def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    """Set ``a.b.c`` in a nested mapping, creating missing mappings (``value`` is copied)."""
-    node = data
-    parts = key.split(".")
-    for i, p in enumerate(parts[:-1]):
-        nxt = node.get(p)
-        if nxt is None:
-            nxt = node[p] = {}
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"{'.'.join(parts[: i + 1])} is not a mapping")
-        node = nxt
-    node[parts[-1]] = copy.deepcopy(value)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:

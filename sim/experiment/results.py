@@ -9,6 +9,9 @@
 * ``summary.json`` -- headline metrics (deterministic: same config and seed, same bytes);
 * ``config.resolved.yaml`` -- the validated config with every default filled in;
 * ``kv_events.jsonl`` -- KV cache events with their step, when ``replay.record_events`` is on;
+* ``blocks.parquet`` -- one row per prompt block of every request at its first admission, with its
+  miss cause, when ``replay.attribution`` is ``full`` (``sim.replay.attribution_records``; parquet
+  only: it has a row per block);
 * ``meta.json`` -- git commit, package versions, platform, wall time, ``run_id`` (differ run to
   run) and ``complete: true``; written last.
 
@@ -41,7 +44,8 @@ import yaml
 from sim.core.kv_events import event_to_dict
 from sim.experiment.results_folder import ResultsError, ResultsFolder, os_problem
 
-_PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib", "scipy")
+_PACKAGES = ("apcsim", "numpy", "pandas", "pyarrow", "simpy", "pydantic", "pyyaml", "torch", "matplotlib", "scipy",
+             "scikit-learn")
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:
@@ -127,6 +131,7 @@ def write_table(out_dir: Path, name: str, df: pd.DataFrame, formats: Sequence[st
 def _write_files(
     folder: Path, *, config: dict[str, Any], requests: pd.DataFrame, steps: pd.DataFrame,
     summary: dict[str, Any], meta: dict[str, Any], events: list[tuple[int, Any]] | None, tables: Sequence[str],
+    blocks: pd.DataFrame | None = None,
 ) -> None:
     write_table(folder, "requests", requests, tables)
     write_table(folder, "steps", steps, tables)
@@ -136,6 +141,8 @@ def _write_files(
     if events:
         lines = "".join(json.dumps({"step": s, **event_to_dict(e)}) + "\n" for s, e in events)
         _atomic_write(folder / "kv_events.jsonl", lambda p: p.write_text(lines))
+    if blocks is not None:
+        _atomic_write(folder / "blocks.parquet", lambda p: blocks.to_parquet(p, index=False))
     write_json(folder / "meta.json", meta)  # last: its complete marker says every other file is there
 
 
@@ -150,6 +157,7 @@ def write_results(
     events: list[tuple[int, Any]] | None = None,
     tables: Sequence[str] = ("parquet",),
     folder: ResultsFolder | None = None,
+    blocks: pd.DataFrame | None = None,
 ) -> Path:
     """Write every result file of one run as the folder ``out_dir``, replacing it whole.
 
@@ -165,7 +173,7 @@ def write_results(
         meta = {**meta, "run_id": rf.run_id, "complete": True}
         try:
             _write_files(rf.tmp, config=config, requests=requests, steps=steps, summary=summary, meta=meta,
-                         events=events, tables=tables)
+                         events=events, tables=tables, blocks=blocks)
             return rf.commit()
         except OSError as exc:
             rf.abort()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,9 @@ from sim.timing.fitted_latency import FittedLatency
 from sim.timing.latency import FixedLatency, LatencyModel
 from sim.timing.roofline import RooflineLatency
 from sim.timing.simulated_executor import SimulatedExecutor
+from sim.timing.step_noise import StepNoise
 from workloads.registry import Workload
+from workloads.trace_format import TraceRequest
 
 
 def build_scheduler(cfg: ExperimentConfig | EngineDescription) -> Scheduler:
@@ -55,8 +57,11 @@ def build_latency(cfg: ExperimentConfig) -> LatencyModel:
 
 
 def simulated_executor(cfg: ExperimentConfig, scheduler: Scheduler) -> Executor:
-    """The ``sim`` executor: step times from the config's latency model."""
-    return SimulatedExecutor(build_latency(cfg))
+    """The ``sim`` executor: step times from the config's latency model, times the step jitter of
+    ``latency.noise`` when set (its own stream: ``noise.seed``, default the experiment seed)."""
+    noise = cfg.latency.noise
+    jitter = None if noise is None else StepNoise(noise.sigma, noise.seed if noise.seed is not None else cfg.seed)
+    return SimulatedExecutor(build_latency(cfg), jitter)
 
 
 def _progress_enabled(cfg: ExperimentConfig, progress: bool | None) -> bool:
@@ -78,15 +83,21 @@ def replay_experiment(
     progress: bool | None = None,
     executor_factory: ExecutorFactory | None = None,
     engine: EngineDescription | None = None,
+    requests: Callable[[Workload], Iterable[TraceRequest]] | None = None,
     **replay_kwargs: Any,
 ) -> tuple[ReplayResult, Workload]:
     """Build everything and replay (no files written). ``executor_factory`` replaces the
     simulated executor (latency model) by another one, e.g. real forward passes; ``engine`` is
-    ``cfg``'s resolved engine when the caller has it already. A config with a ``cluster:``
-    section replays its fleet (``sim.experiment.cluster_run``; the result is a ``ClusterResult``)."""
+    ``cfg``'s resolved engine when the caller has it already; ``requests`` turns the workload into
+    the stream replayed (default: the workload's own requests), e.g. to add other parties'
+    requests (``sim.experiment.sidechannel``). A config with a ``cluster:`` section replays its
+    fleet (``sim.experiment.cluster_run``; the result is a ``ClusterResult``)."""
     if cfg.cluster is not None:
         from sim.experiment.cluster_run import replay_cluster
 
+        if requests is not None or cfg.replay.attribution != "off":
+            raise ConfigError(f"{cfg.source}: cluster: a cluster replay takes neither replay.attribution "
+                              "nor a side-channel stream (one engine only)")
         fleet, workload = replay_cluster(cfg, executor_factory or simulated_executor, build_latency, **replay_kwargs)
         fleet.summary["skipped_bad_lines"] = workload.reader.skipped if workload.reader is not None else 0
         return fleet, workload
@@ -97,12 +108,13 @@ def replay_experiment(
     replay = Replay(
         scheduler,
         executor,
-        workload.requests,
+        workload.requests if requests is None else requests(workload),
         fast_forward=cfg.replay.fast_forward,
         progress=_progress_enabled(cfg, progress),
         total=workload.total,
         record_events=cfg.replay.record_events,
         reject_invalid=cfg.replay.on_invalid_request == "reject",
+        attribution=cfg.replay.attribution,
         **replay_kwargs,
     )
     result = replay.run()
@@ -173,6 +185,7 @@ def run_experiment(
             events=result.events or None if cfg.cluster is None else None,
             tables=cfg.replay.tables,
             folder=target,
+            blocks=result.blocks,
         )
         if cfg.cluster is not None:
             from sim.experiment.cluster_run import write_cluster_extras

@@ -28,6 +28,10 @@ They are computed by :func:`sim.experiment.bounds.reference_hit_rates`, which ca
 reference string of a stream in the worker process, so points that differ only in pool capacity
 hash their stream once.
 
+A config with a ``sidechannel:`` section is computed by ``sim.experiment.sidechannel.point`` (the
+background workload and the side-channel parties in one replay): its attack columns join the
+row, ``probes.parquet`` replaces ``requests.parquet``, and no bounds are computed.
+
 Invariants: a point folder is complete or absent, never half written; every column but
 :data:`WALL_COLUMNS` is deterministic. Imports simpy only inside :func:`compute_point` (through
 ``sim.experiment.run``), never torch.
@@ -123,28 +127,38 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
 
         engine = resolve(cfg)
         facts = derived_facts(cfg, engine)
-        result, workload = replay_experiment(cfg, progress=False, engine=engine)
+        extra_files: dict[str, bytes] = {}
+        side: dict[str, Any] = {}
+        if cfg.sidechannel is not None:  # background + side-channel parties (sim.experiment.sidechannel.point)
+            from sim.experiment.sidechannel.point import run_point
+
+            sc = run_point(cfg, engine)
+            result, workload, side, extra_files = sc.replay, sc.workload, sc.metrics, sc.files
+        else:
+            result, workload = replay_experiment(cfg, progress=False, engine=engine)
         wall = time.perf_counter() - t0
         metrics: dict[str, Any] = {}
         _flatten("", result.summary, metrics)
         row.update(facts)
         row.update(metrics)
+        row.update(side)
         tb = time.perf_counter()
-        if task.get("bounds", True):
+        if task.get("bounds", True) and cfg.sidechannel is None:  # bounds of a side-channel point: not computed
             from sim.experiment.bounds import reference_hit_rates
 
             row.update(reference_hit_rates(cfg, engine))
         row.update(status="ok", error=None, wall_time_s=wall, bounds_wall_time_s=time.perf_counter() - tb,
                    **_worker_facts())
         extra: dict[str, Any] = {"workload": workload.description, "sweep_point_key": task["key"]}
-        files = {
-            "requests.parquet": _parquet(result.requests),
+        files = {  # a side-channel point keeps its probes (below), not thousands of background requests
+            **({} if cfg.sidechannel is not None else {"requests.parquet": _parquet(result.requests)}),
             "summary.json": _json_bytes(result.summary),
             "config.resolved.yaml": yaml.safe_dump(config_to_dict(cfg), sort_keys=False).encode(),
             "meta.json": _json_bytes({**run_metadata(result.wall_time_s, extra), "complete": True}),
         }
         if task.get("keep_steps"):
             files["steps.parquet"] = _parquet(result.steps)
+        files.update(extra_files)
     except Exception as exc:  # a failing point is recorded, never fatal to the sweep
         return error_result(task["key"], exc, time.perf_counter() - t0)
     files[ROW_FILE] = _json_bytes(row)

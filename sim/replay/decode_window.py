@@ -100,11 +100,12 @@ def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | 
 def plan_window(
     scheduler: Scheduler,
     max_steps: int,
-    price: Callable[[StepShape], float],
+    price: Callable[[StepShape, int], float],
     now: float,
     next_arrival: float,
 ) -> Window | None:
-    """The longest allowed window of at least 2 steps, or None (then run a plain step)."""
+    """The longest allowed window of at least 2 steps, or None (then run a plain step).
+    ``price(shape, step)`` is the duration of the window's step that gets index ``step``."""
     if not scheduler.kv_cache_manager.is_unitary_full_attention:
         return None  # explicit (sliding-window / hybrid) KV-cache groups: plain steps only
     cfg = scheduler.config
@@ -215,7 +216,7 @@ def plan_window(
                 t_outs[i] += 1
                 t_tokens[i] += 1
         shape = StepShape(n_seqs, n_dec, new_tot, pf_tok, ctx, pairs)
-        d = price(shape)
+        d = price(shape, scheduler.step_index + j)  # the index step j will get (apply_window)
         shapes.append(shape)
         durations.append(d)
         lookups.append(head is not None and budget > 0)

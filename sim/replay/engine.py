@@ -17,6 +17,9 @@ Timing semantics (documented contract, tested):
 * ``first_scheduled`` is the start of the step that admitted the request, ``first_token`` the end of
   the step that sampled its first token, ``finish`` the end of the step that sampled its last.
 
+With ``attribution`` (``summary`` or ``full``) a :class:`~sim.replay.attribution.MissAttribution`
+observes the pool and adds the miss causes to the tables and the summary; it changes no decision.
+
 With ``fast_forward`` and an executor that can price a step shape without running it (``price``),
 runs of predictable steps are played by :mod:`sim.replay.decode_window`; results are identical to
 the plain loop (a test compares every table, stat and KV event).
@@ -43,6 +46,7 @@ from sim.core.executor import Executor
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.scheduler import Scheduler
 from sim.replay.async_loop import async_steps
+from sim.replay.attribution import MissAttribution
 from sim.replay.errors import ReplayError
 from sim.replay.intake import ARRIVAL_EPS_S, RequestIntake
 from sim.replay.metrics import summarize
@@ -66,6 +70,7 @@ class ReplayResult:
     summary: dict[str, Any]
     wall_time_s: float = 0.0
     events: list[tuple[int, Any]] = field(default_factory=list)
+    blocks: pd.DataFrame | None = None  # replay.attribution: full -- one row per prompt block
 
 
 class LoopProcess:
@@ -169,7 +174,10 @@ class Replay:
         max_window_steps: int = 1 << 16,
         on_step: Callable[[Scheduler], None] | None = None,
         reject_invalid: bool = True,
+        attribution: str = "off",
     ) -> None:
+        if attribution not in ("off", "summary", "full"):
+            raise ValueError(f"attribution must be off, summary or full, got {attribution!r}")
         self.scheduler = scheduler
         self.rec = ReplayRecorder(progress, total)
         self.clock = SimClock()
@@ -183,6 +191,13 @@ class Replay:
         self.events: list[tuple[int, Any]] = []
         if record_events:
             scheduler.kv_cache_manager.block_pool.event_sink = self._record_event
+        self.attribution: MissAttribution | None = None
+        if attribution != "off":
+            # the one place a run's pool is chosen for attribution: the observer needs a pool with
+            # the hooks of sim.core.cache_observer (the Python BlockPool has them)
+            self.attribution = MissAttribution(scheduler, full=attribution == "full")
+            scheduler.kv_cache_manager.block_pool.observer = self.attribution
+        self.integrity_check = integrity_check
 
     @property
     def num_plain_steps(self) -> int:
@@ -207,7 +222,11 @@ class Replay:
         requests, steps = self.rec.tables()
         pool = self.scheduler.kv_cache_manager.block_pool
         summary = summarize(requests, steps, self.rec.stats, sim_time_s=self.env.now, num_evictions=pool.num_evictions)
-        return ReplayResult(requests, steps, self.rec.stats, summary, wall, self.events)
+        blocks = None
+        if self.attribution is not None:
+            requests, blocks = self.attribution.tables(requests, check=self.integrity_check)
+            summary.update(self.attribution.records.summary())
+        return ReplayResult(requests, steps, self.rec.stats, summary, wall, self.events, blocks)
 
     def _arrivals(self) -> Iterator[Wait]:
         """The arrival process: sleeps until the next arrival, delivers it, wakes an idle engine."""

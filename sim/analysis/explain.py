@@ -1,0 +1,143 @@
+"""``apcsim explain``'s content: one request's prompt chain, block by block, with why each missed
+block missed (mirrors nothing in vLLM; the causes are those of :mod:`sim.replay.attribution`,
+recorded by a run with ``replay.attribution: full`` in ``blocks.parquet``).
+
+:func:`explain` builds a JSON-ready mapping from a run folder, :func:`render` prints it: per block
+its index, token range, short hash, hit or miss and cause, and for a miss what explains it -- when
+and by which request the block was cached, when and for which request's allocation it was evicted,
+which other namespace (salt, LoRA adapter, multimodal input) holds the same tokens, which running
+request was computing it, how many tokens a partial block lacks.
+
+Invariants: reads the run folder only (``requests.*``, ``blocks.parquet``, ``config.resolved.yaml``
+is not needed); a missing table is an :class:`ExplainError` that says how to record it. Imports
+pandas, not simpy.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.core.errors import ApcsimError
+from sim.replay.attribution_records import CAUSES, ISOLATION_KEYS
+
+HASH_CHARS = 12
+"""Hex characters of a block hash shown (the full key is in ``blocks.parquet``)."""
+
+_DETAILS = ("tokens_short", "in_flight_by", "cached_step", "cached_by", "evicted_step", "evicted_for",
+            "evicted_block_id", "evict_reason", "other_namespace", "other_request")
+
+
+class ExplainError(ApcsimError, ValueError):
+    """A run folder without what ``apcsim explain`` needs, or an unknown request."""
+
+
+def _value(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return int(v) if isinstance(v, float) and v.is_integer() else (v.item() if hasattr(v, "item") else v)
+
+
+def _requests(run_dir: Path) -> pd.DataFrame:
+    for name, read in (("requests.parquet", pd.read_parquet), ("requests.csv", pd.read_csv)):
+        if (run_dir / name).exists():
+            return read(run_dir / name)
+    raise ExplainError(f"{run_dir}: no requests.parquet or requests.csv (not a run folder of apcsim run)")
+
+
+def explain(run_dir: Path, request_id: str) -> dict[str, Any]:
+    """The chain of ``request_id`` in the run at ``run_dir`` (see the module docstring)."""
+    blocks_path = run_dir / "blocks.parquet"
+    if not blocks_path.exists():
+        raise ExplainError(f"{run_dir}: no blocks.parquet; rerun with --set replay.attribution=full")
+    reqs = _requests(run_dir)
+    match = reqs[reqs["request_id"].astype(str) == request_id]
+    if match.empty:
+        some = ", ".join(map(str, reqs["request_id"].head(5)))
+        raise ExplainError(f"{run_dir}: no request {request_id!r} (requests: {some}, ...)")
+    row = match.iloc[0]
+    blocks = pd.read_parquet(blocks_path, filters=[("request_id", "==", request_id)])
+    if f"miss_{CAUSES[0]}_tokens" not in row.index:
+        raise ExplainError(f"{run_dir}: requests without miss_<cause>_tokens columns (run without attribution)")
+    causes = {c: int(row[f"miss_{c}_tokens"]) for c in CAUSES if row[f"miss_{c}_tokens"]}
+    isolation = {k: int(row[f"miss_isolation_{k}_tokens"]) for k in ISOLATION_KEYS if row[f"miss_isolation_{k}_tokens"]}
+    out_blocks = []
+    for rec in blocks.sort_values("block").to_dict("records"):
+        b = {k: _value(v) for k, v in rec.items()}
+        entry = {k: b[k] for k in ("block", "start", "end", "group")}
+        entry.update(hash=b["hash"][:HASH_CHARS] if isinstance(b["hash"], str) else None, hit=bool(b["hit"]),
+                     cause=b["cause"])
+        entry.update({k: b[k] for k in _DETAILS if b[k] is not None})
+        out_blocks.append(entry)
+    namespace = {k: _value(row.get(k)) for k in ("salt", "lora") if _value(row.get(k)) not in (None, "")}
+    return {
+        "request_id": request_id,
+        "prompt_tokens": int(row["prompt_tokens"]),
+        "hit_tokens": int(row["hit_tokens"]),
+        "missed_tokens": int(row["prompt_tokens"]) - int(row["hit_tokens"]),
+        "namespace": namespace,
+        "prompt_logprobs": bool(_value(row.get("prompt_logprobs")) or False),
+        "miss_tokens": causes,
+        "miss_isolation_tokens": isolation,
+        "blocks": out_blocks,
+    }
+
+
+def why(b: dict[str, Any], namespace: dict[str, Any], prompt_logprobs: bool = False) -> str:
+    """One block's explanation, in words (``namespace`` and ``prompt_logprobs``: its request's)."""
+    cause = b["cause"]
+    cached = (f"cached at step {b['cached_step']} by {b['cached_by']}" if b.get("cached_by") is not None
+              else "cached")
+    if cause == "hit":
+        return ""
+    if cause == "skip":
+        return ("prompt_logprobs: the request skips reading the prefix cache" if prompt_logprobs
+                else "prefix caching is off")
+    if cause == "last_token":
+        return "the last prompt token is always recomputed: the whole fully cached last block is"
+    if cause == "partial_block":
+        return f"{b.get('tokens_short', '?')} tokens short of a full block: never cacheable at admission"
+    if cause == "eagle":
+        return f"{cached}; EAGLE drops the last matched block so the drafter recomputes it"
+    if cause == "unreachable":
+        return f"{cached}, but an earlier block of the chain missed (hits are a contiguous prefix)"
+    if cause == "in_flight":
+        return f"being computed by {b.get('in_flight_by')}, not yet cached at this admission"
+    if cause == "evicted":
+        reason = b.get("evict_reason")
+        what = (f"for {b['evicted_for']}'s allocation" if reason == "reused" and b.get("evicted_for")
+                else f"by {reason}")
+        return f"{cached}; evicted at step {b.get('evicted_step')} (block {b.get('evicted_block_id')} reused {what})" \
+            if reason == "reused" else f"{cached}; evicted at step {b.get('evicted_step')} {what}"
+    if cause.startswith("isolation_"):
+        key = {"salt": "cache salt", "lora": "LoRA adapter", "mm": "multimodal input"}[cause[10:]]
+        mine = ", ".join(f"{k} {v!r}" for k, v in namespace.items()) or "no salt, no LoRA"
+        by = f" (from {b['other_request']})" if b.get("other_request") else ""
+        return (f"the same tokens were computed under {b.get('other_namespace')}{by}; this request has {mine}: "
+                f"the {key} differs")
+    if cause == "cold":
+        return "no request had produced these tokens before (compulsory miss)"
+    return ""
+
+
+def render(e: dict[str, Any]) -> str:
+    """``apcsim explain``'s text: a header, the causes, one line per block."""
+    ns = ", ".join(f"{k} {v!r}" for k, v in e["namespace"].items()) or "no salt, no LoRA"
+    lines = [
+        f"request {e['request_id']}: {e['prompt_tokens']} prompt tokens, {e['hit_tokens']} hit, "
+        f"{e['missed_tokens']} missed ({ns}{', prompt_logprobs' if e['prompt_logprobs'] else ''})",
+        "missed tokens by cause: " + (", ".join(
+            f"{k} {v}" + (" (" + ", ".join(f"{i} {n}" for i, n in e["miss_isolation_tokens"].items()) + ")"
+                          if k == "isolation" else "") for k, v in e["miss_tokens"].items()) or "none"),
+        "",
+        f"{'block':>5}  {'tokens':<13} {'hash':<{HASH_CHARS}}  {'hit?':<4}  {'cause':<15} why",
+    ]
+    for b in e["blocks"]:
+        group = f" g{b['group']}" if b["group"] else ""
+        text = why(b, e["namespace"], e["prompt_logprobs"])
+        lines.append(f"{b['block']:>5}  {str(b['start']) + '-' + str(b['end']):<13} {b['hash'] or '-':<{HASH_CHARS}}  "
+                     f"{'hit' if b['hit'] else 'miss':<4}  {b['cause'] + group:<15} {text}".rstrip())
+    return "\n".join(lines)
