@@ -216,7 +216,9 @@ def test_a_killed_run_leaves_the_lock_free_and_the_next_run_cleans_up(fx, tmp_pa
 
 def _cli(args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "sim.cli", "run", *args], cwd=ROOT, env=env,
+    # --no-bounds: the fixture's reference folders are written by run_experiment, without the bounds,
+    # so that a run the signal reaches too late ends "new", byte for byte
+    return subprocess.Popen([sys.executable, "-m", "sim.cli", "run", *args, "--no-bounds"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

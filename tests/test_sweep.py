@@ -68,6 +68,14 @@ def test_table_has_axes_metrics_bounds(tmp_path):
     assert json.loads((rep.folder / "sweep.json").read_text())["axes"][0]["key"] == "engine.block_size"
 
 
+def test_manifest_records_the_set_overrides(tmp_path):
+    sweep = load_sweep(_sweep(tmp_path, grid={"engine.block_size": [16, 64]}), overrides=["workload.num_requests=5"])
+    rep = run_sweep(sweep, workers=1, progress=False)
+    manifest = json.loads((rep.folder / "sweep.json").read_text())
+    assert manifest["overrides"] == ["workload.num_requests=5"] and manifest["complete"] is True
+    assert (pd.read_parquet(rep.folder / "table.parquet")["num_requests"] == 5).all()
+
+
 def test_resume_skips_finished_points(tmp_path):
     p = _sweep(tmp_path)
     first = run_sweep(p, workers=1, progress=False)

@@ -111,6 +111,7 @@ class Sweep:
     axes: list[Axis]
     points: list[Point] = field(default_factory=list)
     keep_steps: bool = False
+    overrides: list[str] = field(default_factory=list)  # the --set items applied to the base config
 
     def folder(self) -> Path:
         return Path(self.output_dir).expanduser() / self.name
@@ -120,10 +121,11 @@ class Sweep:
         return [a.key for a in self.axes]
 
     def manifest(self) -> dict[str, Any]:
-        """What ``sweep.json`` records: the axes and every point's key."""
+        """What ``sweep.json`` records: the axes, the ``--set`` overrides and every point's key."""
         return {
             "name": self.name,
             "source": str(self.path),
+            "overrides": list(self.overrides),
             "description": self.description,
             "bounds": self.bounds,
             "axes": [{"key": a.key, "section": a.section, "labels": list(a.labels)} for a in self.axes],
@@ -295,7 +297,7 @@ def load_sweep(path: str | Path, output_dir: str | None = None, overrides: list[
             raise ConfigError(f"{source}: {a.section}.{a.key}: swept twice")
         seen.add(a.key)
 
-    sweep = Sweep(name, path, out_dir, desc, bounds, axes, keep_steps=keep_steps)
+    sweep = Sweep(name, path, out_dir, desc, bounds, axes, keep_steps=keep_steps, overrides=list(overrides or []))
     grid_axes = [a for a in axes if a.section == "grid"]
     dims: list[list[list[tuple[Axis, int]]]] = [[[(a, i)] for i in range(len(a.values))] for a in grid_axes]
     dims += [[[(a, i) for a in g] for i in range(len(g[0].values))] for g in zip_groups]
