@@ -92,6 +92,12 @@ def _fault_child(fx: Fixture, final: Path, mode: str, k: int, report: Path) -> N
     """In the forked child: run with the fault at file-system event ``k``; report the outcome."""
     count = 0
     armed = True
+    # the child inherits the test process's SIGINT disposition and signal mask, which an earlier test
+    # or library may have changed: give it those of a fresh ``apcsim run`` process
+    blocked = sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    inherited = f"handler {signal.getsignal(signal.SIGINT)!r}, blocked {blocked}"
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def hook(event: str, args: tuple) -> None:
         nonlocal count, armed
@@ -126,7 +132,7 @@ def _fault_child(fx: Fixture, final: Path, mode: str, k: int, report: Path) -> N
     except (RunInterrupted, ResultsError) as exc:
         outcome = f"{type(exc).__name__}: {exc}"
     armed = False
-    report.write_text(json.dumps({"outcome": outcome, "events": count}))
+    report.write_text(json.dumps({"outcome": outcome, "events": count, "inherited": inherited}))
 
 
 def _run_with_fault(fx: Fixture, case: Path, mode: str, k: int) -> dict:
@@ -190,7 +196,7 @@ def test_fault_at_every_file_operation_leaves_old_or_new_complete(fx, tmp_path, 
         res = _run_with_fault(fx, case, mode, k)
         state = fx.state(final)
         allowed = {"old", "new"} if over_old else {"absent", "new"}
-        assert state in allowed, f"{mode} at event {k}/{n}: {state} ({res['outcome']})"
+        assert state in allowed, f"{mode} at event {k}/{n}: {state} ({res['outcome']}; {res.get('inherited')})"
         if mode != "kill" and res["outcome"] != "ok":
             _expect_message(res["outcome"], state, final)
         if mode == "enospc" and res["outcome"] != "ok":
@@ -200,7 +206,8 @@ def test_fault_at_every_file_operation_leaves_old_or_new_complete(fx, tmp_path, 
         left = [p.name for p in final.parent.iterdir() if p.name.startswith((".tmp-", ".old-"))]
         assert not left, f"{mode} at event {k}: leftovers {left}"
         assert fx.state(final) == state
-    assert "new" in seen and seen & {"old", "absent"}  # the faults did land on both sides of the swap
+    # the faults did land on both sides of the swap
+    assert "new" in seen and seen & {"old", "absent"}, (seen, res.get("inherited"))
 
 
 def test_a_killed_run_leaves_the_lock_free_and_the_next_run_cleans_up(fx, tmp_path):

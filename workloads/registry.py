@@ -180,7 +180,7 @@ def _azure(w: Any, seed: int, base_dir: Path) -> _Source:
 def _shared_prefix(w: Any, seed: int, base_dir: Path) -> _Source:
     reqs = shared_prefix(w.num_requests, num_prefixes=w.num_prefixes, prefix_tokens=w.prefix_tokens,
                          suffix_tokens=w.suffix_tokens, output_tokens=w.output_tokens, rate=w.rate,
-                         zipf=w.zipf, seed=seed)
+                         zipf=w.zipf, seed=seed, suffixes_per_prefix=w.suffixes_per_prefix)
     return _Source(reqs, False, len(reqs), f"synthetic shared-prefix x{w.num_requests}")
 
 

@@ -189,6 +189,7 @@ class SharedPrefixWorkload(_Common):
     output_tokens: Pos = 64
     rate: Scale = 10.0
     zipf: Annotated[float, Field(ge=0)] = 1.0
+    suffixes_per_prefix: Pos | None = None  # fixed "users" per prefix, each repeating its suffix
 
 
 class _Generator(_Common):

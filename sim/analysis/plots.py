@@ -11,6 +11,8 @@ and axis roles in ``sweep_data``, the style in ``figure_style``:
 * ``ttft_vs_block_size`` / ``ttft_vs_capacity`` -- TTFT p50 and p99, at the first salt policy;
 * ``ttft_cdf`` -- the TTFT distribution of every (config, capacity) panel, one curve per block size;
 * ``salt_policy`` -- hit rate, TTFT p50 and p99 per salt policy;
+* ``cluster_vs_replicas`` / ``cluster_vs_load`` -- routers against replica count and load
+  (``cluster_figures``).
 * ``miss_causes_vs_block_size`` / ``_vs_capacity`` / ``_vs_salt_policy`` -- the hit rate and the
   stacked miss causes (``miss_figures``; sweeps run with ``replay.attribution``).
 
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from sim.analysis.cluster_figures import cluster_vs_load, cluster_vs_replicas
 from sim.analysis.figure_style import draw_figures, png_bytes, save_figure
 from sim.analysis.hit_rate_figures import hit_rate_vs_block_size, hit_rate_vs_capacity
 from sim.analysis.miss_figures import miss_causes_vs_block_size, miss_causes_vs_capacity, miss_causes_vs_salt_policy
@@ -44,6 +47,8 @@ FIGURES: dict[str, Callable[[SweepData], Figure | None]] = {
     "ttft_vs_capacity": ttft_vs_capacity,
     "ttft_cdf": ttft_cdf,
     "salt_policy": salt_policy,
+    "cluster_vs_replicas": cluster_vs_replicas,
+    "cluster_vs_load": cluster_vs_load,
     "miss_causes_vs_block_size": miss_causes_vs_block_size,
     "miss_causes_vs_capacity": miss_causes_vs_capacity,
     "miss_causes_vs_salt_policy": miss_causes_vs_salt_policy,

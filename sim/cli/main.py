@@ -8,6 +8,8 @@ folder (replaced whole, ``sim.experiment.results_folder``; Ctrl-C prints what it
 ``--backend torch`` runs every step as a real forward pass (``gpu_backend``, reached through the
 backend registry ``sim.experiment.backend`` and imported only then).
 ``apcsim sweep SWEEP.yaml`` runs a sweep and ``apcsim plot SWEEP_DIR`` plots one (``sim.cli.sweep``).
+``apcsim size CONFIG --slo ttft_p99=2s`` finds the smallest replica count per router meeting the SLO
+(``sim.cli.size``).
 ``apcsim workloads stats CONFIG [--block-size N,...]`` prints the shape and infinite-cache hit bound
 of a config's workload (``sim.cli.workloads``).
 ``apcsim sidechannel STUDY.yaml`` runs a timing side-channel study and prints its per-policy table
@@ -65,6 +67,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         meta = json.loads((folder / "meta.json").read_text())
         print(render(s, name=cfg.name, folder=str(folder), wall_time_s=result.wall_time_s,
                      bounds_wall_time_s=meta.get("bounds_wall_time_s")))
+    if "cluster" in s:  # the fleet's load over time, beside the tables
+        from sim.analysis.cluster_figures import replica_load_timeline
+        from sim.analysis.figure_style import save_figure
+
+        save_figure(replica_load_timeline(result.steps, f"{cfg.name}: load per replica"), folder, "load_timeline")
+    comparison = s.get("cluster", {}).get("comparison")
+    if comparison and not args.json:
+        print(f"{'router':<24} {'hit rate':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'goodput':>8}")
+        for row in comparison:
+            print(f"{row['router']:<24} {row['token_hit_rate']:>9.3f} {row['ttft_p50_s']:>8.2f}s "
+                  f"{row['ttft_p99_s']:>8.2f}s {row['goodput_fraction']:>8.1%}")
     if args.backend != "sim":
         info = json.loads((folder / "meta.json").read_text()).get("executor", {})
         shown = ("device", "device_name", "model_shape", "dtype", "attention", "timing", "step_times")
@@ -98,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli.sweep import add_sweep_parsers
 
     add_sweep_parsers(sub)  # apcsim sweep SWEEP.yaml / apcsim plot SWEEP_DIR
+    from sim.cli.size import add_size_parser
+
+    add_size_parser(sub)  # apcsim size CONFIG --slo ttft_p99=2s
     from sim.cli.workloads import add_workloads_parser
 
     add_workloads_parser(sub)  # apcsim workloads stats CONFIG

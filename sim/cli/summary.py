@@ -74,6 +74,8 @@ def _pool(s: Mapping[str, Any]) -> str:
     text = (f"{exact(e['num_gpu_blocks'])} blocks x {e['block_size']} tokens = {count(e['capacity_tokens'])} "
             f"tokens" + (f" ({sig(gib)} GiB)" if _ok(gib) else ""))
     groups = e.get("num_kv_groups", 1)
+    fleet = (s.get("cluster") or {}).get("num_replicas")
+    text += f" per replica x {fleet} replicas" if fleet else ""
     return text + (f", {groups} KV-cache groups" if groups and groups > 1 else "") + (
         f"; {e['model']} on {e['gpu']}, max_model_len {exact(e['max_model_len'])}")
 
@@ -91,7 +93,8 @@ def _hit_rates(s: Mapping[str, Any]) -> list[str]:
              _row("first admission (each request once)", f"{sig(s.get('first_admission_token_hit_rate')):<7}",
                   "first_admission_token_hit_rate")]
     if "infinite_cache_hit_rate" not in s:
-        lines.append(_row("  (no bounds: run without --no-bounds)"))
+        lines.append(_row("  (no bounds: they model one engine, not a routed fleet)" if "cluster" in s
+                          else "  (no bounds: run without --no-bounds)"))
     for key, label, note in _REFERENCES:
         if key in s:
             lines.append(_row(f"  {label}", f"{sig(s.get(key)):<7}", note))
@@ -150,6 +153,8 @@ def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
     lines.append(f"throughput  {sig(s.get('throughput_requests_per_s'))} requests/s, "
                  f"{sig(s.get('throughput_output_tokens_per_s'))} output tokens/s "
                  f"(mean batch {sig(s.get('mean_batch_size'))} requests)")
+    if "cluster" in s:  # the diagnosis reads the one-engine bounds; a fleet's run shows its routers instead
+        return "\n".join(lines)
     d = diagnose(s)
     wrap = textwrap.TextWrapper(width=width, initial_indent="diagnosis   ", subsequent_indent=" " * 12)
     lines += ["", *wrap.wrap(d.line)]

@@ -36,6 +36,7 @@ from pydantic_core import ErrorDetails
 from sim.core.hashing import HASH_ALGOS
 from sim.core.kv_cache_spec import KVGroupSpec, check_groups
 from sim.experiment.block_size_rule import check_block_size
+from sim.experiment.cluster_config import ROUTER_TAGS, ClusterConfig
 from sim.experiment.config_error import ConfigError
 from sim.experiment.overrides import (  # noqa: F401  (re-exported: callers import them from here)
     apply_overrides,
@@ -269,6 +270,7 @@ class ExperimentConfig(_Strict):
     workload: WorkloadConfig
     replay: ReplayConfig = ReplayConfig()
     backend: BackendConfig = BackendConfig()
+    cluster: ClusterConfig | None = None  # N replicas behind a router (sim.experiment.cluster_run)
     # a timing side-channel experiment (``apcsim sidechannel``); left out of the resolved config when unset
     sidechannel: SideChannelConfig | None = Field(default=None, exclude_if=_unset)
     base_dir: str = Field(default=".", exclude=True)  # input paths resolve against this
@@ -294,7 +296,7 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in parts) or "<top level>"
 
 
-_UNION_TAGS = {"fixed", "roofline", "fitted"} | _WORKLOAD_TAGS
+_UNION_TAGS = {"fixed", "roofline", "fitted"} | _WORKLOAD_TAGS | ROUTER_TAGS
 
 
 def _one_line(text: str) -> str:
@@ -358,8 +360,10 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
 
 
 def config_to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
-    """The resolved config as plain data (what is written beside results)."""
-    return cfg.model_dump(mode="json", exclude={"base_dir", "source"})
+    """The resolved config as plain data (what is written beside results); a single-engine config
+    has no ``cluster`` key, so its dump (and sweep point key) is what it was before clusters."""
+    exclude = {"base_dir", "source"} | ({"cluster"} if cfg.cluster is None else set())
+    return cfg.model_dump(mode="json", exclude=exclude)
 
 
 assert set(HASH_ALGOS) == {"fast", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor"}

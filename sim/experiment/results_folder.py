@@ -46,6 +46,7 @@ from sim.core.errors import ApcsimError
 RESULT_FILES = frozenset({
     "requests.parquet", "requests.csv", "steps.parquet", "steps.csv", "summary.json",
     "config.resolved.yaml", "meta.json", "kv_events.jsonl",
+    "replicas.csv", "load_timeline.png", "load_timeline.svg",  # a cluster run (cluster_run, apcsim run)
 })
 """What a results folder may hold (apart from the hidden temporary files of older versions): a
 folder with anything else is not replaced."""

@@ -90,7 +90,17 @@ def replay_experiment(
     simulated executor (latency model) by another one, e.g. real forward passes; ``engine`` is
     ``cfg``'s resolved engine when the caller has it already; ``requests`` turns the workload into
     the stream replayed (default: the workload's own requests), e.g. to add other parties'
-    requests (``sim.experiment.sidechannel``)."""
+    requests (``sim.experiment.sidechannel``). A config with a ``cluster:`` section replays its
+    fleet (``sim.experiment.cluster_run``; the result is a ``ClusterResult``)."""
+    if cfg.cluster is not None:
+        from sim.experiment.cluster_run import replay_cluster
+
+        if requests is not None or cfg.replay.attribution != "off":
+            raise ConfigError(f"{cfg.source}: cluster: a cluster replay takes neither replay.attribution "
+                              "nor a side-channel stream (one engine only)")
+        fleet, workload = replay_cluster(cfg, executor_factory or simulated_executor, build_latency, **replay_kwargs)
+        fleet.summary["skipped_bad_lines"] = workload.reader.skipped if workload.reader is not None else 0
+        return fleet, workload
     engine = engine if engine is not None else resolve(cfg)
     scheduler = build_scheduler(engine)
     executor = (executor_factory or simulated_executor)(cfg, scheduler)
@@ -151,7 +161,8 @@ def run_experiment(
         result, workload = replay_experiment(cfg, progress=progress, executor_factory=executor_factory, engine=engine)
         result.summary["engine"] = engine_facts(cfg, engine)
         extra: dict[str, Any] = {"workload": workload.description}
-        if bounds:
+        # the offline references model one engine's pool; a fleet's would need its routing too
+        if bounds and cfg.cluster is None:
             from sim.experiment.bounds import limit_references, reference_hit_rates
 
             t0 = time.perf_counter()
@@ -171,9 +182,13 @@ def run_experiment(
             steps=result.steps,
             summary=result.summary,
             meta=run_metadata(result.wall_time_s, extra),
-            events=result.events or None,
+            events=result.events or None if cfg.cluster is None else None,
             tables=cfg.replay.tables,
             folder=target,
             blocks=result.blocks,
         )
+        if cfg.cluster is not None:
+            from sim.experiment.cluster_run import write_cluster_extras
+
+            write_cluster_extras(folder, result)  # type: ignore[arg-type]  # a ClusterResult (replay_experiment)
     return result, folder

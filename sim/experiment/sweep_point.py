@@ -66,6 +66,8 @@ def _flatten(prefix: str, data: dict[str, Any], out: dict[str, Any]) -> None:
         name = f"{prefix}{k}"
         if isinstance(v, dict):
             _flatten(f"{name}.", v, out)
+        elif isinstance(v, list):  # e.g. a cluster's per-replica rows: one JSON cell
+            out[name] = json.dumps(_json_safe(v), sort_keys=True)
         else:
             out[name] = v
 

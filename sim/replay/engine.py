@@ -24,6 +24,10 @@ With ``fast_forward`` and an executor that can price a step shape without runnin
 runs of predictable steps are played by :mod:`sim.replay.decode_window`; results are identical to
 the plain loop (a test compares every table, stat and KV event).
 
+:class:`SimClock` and :class:`LoopProcess` are the hook for several engines on one clock: any loop
+of Wait values (an engine's, an arrival walker's, ``sim.cluster``'s router) runs as a process on a
+shared clock, and a replica's loop can be stopped where it stands (a fault).
+
 Invariant: the loops never see simpy; the only clock events are the ones made here, in the order
 the loops ask for them. Nothing else in ``sim`` or ``workloads`` imports simpy (import contract).
 """
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,14 +51,14 @@ from sim.replay.errors import ReplayError
 from sim.replay.intake import ARRIVAL_EPS_S, RequestIntake
 from sim.replay.metrics import summarize
 from sim.replay.recorder import ReplayRecorder
-from sim.replay.step_runner import StepRunner
+from sim.replay.step_runner import StepRunner, Wait
 from sim.replay.sync_loop import sync_steps
 from workloads.trace_format import TraceRequest
 
 if TYPE_CHECKING:  # pandas is imported only when the tables are built (sim.replay.metrics)
     import pandas as pd
 
-__all__ = ["Replay", "ReplayError", "ReplayResult"]
+__all__ = ["LoopProcess", "Replay", "ReplayError", "ReplayResult", "SimClock", "engine_loop"]
 
 _Process = Generator[simpy.Event, Any, None]
 
@@ -70,6 +74,90 @@ class ReplayResult:
     wall_time_s: float = 0.0
     events: list[tuple[int, Any]] = field(default_factory=list)
     blocks: pd.DataFrame | None = None  # replay.attribution: full -- one row per prompt block
+
+
+class LoopProcess:
+    """A step loop (a generator of :data:`~sim.replay.step_runner.Wait` values) as one SimPy process.
+
+    A float is a clock advance (``env.timeout``); None an idle wait until :meth:`wake`. This is the
+    hook that lets several engine loops (``sim.cluster``), or a loop and an arrival walker, share
+    one clock: every process on one :class:`SimClock` sees the same ``now``. :meth:`stop` ends the
+    loop where it is (a replica going down): the generator is closed, its pending wait dropped.
+    """
+
+    def __init__(self, clock: SimClock, loop: Iterator[Wait], on_error: Callable[[Exception], None]) -> None:
+        self.clock = clock
+        self._loop = loop
+        self._idle: simpy.Event | None = None
+        self._on_error = on_error
+        self.done = False
+        self.process = clock.env.process(self._run())
+
+    def _run(self) -> _Process:
+        env = self.clock.env
+        try:
+            for wait in self._loop:
+                if wait is None:
+                    self._idle = env.event()
+                    yield self._idle
+                    self._idle = None
+                else:
+                    yield env.timeout(wait)
+        except simpy.Interrupt:
+            close = getattr(self._loop, "close", None)  # stopped from outside (the replica went down)
+            if close is not None:
+                close()
+        except Exception as exc:
+            self._on_error(exc)
+            raise
+        finally:
+            self.done = True
+
+    @property
+    def idle(self) -> bool:
+        """Query: the loop waits for :meth:`wake` (nothing to do)."""
+        return self._idle is not None
+
+    def wake(self) -> None:
+        """Changes state: end an idle wait (no-op when the loop is not idle)."""
+        if self._idle is not None and not self._idle.triggered:
+            self._idle.succeed()
+
+    def stop(self) -> None:
+        """Changes state: end the loop now, wherever it waits (a step in flight is abandoned)."""
+        if not self.done and self.process.is_alive:
+            self.process.interrupt()
+
+
+class SimClock:
+    """One SimPy environment shared by every process of a replay (the :class:`Clock` of the loops)."""
+
+    def __init__(self) -> None:
+        self.env = simpy.Environment()
+        self.error: Exception | None = None
+
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    def remember(self, exc: Exception) -> None:
+        """The first exception a process raised (SimPy re-creates it from its args)."""
+        if self.error is None:
+            self.error = exc
+
+    def start(self, loop: Iterator[Wait]) -> LoopProcess:
+        """Changes state: run ``loop`` as a process from now on."""
+        return LoopProcess(self, loop, self.remember)
+
+    def run(self, until: LoopProcess | None = None) -> None:
+        """Changes state: run until ``until`` finishes (default: until no event is left); raises the
+        first exception a process raised."""
+        try:
+            self.env.run(until=until.process if until is not None else None)
+        except Exception:
+            if self.error is not None:
+                raise self.error from None
+            raise
 
 
 class Replay:
@@ -95,14 +183,14 @@ class Replay:
             raise ValueError(f"attribution must be off, summary or full, got {attribution!r}")
         self.scheduler = scheduler
         self.rec = ReplayRecorder(progress, total)
-        self.env = simpy.Environment()
+        self.clock = SimClock()
+        self.env = self.clock.env
         self.intake = RequestIntake(requests, scheduler, self.rec, reject_invalid=reject_invalid)
         self.runner = StepRunner(
             scheduler, executor, self.intake, self.rec, self.env, fast_forward=fast_forward,
             integrity_check=integrity_check, max_window_steps=max_window_steps, on_step=on_step,
         )
-        self._idle: simpy.Event | None = None
-        self._error: Exception | None = None
+        self._engine: LoopProcess | None = None
         self.events: list[tuple[int, Any]] = []
         if record_events:
             scheduler.kv_cache_manager.block_pool.event_sink = self._record_event
@@ -126,16 +214,12 @@ class Replay:
 
     def run(self) -> ReplayResult:
         t0 = time.perf_counter()
-        self.env.process(self._guard(self._arrivals()))
-        engine = self.env.process(self._guard(self._engine()))
+        clock = self.clock
+        clock.start(self._arrivals())
+        self._engine = clock.start(engine_loop(self.runner))
         gc.freeze()  # what exists before the replay (modules, configs) stays out of its GC passes
         try:
-            self.env.run(until=engine)
-        except Exception:
-            # SimPy re-creates a failed process's exception from its args; raise the original
-            if self._error is not None:
-                raise self._error from None
-            raise
+            clock.run(until=self._engine)
         finally:
             gc.unfreeze()
             self.rec.close()
@@ -149,41 +233,26 @@ class Replay:
             summary.update(self.attribution.records.summary())
         return ReplayResult(requests, steps, self.rec.stats, summary, wall, self.events, blocks)
 
-    def _guard(self, gen: _Process) -> _Process:
-        """Run a process body, remembering the first exception it raises."""
-        try:
-            return (yield from gen)
-        except Exception as exc:
-            if self._error is None:
-                self._error = exc
-            raise
-
-    def _arrivals(self) -> _Process:
+    def _arrivals(self) -> Iterator[Wait]:
         """The arrival process: sleeps until the next arrival, delivers it, wakes an idle engine."""
         env = self.env
         intake = self.intake
         while (tr := intake.peek()) is not None:
             if tr.arrival > env.now + ARRIVAL_EPS_S:
-                yield env.timeout(tr.arrival - env.now)
+                yield tr.arrival - env.now
             intake.deliver_due(env.now)
             self._wake()
         self._wake()
 
     def _wake(self) -> None:
-        if self._idle is not None and not self._idle.triggered:
-            self._idle.succeed()
-
-    def _engine(self) -> _Process:
-        """The engine process: the step loop's waits as clock events."""
-        env = self.env
-        loop = async_steps if self.scheduler.config.async_scheduling else sync_steps
-        for wait in loop(self.runner):
-            if wait is None:
-                self._idle = env.event()
-                yield self._idle
-                self._idle = None
-            else:
-                yield env.timeout(wait)
+        if self._engine is not None:
+            self._engine.wake()
 
     def _record_event(self, event: Any) -> None:
         self.events.append((self.scheduler.step_index, event))
+
+
+def engine_loop(runner: StepRunner) -> Iterator[Wait]:
+    """The step loop of ``runner``'s scheduler: vLLM's sync ``EngineCore.step`` or, with
+    ``async_scheduling``, ``step_with_batch_queue``."""
+    return async_steps(runner) if runner.scheduler.config.async_scheduling else sync_steps(runner)

@@ -78,6 +78,11 @@ class ReplayRecorder:
             row[_READMIT] = f"{prev};{hit_tokens}" if prev else str(hit_tokens)
             row[_PREEMPTIONS] = request.num_preemptions
 
+    def forget(self, request_id: str) -> None:
+        """Drop an unfinished request's row (a replica that went down hands it to another one)."""
+        row = self._rows.pop(request_id)
+        self._requests.rows = [r for r in self._requests.rows if r is not row]
+
     def first_token(self, request: Request, now: float) -> None:
         self._rows[request.request_id][_FIRST_TOKEN] = now
 
@@ -95,7 +100,7 @@ class ReplayRecorder:
 
     def steps(self, *columns: Iterable[Any]) -> None:
         """Several step rows given as columns, in ``STEP_COLUMNS`` order (a fast-forward window)."""
-        self._steps.rows.extend(zip(*columns, strict=True))
+        self._steps.extend(*columns)
 
     def add_stats(self, stats: PrefixCacheStats | None) -> None:
         if stats is not None:

@@ -1,0 +1,77 @@
+"""Benchmark: the full Mooncake conversation trace on 16 replicas behind a router, one process.
+
+Prints, per router: wall and CPU time, simulated seconds per wall second, peak RSS, hit rate,
+TTFT p50, steps, KV events delivered, and the ratio of its CPU time to the single-engine replay of
+the same trace (``benchmarks/bench_mooncake.py``'s setting: block 16, the pool vLLM would allocate
+for Llama-3-8B on an H100, roofline latency). Each run is a fresh process, so its peak RSS is its own.
+
+    python benchmarks/bench_cluster.py [--routers dynamo llm_d] [--replicas 16] [--limit N] [--no-single]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def _one(router: str, replicas: int, limit: int | None) -> dict:
+    from sim.experiment.config import config_from_dict
+    from sim.experiment.run import replay_experiment
+
+    data: dict = {"name": "bench", "engine": {"block_size": 16}, "workload": {"kind": "mooncake", "limit": limit}}
+    if router != "single":
+        kind, _, prefix = router.partition(":")
+        rc: dict = {"kind": kind}
+        if prefix:
+            rc["prefix"] = prefix
+        data["cluster"] = {"replicas": replicas, "router": rc}
+    cfg = config_from_dict(data)
+    t0, c0 = time.perf_counter(), time.process_time()
+    res, _ = replay_experiment(cfg, progress=False)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    s = res.summary
+    kv = s.get("cluster", {}).get("kv_events", {})
+    return {
+        "router": router, "replicas": replicas if router != "single" else 1, "requests": s["num_requests"],
+        "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "sim_s_per_wall_s": round(s["sim_time_s"] / wall, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "token_hit_rate": round(s["token_hit_rate"], 4), "ttft_p50_s": round(s["ttft_p50_s"], 3),
+        "steps": s["num_steps"], "kv_events": kv.get("events", 0),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--routers", nargs="+", default=["dynamo", "llm_d:precise"])
+    ap.add_argument("--replicas", type=int, default=16)
+    ap.add_argument("--limit", type=int, default=None, help="first N requests only")
+    ap.add_argument("--no-single", action="store_true", help="skip the single-engine reference run")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        print(json.dumps(_one(args.child, args.replicas, args.limit)))
+        return
+    runs = ([] if args.no_single else ["single"]) + args.routers
+    rows = []
+    for r in runs:
+        cmd = [sys.executable, __file__, "--child", r, "--replicas", str(args.replicas)]
+        if args.limit:
+            cmd += ["--limit", str(args.limit)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    single = next((r for r in rows if r["router"] == "single"), None)
+    keys = ["router", "replicas", "wall_s", "cpu_s", "sim_s_per_wall_s", "peak_rss_mib", "token_hit_rate",
+            "ttft_p50_s", "steps", "kv_events"]
+    print("\n| " + " | ".join(keys + ["cpu / single"]) + " |\n|" + "---|" * (len(keys) + 1))
+    for r in rows:
+        ratio = round(r["cpu_s"] / single["cpu_s"], 2) if single else float("nan")
+        print("| " + " | ".join(str(r[k]) for k in keys) + f" | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()

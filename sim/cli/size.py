@@ -1,0 +1,61 @@
+"""``apcsim size CONFIG --slo ttft_p99=2s [--routers a,b] [--max-replicas N] [--set k=v] [--out DIR]``:
+the smallest replica count per router meeting the SLO (``sim.experiment.sizing``), printed as a
+table and written with its config and provenance to ``<out>/sizing.json`` (default
+``<output_dir>/<name>/sizing/``).
+
+Mirrors nothing in vLLM. Invariants: parse, call the sizing search, print (CLI stays thin);
+imports neither simpy nor torch at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _cmd_size(args: argparse.Namespace) -> int:
+    from sim.experiment.config import config_to_dict, load_config
+    from sim.experiment.results import run_metadata, write_json
+    from sim.experiment.run import replay_experiment
+    from sim.experiment.sizing import parse_slo, size_router
+
+    cfg = load_config(args.config, list(args.set))
+    slo = parse_slo(args.slo)
+    routers = [r for r in args.routers.split(",") if r] if args.routers else [
+        cfg.cluster.router.kind if cfg.cluster is not None else "round_robin"]
+
+    def replay(c):  # type: ignore[no-untyped-def]
+        result, _ = replay_experiment(c, progress=False)
+        return result.summary
+
+    def show(router: str, n: int, value: float, met: bool) -> None:
+        print(f"  {router}: {n} replicas -> {slo.metric} = {value:.3f} s ({'meets' if met else 'misses'} "
+              f"{slo.limit_s:g} s)", flush=True)
+
+    results = [size_router(cfg, r, slo, max_replicas=args.max_replicas, replay=replay, on_probe=show)
+               for r in routers]
+    print(f"\nsmallest replica count with {slo.metric} <= {slo.limit_s:g} s:")
+    for s in results:
+        print(f"  {s.router:<20} {s.replicas if s.replicas is not None else f'> {args.max_replicas}'}"
+              f"  ({len(s.probes)} replays)")
+    out = Path(args.out) if args.out else cfg.results_dir() / "sizing"
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "sizing.json", {
+        "slo": {"metric": slo.metric, "limit_s": slo.limit_s}, "max_replicas": args.max_replicas,
+        "routers": [{"router": s.router, "replicas": s.replicas, "probes": s.probes} for s in results],
+        "config": config_to_dict(cfg), "meta": run_metadata(0.0),
+    })
+    print(f"wrote {out / 'sizing.json'}")
+    return 0
+
+
+def add_size_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("size", help="smallest replica count per router meeting a latency SLO (bisection)")
+    p.add_argument("config", help="experiment YAML file (its cluster section, if any, is the starting point)")
+    p.add_argument("--slo", required=True, help="e.g. ttft_p99=2s, ttft_p50<=500ms, e2e_p90=30s")
+    p.add_argument("--routers", default=None,
+                   help="comma-separated router kinds (llm_d:approximate for a prefix mode); default: the config's")
+    p.add_argument("--max-replicas", type=int, default=64, help="give up above this count (default 64)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--out", default=None, help="folder for sizing.json (default <output_dir>/<name>/sizing)")
+    p.set_defaults(func=_cmd_size)

@@ -1,0 +1,136 @@
+"""Dynamo's KV router: a block-cost logit over the router's active sequences and a KV-event index.
+
+Mirrors ``ai-dynamo/dynamo`` ``lib/kv-router/src/scheduling/selector/default.rs``
+(``DefaultWorkerScorer::worker_logit``, ``minimum_cost_index``, ``softmax_sample_index``), with the
+load it tracks itself (``lib/kv-router/src/sequences/``: ``WorkerLoadProjection``) and the overlap
+from its ``KvIndexer`` radix tree of KV events (``lib/kv-router/src/indexer``). Per worker ``w``:
+
+* ``overlap_w``: leading prompt blocks ``w``'s KV events announced;
+* ``raw_prefill_blocks_w = (active_prefill_tokens_w + isl) / block_size``, where
+  ``active_prefill_tokens_w`` sums the uncached prompt tokens of the requests routed to ``w`` that
+  have not streamed a first token yet (``mark_prefill_completed``);
+* ``decode_blocks_w = active_blocks_w + blocks of the prompt not already active on w``, where
+  ``active_blocks_w`` counts the distinct prompt blocks of ``w``'s active requests (acquired when
+  routed, released when the response ends);
+* ``logit_w = prefill_load_scale * max(raw_prefill_blocks_w - overlap_credit * overlap_w, 0)
+  + decode_blocks_w`` (defaults: credit 1.0, scale 1.0; no credit decay, no active-request term).
+
+Temperature 0 picks the lowest logit, ties uniformly at random; ``temperature > 0`` samples
+``softmax(-(logit - min) / ((max - min) * T))``, uniform when all logits are equal.
+Imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sim.cluster.kv_view import EventCacheView
+from sim.cluster.router import ClusterView, Decision, Router, RouterRequest, argbest
+from sim.core.kv_events import KVCacheEvent
+
+
+@dataclass(slots=True)
+class _Active:
+    replica: int
+    hashes: list[int]
+    prefill_tokens: int
+
+
+class DynamoRouter(Router):
+    name = "dynamo"
+    needs_kv_events = True
+    keeps_cache_view = True
+
+    def __init__(self, seed: int, overlap_credit: float = 1.0, temperature: float = 0.0,
+                 prefill_load_scale: float = 1.0) -> None:
+        super().__init__(seed)
+        self.overlap_credit = overlap_credit
+        self.temperature = temperature
+        self.prefill_load_scale = prefill_load_scale
+
+    def attach(self, view: ClusterView) -> None:
+        super().attach(view)
+        n = view.num_replicas
+        self.events = EventCacheView(view.facts)
+        self._active: dict[str, _Active] = {}
+        self._block_refs: list[dict[int, int]] = [{} for _ in range(n)]
+        self._prefill_tokens = [0] * n
+
+    def route(self, request: RouterRequest) -> Decision:
+        assert self.view is not None
+        up = self.view.up()
+        overlaps = self.events.match_blocks(request, up)
+        isl = request.prompt_len
+        logits: dict[int, float] = {}
+        sets: dict[int, set[int]] = {}
+        for w in up:
+            bs = self.view.facts[w].block_size
+            hasher = self.events.group_of[w]
+            hs = sets.get(id(hasher))
+            if hs is None:
+                hs = sets[id(hasher)] = set(request.hashes(hasher))
+            refs = self._block_refs[w]
+            overlap = overlaps.get(w, 0)
+            raw_prefill = (self._prefill_tokens[w] + isl) / bs
+            prefill = self.prefill_load_scale * max(raw_prefill - self.overlap_credit * overlap, 0.0)
+            # the prompt's blocks not already active there (the partial last block always is new)
+            new_blocks = -(-isl // bs) - len(hs) + len(hs - refs.keys())
+            logits[w] = prefill + len(refs) + new_blocks
+        choice = self._pick(logits)
+        hashes = request.hashes(self.events.group_of[choice])
+        refs = self._block_refs[choice]
+        for h in hashes:
+            refs[h] = refs.get(h, 0) + 1
+        bs = self.view.facts[choice].block_size
+        uncached = max(isl - overlaps.get(choice, 0) * bs, 0)
+        self._active[request.request_id] = _Active(choice, hashes, uncached)
+        self._prefill_tokens[choice] += uncached
+        return Decision(choice, self.events.hit_tokens(request, choice, overlaps.get(choice, 0)))
+
+    def _pick(self, logits: dict[int, float]) -> int:
+        if self.temperature <= 0:
+            return argbest(logits, self, lowest=True)
+        lo, hi = min(logits.values()), max(logits.values())
+        items = list(logits.items())
+        if hi == lo:
+            return self.pick_random([w for w, _ in items])
+        scale = 1.0 / ((hi - lo) * self.temperature)
+        weights = [math.exp(-(c - lo) * scale) for _, c in items]
+        u = self.rng.random() * sum(weights)
+        acc = 0.0
+        for (w, _), p in zip(items, weights):
+            acc += p
+            if u <= acc:
+                return w
+        return items[-1][0]
+
+    def on_first_token(self, request_id: str, replica: int) -> None:
+        a = self._active.get(request_id)
+        if a is not None and a.prefill_tokens:
+            self._prefill_tokens[a.replica] -= a.prefill_tokens
+            a.prefill_tokens = 0
+
+    def on_finish(self, request_id: str, replica: int) -> None:
+        a = self._active.pop(request_id, None)
+        if a is None:
+            return
+        self._prefill_tokens[a.replica] -= a.prefill_tokens
+        refs = self._block_refs[a.replica]
+        for h in a.hashes:
+            c = refs[h] - 1
+            if c:
+                refs[h] = c
+            else:
+                del refs[h]
+
+    def on_kv_events(self, replica: int, events: Sequence[KVCacheEvent]) -> None:
+        self.events.on_events(replica, events)
+
+    def on_replica_down(self, replica: int) -> None:
+        self.events.clear(replica)
+        for rid in [rid for rid, a in self._active.items() if a.replica == replica]:
+            del self._active[rid]
+        self._block_refs[replica].clear()
+        self._prefill_tokens[replica] = 0

@@ -1,0 +1,117 @@
+"""KV events from the replicas to the router: per-step batches, delivered after a delay.
+
+Mirrors vLLM's KV-event publishing (``vllm/distributed/kv_events.py``: the engine drains the
+events of a step after ``update_from_output`` and publishes them as one batch over ZMQ) and a
+subscriber that sees them later (llm-d's ``kvevents.Pool``, Dynamo's ``KvIndexer`` over NATS).
+
+* each replica's block pool writes into a collector, tagged with the scheduler step they belong
+  to (``Scheduler.step_index``; the decode fast-forward sets it per played step);
+* when the replica records step ``s`` (at its end time), every collected event of steps ``<= s``
+  becomes one batch, due at ``end + delay`` with ``delay`` drawn from the configured distribution
+  -- never before the replica's previous batch (a ZMQ stream keeps its order);
+* the router receives every batch due by the time it routes (:meth:`deliver_until`): no clock
+  event is spent on a batch, so idle replicas and quiet routers cost nothing;
+* a replica that goes down drops its undelivered batches (a crash loses the socket buffer), and
+  batches of an earlier incarnation are never delivered after it comes back.
+
+Invariants: batches of one replica are delivered in step order; delivery times never decrease
+per replica. Imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from sim.core.kv_events import EventSink, KVCacheEvent
+
+DelaySampler = Callable[[], float]
+
+
+def delay_sampler(spec: dict[str, Any] | float, seed: int) -> DelaySampler:
+    """A delay distribution in seconds: a number (fixed), or ``{dist: fixed|uniform|exponential|
+    lognormal, ...}`` with ``mean_s`` (fixed, exponential), ``low_s``/``high_s`` (uniform),
+    ``median_s``/``sigma`` (lognormal)."""
+    if not isinstance(spec, dict):
+        value = float(spec)
+        return lambda: value
+    rng = random.Random(seed)
+    dist = spec.get("dist", "fixed")
+    if dist == "fixed":
+        value = float(spec["mean_s"])
+        return lambda: value
+    if dist == "uniform":
+        lo, hi = float(spec["low_s"]), float(spec["high_s"])
+        return lambda: rng.uniform(lo, hi)
+    if dist == "exponential":
+        mean = float(spec["mean_s"])
+        return lambda: rng.expovariate(1.0 / mean) if mean > 0 else 0.0
+    if dist == "lognormal":
+        import math
+
+        mu, sigma = math.log(float(spec["median_s"])), float(spec["sigma"])
+        return lambda: rng.lognormvariate(mu, sigma)
+    raise ValueError(f"unknown delay distribution {dist!r}")
+
+
+class KVEventPipeline:
+    """Collectors, batches in flight and their delivery (see the module docstring)."""
+
+    def __init__(self, num_replicas: int, delay: DelaySampler,
+                 deliver: Callable[[int, list[KVCacheEvent]], None], record: bool = False) -> None:
+        self.delay = delay
+        self._deliver = deliver
+        self._collected: list[deque[tuple[int, KVCacheEvent]]] = [deque() for _ in range(num_replicas)]
+        self._last_due = [0.0] * num_replicas
+        self._epoch = [0] * num_replicas
+        self._in_flight: list[tuple[float, int, int, int, list[KVCacheEvent]]] = []
+        self._seq = 0
+        self.num_batches = 0
+        self.num_events = 0
+        self.recorded: list[tuple[int, int, KVCacheEvent]] | None = [] if record else None
+
+    def sink(self, replica: int, scheduler: Any) -> EventSink:
+        """The event sink of a replica's block pool (events tagged with ``scheduler.step_index``)."""
+        append = self._collected[replica].append
+        recorded = self.recorded
+        if recorded is None:
+            return lambda event: append((scheduler.step_index, event))
+
+        def collect(event: KVCacheEvent) -> None:
+            step = scheduler.step_index
+            append((step, event))
+            recorded.append((replica, step, event))
+
+        return collect
+
+    def publish(self, replica: int, step: int, end: float) -> None:
+        """Changes state: the replica finished step ``step`` at ``end``: batch what it emitted."""
+        collected = self._collected[replica]
+        if not collected or collected[0][0] > step:
+            return
+        batch = []
+        while collected and collected[0][0] <= step:
+            batch.append(collected.popleft()[1])
+        due = max(end + self.delay(), self._last_due[replica])
+        self._last_due[replica] = due
+        self._seq += 1
+        heapq.heappush(self._in_flight, (due, self._seq, replica, self._epoch[replica], batch))
+
+    def deliver_until(self, now: float) -> None:
+        """Changes state: hand the router every batch due by ``now``, in due order."""
+        heap = self._in_flight
+        while heap and heap[0][0] <= now:
+            _, _, replica, epoch, batch = heapq.heappop(heap)
+            if epoch != self._epoch[replica]:
+                continue  # sent by an incarnation that crashed since
+            self.num_batches += 1
+            self.num_events += len(batch)
+            self._deliver(replica, batch)
+
+    def drop(self, replica: int) -> None:
+        """Changes state: the replica went down: its collected and in-flight events are lost."""
+        self._collected[replica].clear()
+        self._epoch[replica] += 1

@@ -1,0 +1,141 @@
+"""Router-side indexes of which replica holds which prefix block.
+
+* :class:`KVEventIndex` -- fed by KV events (mirrors the KV-block index of llm-d-kv-cache-manager
+  ``pkg/kvcache/kvblock`` and Dynamo's ``KvIndexer`` radix tree, ``lib/kv-router/src/indexer``):
+  ``BlockStored`` adds the replica to each hash, ``BlockRemoved`` takes it off, ``AllBlocksCleared``
+  and a replica going down drop all of the replica's entries. Set semantics, as both products
+  have: a removal of one copy of a duplicated block removes the entry although the engine may
+  still hold the other copy (a false negative a real router has too).
+* :class:`LRUPrefixIndex` -- written at routing time (mirrors the approximate indexer of
+  ``gateway-api-inference-extension`` ``pkg/epp/scheduling/framework/plugins/multi/prefix/indexer.go``
+  and llm-d ``pkg/plugins/scorer/approximate_indexer.go``): per replica an LRU of at most
+  ``capacity`` hashes; an evicted hash leaves the forward map.
+
+Both answer :meth:`match`: per replica, the number of leading hashes of a request it holds,
+counted contiguously from block 0 (a replica missing block i holds no prefix past it). Hashes are
+chained, so a map from hash to replicas is the radix tree: one hash names its whole prefix.
+
+Cost: O(blocks matched + replicas) per match, O(1) per event hash. Imports nothing but stdlib.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+
+def _match(forward: dict[int, int], hashes: Sequence[int], candidates: int) -> dict[int, int]:
+    """Per replica (bit) in ``candidates``: leading hashes held, for those holding at least one."""
+    out: dict[int, int] = {}
+    active = candidates
+    get = forward.get
+    for i, h in enumerate(hashes):
+        held = active & get(h, 0)
+        dropped = active & ~held
+        if dropped and i:
+            _bits_to(out, dropped, i)
+        active = held
+        if not active:
+            return out
+    _bits_to(out, active, len(hashes))
+    return out
+
+
+def _bits_to(out: dict[int, int], mask: int, value: int) -> None:
+    while mask:
+        low = mask & -mask
+        out[low.bit_length() - 1] = value
+        mask ^= low
+
+
+def mask_of(replicas: Iterable[int]) -> int:
+    m = 0
+    for r in replicas:
+        m |= 1 << r
+    return m
+
+
+class KVEventIndex:
+    """Hash -> replicas holding it, from KV events (see the module docstring)."""
+
+    def __init__(self, num_replicas: int) -> None:
+        self.forward: dict[int, int] = {}  # hash -> bitmask of replicas
+        self.held: list[set[int]] = [set() for _ in range(num_replicas)]
+
+    def store(self, replica: int, hashes: Iterable[int]) -> None:
+        """Changes state: ``BlockStored``."""
+        bit = 1 << replica
+        fwd = self.forward
+        held = self.held[replica]
+        for h in hashes:
+            fwd[h] = fwd.get(h, 0) | bit
+            held.add(h)
+
+    def remove(self, replica: int, hashes: Iterable[int]) -> None:
+        """Changes state: ``BlockRemoved``."""
+        keep = ~(1 << replica)
+        fwd = self.forward
+        held = self.held[replica]
+        for h in hashes:
+            if h in held:
+                held.remove(h)
+                m = fwd[h] & keep
+                if m:
+                    fwd[h] = m
+                else:
+                    del fwd[h]
+
+    def clear(self, replica: int) -> None:
+        """Changes state: ``AllBlocksCleared`` or the replica left the pool."""
+        self.remove(replica, list(self.held[replica]))
+
+    def match(self, hashes: Sequence[int], candidates: Iterable[int]) -> dict[int, int]:
+        """Query: leading hashes held per candidate replica (only those holding block 0)."""
+        return _match(self.forward, hashes, mask_of(candidates))
+
+    def num_entries(self, replica: int) -> int:
+        return len(self.held[replica])
+
+
+class LRUPrefixIndex:
+    """Per-replica LRU of routed prefix hashes (see the module docstring)."""
+
+    def __init__(self, num_replicas: int, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"LRU capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.forward: dict[int, int] = {}
+        self.lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(num_replicas)]
+
+    def add(self, replica: int, hashes: Iterable[int]) -> None:
+        """Changes state: record that ``replica`` will hold ``hashes`` (most recent last)."""
+        bit = 1 << replica
+        lru = self.lru[replica]
+        fwd = self.forward
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                fwd[h] = fwd.get(h, 0) | bit
+                if len(lru) > self.capacity:
+                    old, _ = lru.popitem(last=False)
+                    self._drop(old, bit)
+
+    def _drop(self, h: int, bit: int) -> None:
+        m = self.forward[h] & ~bit
+        if m:
+            self.forward[h] = m
+        else:
+            del self.forward[h]
+
+    def clear(self, replica: int) -> None:
+        """Changes state: the replica left the pool (``RemovePod``)."""
+        bit = 1 << replica
+        for h in self.lru[replica]:
+            self._drop(h, bit)
+        self.lru[replica].clear()
+
+    def match(self, hashes: Sequence[int], candidates: Iterable[int]) -> dict[int, int]:
+        """Query: leading hashes recorded per candidate replica."""
+        return _match(self.forward, hashes, mask_of(candidates))

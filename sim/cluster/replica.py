@@ -1,0 +1,201 @@
+"""One replica of a cluster: the exact single engine, fed by the router instead of the trace.
+
+Mirrors one vLLM engine process behind a router: its own ``Scheduler`` (and so its own
+``KVCacheManager`` and ``BlockPool``), executor, recorder and step loop (``sim.replay``), run as one
+process on the cluster's shared clock. What differs from ``sim.replay.engine.Replay``:
+
+* :class:`RoutedIntake` -- the replica's intake gets requests pushed by the dispatcher when the
+  router picks it; a step start asks the dispatcher to route everything due by then first, so a
+  request arriving at a step's start is still seen by that step (the single engine's pull rule);
+  ``next_arrival`` is the cluster's next routing instant (any arrival may come here), so the
+  decode fast-forward never plays past it;
+* :class:`ReplicaRecorder` -- the single engine's recorder, which also tells the cluster about
+  first tokens and finishes (the responses the router proxies) and step ends (published metrics
+  and KV-event batches);
+* :meth:`Replica.stop` / :meth:`Replica.start` -- a fault: the loop is stopped where it stands,
+  the engine with its cache is dropped, and a fresh one is built when the replica comes back.
+
+With one replica and no faults every engine operation happens in the single engine's order, so
+its tables equal ``Replay``'s exactly (tested). Imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sim.cluster.column_table import ColumnTable
+from sim.cluster.router import ReplicaFacts, ReplicaMetrics
+from sim.core.executor import Executor
+from sim.core.request import Request
+from sim.core.scheduler import Scheduler
+from sim.replay.engine import LoopProcess, SimClock, engine_loop
+from sim.replay.intake import RequestIntake
+from sim.replay.metrics import STEP_COLUMNS
+from sim.replay.recorder import ReplayRecorder
+from sim.replay.step_runner import StepRunner
+from workloads.trace_format import TraceRequest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Iterator
+
+    from sim.replay.step_runner import Wait
+
+_RUNNING, _WAITING, _KV_USAGE = 10, 11, 14  # indexes in sim.replay.metrics.STEP_COLUMNS
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """How to build one replica's engine (resolved by ``sim.experiment``)."""
+
+    name: str
+    facts: ReplicaFacts
+    build_scheduler: Callable[[], Scheduler]
+    build_executor: Callable[[Scheduler], Executor]
+    fast_forward: bool = True
+    reject_invalid: bool = True  # a request the engine refuses is recorded as rejected (else ReplayError)
+
+
+class ClusterHooks:
+    """What a replica reports to its cluster (implemented by ``sim.cluster.cluster``)."""
+
+    next_time: float = float("inf")
+    done: bool = False
+
+    def route_due(self, t: float) -> None: ...
+
+    def first_token(self, replica: int, request_id: str) -> None: ...
+
+    def finished(self, replica: int, request_id: str) -> None: ...
+
+    def step_end(self, replica: int, row: tuple[Any, ...]) -> None:
+        """A step row was recorded (``sim.replay.metrics.STEP_COLUMNS`` order; see
+        :func:`row_metrics`)."""
+
+
+def row_metrics(row: tuple[Any, ...]) -> ReplicaMetrics:
+    """The gauges a step row publishes, as of the step's end."""
+    return ReplicaMetrics(row[1] + row[2], row[_WAITING], row[_RUNNING], row[_KV_USAGE])
+
+
+class RoutedIntake(RequestIntake):
+    """A replica's intake: requests come from the router (see the module docstring)."""
+
+    def __init__(self, hooks: ClusterHooks, scheduler: Scheduler, rec: ReplayRecorder, reject_invalid: bool) -> None:
+        super().__init__((), scheduler, rec, reject_invalid=reject_invalid)
+        self._hooks = hooks
+
+    @property
+    def next_arrival(self) -> float:
+        """The cluster's next routing instant (an arrival or a fault handing requests back)."""
+        return self._hooks.next_time
+
+    @next_arrival.setter
+    def next_arrival(self, value: float) -> None:
+        pass  # the base class's own bookkeeping; the cluster decides
+
+    def peek(self) -> TraceRequest | None:
+        return None
+
+    def deliver_due(self, t: float) -> None:
+        self._hooks.route_due(t)
+
+    def push(self, tr: TraceRequest) -> bool:
+        """Changes state: the router sent ``tr`` here; it joins the next step's admissions. False
+        when the engine refuses it at intake (``sim.replay.rejection``: recorded as ``rejected``)."""
+        request = self._make_request(tr)
+        if request is None:
+            return False
+        self._pending.append(request)
+        return True
+
+    def drained(self) -> bool:
+        return self._hooks.done and not self._pending
+
+    @property
+    def pending(self) -> list[Request]:
+        return self._pending
+
+
+class ReplicaRecorder(ReplayRecorder):
+    """The single engine's recorder, reporting responses and step ends to the cluster."""
+
+    def __init__(self, index: int, hooks: ClusterHooks) -> None:
+        super().__init__(False, None)
+        self.index = index
+        self._hooks = hooks
+        self._steps = ColumnTable(STEP_COLUMNS)  # type: ignore[assignment]  # a compact RecordTable
+
+    def first_token(self, request: Request, now: float) -> None:
+        super().first_token(request, now)
+        self._hooks.first_token(self.index, request.request_id)
+
+    def finished(self, request: Request, now: float) -> None:
+        super().finished(request, now)
+        self._hooks.finished(self.index, request.request_id)
+
+    def step(self, *values: Any) -> None:
+        super().step(*values)
+        self._hooks.step_end(self.index, values)
+
+
+class Replica:
+    """One engine on the shared clock, with its faults (see the module docstring)."""
+
+    def __init__(self, index: int, spec: ReplicaSpec, clock: SimClock, hooks: ClusterHooks, *,
+                 integrity_check: bool = False, max_window_steps: int = 1 << 16,
+                 event_sink: Callable[[Scheduler], Any] | None = None) -> None:
+        self.index = index
+        self.spec = spec
+        self.clock = clock
+        self.hooks = hooks
+        self.rec = ReplicaRecorder(index, hooks)
+        self.integrity_check = integrity_check
+        self.max_window_steps = max_window_steps
+        self.event_sink = event_sink
+        self.is_up = False
+        self.process: LoopProcess | None = None
+        self.num_evictions = 0  # of earlier incarnations
+        self.incarnations = 0
+        self.end_time = 0.0
+        self.scheduler: Scheduler
+        self.intake: RoutedIntake
+
+    def start(self) -> None:
+        """Changes state: build a fresh engine (empty cache) and start its loop now."""
+        sched = self.spec.build_scheduler()
+        if self.event_sink is not None:
+            sched.kv_cache_manager.block_pool.event_sink = self.event_sink(sched)
+        executor = self.spec.build_executor(sched)
+        self.scheduler = sched
+        self.intake = RoutedIntake(self.hooks, sched, self.rec, self.spec.reject_invalid)
+        runner = StepRunner(sched, executor, self.intake, self.rec, self.clock.env,
+                            fast_forward=self.spec.fast_forward, integrity_check=self.integrity_check,
+                            max_window_steps=self.max_window_steps, on_step=None)
+        self.is_up = True
+        self.incarnations += 1
+        self.process = self.clock.start(self._loop(runner))
+
+    def _loop(self, runner: StepRunner) -> Iterator[Wait]:
+        yield from engine_loop(runner)
+        self.end_time = self.clock.now
+
+    def stop(self, held: list[str]) -> None:
+        """Changes state: the replica goes down now, with its cache and the requests it ``held``
+        (routed here and not finished: the cluster's own count, which also covers a request a
+        fast-forward window had finished ahead of the clock); their rows are forgotten."""
+        assert self.process is not None
+        self.process.stop()
+        self.is_up = False
+        self.num_evictions += self.scheduler.kv_cache_manager.block_pool.num_evictions
+        for rid in held:
+            self.rec.forget(rid)
+
+    def wake(self) -> None:
+        if self.process is not None:
+            self.process.wake()
+
+    @property
+    def total_evictions(self) -> int:
+        return self.num_evictions + (self.scheduler.kv_cache_manager.block_pool.num_evictions if self.is_up else 0)

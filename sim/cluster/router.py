@@ -1,0 +1,200 @@
+"""The router interface: what a cluster router sees and decides (mirrors the request path of a real
+inference router: llm-d's endpoint picker, Dynamo's KV router, SGLang's router, Mooncake's
+Conductor -- see each implementation's docstring for its source file).
+
+A router sees only what a real one sees:
+
+* the request as it arrives (:class:`RouterRequest`: tokens, lengths, salt, LoRA, session), with
+  block hashes computed by the router's *own* hasher (:meth:`RouterRequest.hashes`);
+* its own state, and the responses it proxies: ``on_first_token`` / ``on_finish``;
+* each replica's published metrics (:class:`ReplicaMetrics`, scraped every
+  ``metrics_interval_s``) and static facts (block size, pool size, latency model, chunk budget);
+* KV events (``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``) when it asks for them
+  (``needs_kv_events``), in per-step batches after a delay (:mod:`sim.cluster.kv_event_pipeline`);
+* health: ``on_replica_down`` / ``on_replica_up`` and the set of replicas that are up.
+
+It never sees a scheduler, a pool or a queue, except the ``oracle`` router, whose purpose is the
+upper bound (``ClusterView.engine``). ``route`` returns a :class:`Decision`: the replica and, for
+routers that keep an index, the hit tokens they believed the replica would serve (compared with
+the engine's actual hit in the results: false-positive / false-negative residency).
+
+Invariants: routers are deterministic given their seed (``random.Random(seed)``); ``route`` is
+called once per request arrival (and again when a downed replica hands a request back), at the
+arrival time, with at least one replica up. Imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sim.core.hashing import BlockHasher, external_block_hash
+from sim.core.request import Request, token_array
+from workloads.trace_format import TraceRequest
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+    from sim.core.kv_events import KVCacheEvent
+    from sim.core.scheduler import Scheduler
+    from sim.timing.latency import LatencyModel
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaMetrics:
+    """One replica's published gauges (vLLM's ``num_requests_waiting``, ``num_requests_running``,
+    ``kv_cache_usage_perc``) as of ``time`` (the end of its last step before the scrape)."""
+
+    time: float = 0.0
+    num_waiting: int = 0
+    num_running: int = 0
+    kv_usage: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFacts:
+    """What a router is configured with per replica (block size, pool size, chunk budget, latency
+    model: Mooncake's Conductor fits its prefill-time model offline on the same hardware)."""
+
+    block_size: int
+    num_gpu_blocks: int
+    max_num_batched_tokens: int
+    hash_algo: str
+    hash_seed: int
+    latency: LatencyModel
+
+
+@dataclass(slots=True)
+class Decision:
+    """A routing decision: the replica, and the hit tokens the router believed it would get there
+    (None for routers that keep no cache view)."""
+
+    replica: int
+    believed_hit_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class RouterRequest:
+    """A request as the router receives it; hashes are computed on demand and memoised per hasher."""
+
+    trace: TraceRequest
+    index: int  # position in the arrival stream
+    _hashes: dict[int, list[int]] = field(default_factory=dict)  # id(hasher) -> hashes
+    _tokens: Any = None
+
+    @property
+    def request_id(self) -> str:
+        return self.trace.id
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.trace.tokens)
+
+    @property
+    def output_tokens(self) -> int:
+        return self.trace.output_tokens
+
+    @property
+    def session(self) -> str | None:
+        return self.trace.session
+
+    def tokens(self) -> np.ndarray:
+        """The prompt's token ids (expanded once)."""
+        if self._tokens is None:
+            self._tokens = token_array(self.trace.tokens)
+        return self._tokens
+
+    def hashes(self, hasher: BlockHasher) -> list[int]:
+        """The 64-bit hashes of the prompt's full blocks under ``hasher`` (salt and LoRA in the
+        extra keys, as vLLM's request hasher puts them), memoised per hasher object (routers keep
+        theirs for the whole run)."""
+        key = id(hasher)
+        out = self._hashes.get(key)
+        if out is None:
+            probe = self.probe(hasher)
+            out = [external_block_hash(h) for h in probe.block_hashes]
+            self._hashes[key] = out
+        return out
+
+    def probe(self, hasher: BlockHasher) -> Request:
+        """A throwaway engine ``Request`` of this prompt (for hashing and the oracle's lookups)."""
+        tr = self.trace
+        return Request(tr.id, self.tokens(), tr.output_tokens, cache_salt=tr.salt, lora_name=tr.lora,
+                       prompt_logprobs=tr.prompt_logprobs, hasher=hasher)
+
+
+class ClusterView(ABC):
+    """What the router may query at routing time (implemented by ``sim.cluster.cluster``)."""
+
+    num_replicas: int
+    facts: Sequence[ReplicaFacts]
+
+    @property
+    @abstractmethod
+    def now(self) -> float:
+        """Query: the current simulated time."""
+
+    @abstractmethod
+    def up(self) -> list[int]:
+        """Query: the replicas that are up, in index order."""
+
+    @abstractmethod
+    def metrics(self, replica: int) -> ReplicaMetrics:
+        """Query: the replica's gauges as the last scrape saw them."""
+
+    @abstractmethod
+    def engine(self, replica: int) -> Scheduler:
+        """The replica's scheduler -- for the ``oracle`` router only (engine internals)."""
+
+    @abstractmethod
+    def pending_tokens(self, replica: int) -> int:
+        """Prompt tokens routed to the replica and not yet in its scheduler -- ``oracle`` only."""
+
+
+class Router(ABC):
+    """One routing policy (see the module docstring for what it may see)."""
+
+    name: str = "router"
+    needs_kv_events: bool = False
+    needs_metrics: bool = False
+    keeps_cache_view: bool = False
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.view: ClusterView | None = None
+
+    def attach(self, view: ClusterView) -> None:
+        """Changes state: bind the cluster (once, before the first request)."""
+        self.view = view
+
+    @abstractmethod
+    def route(self, request: RouterRequest) -> Decision:
+        """Changes state: choose a replica among ``view.up()`` and record the choice."""
+
+    def on_first_token(self, request_id: str, replica: int) -> None:
+        """Changes state: the replica streamed the request's first token."""
+
+    def on_finish(self, request_id: str, replica: int) -> None:
+        """Changes state: the request's response ended."""
+
+    def on_kv_events(self, replica: int, events: Sequence[KVCacheEvent]) -> None:
+        """Changes state: a batch of the replica's KV events arrived (``needs_kv_events`` only)."""
+
+    def on_replica_down(self, replica: int) -> None:
+        """Changes state: the replica left the pool (its requests come back through ``route``)."""
+
+    def on_replica_up(self, replica: int) -> None:
+        """Changes state: the replica (re)joined with an empty cache."""
+
+    def pick_random(self, candidates: Sequence[int]) -> int:
+        """One of ``candidates`` uniformly (the random tie-break of the pickers)."""
+        return candidates[0] if len(candidates) == 1 else candidates[self.rng.randrange(len(candidates))]
+
+
+def argbest(scores: dict[int, float], router: Router, *, lowest: bool) -> int:
+    """The replica with the best score (lowest or highest), ties broken uniformly at random."""
+    best = min(scores.values()) if lowest else max(scores.values())
+    return router.pick_random([i for i, s in scores.items() if s == best])

@@ -1,0 +1,204 @@
+"""The ``cluster:`` section of an experiment: replicas, router, KV-event pipeline, faults.
+
+Mirrors the knobs of the routers it models (each router model's defaults are the product's
+documented defaults, see ``sim.cluster``) and a fleet description: ``replicas`` is a count or a
+list of groups ``{count, gpu, engine}`` whose ``engine`` keys override the experiment's engine for
+that group (mixed fleets: another GPU, pool or block size).
+
+Invariants: frozen models, unknown keys are errors; a problem is reported against its key
+(``cluster.router: Input tag 'x' ...``, ``cluster.router.weights.queue: ...``); faults must name an
+existing replica, not overlap on one replica, and never leave the whole fleet down. Imports
+neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # as sim.experiment.config
+
+
+class RoundRobinRouterConfig(_Strict):
+    kind: Literal["round_robin"]
+
+
+class RandomRouterConfig(_Strict):
+    kind: Literal["random"]
+
+
+class LeastLoadedRouterConfig(_Strict):
+    kind: Literal["least_loaded"]
+    by: Literal["requests", "tokens"] = "requests"
+
+
+class SessionAffinityRouterConfig(_Strict):
+    kind: Literal["session_affinity"]
+    ttl_s: Annotated[float, Field(gt=0)] = 300.0
+
+
+class LlmDWeights(_Strict):
+    queue: Annotated[float, Field(ge=0)] = 2.0
+    kv_cache: Annotated[float, Field(ge=0)] = 2.0
+    prefix: Annotated[float, Field(ge=0)] = 3.0
+
+
+class LlmDRouterConfig(_Strict):
+    kind: Literal["llm_d"]
+    prefix: Literal["precise", "approximate", "none"] = "precise"
+    weights: LlmDWeights = LlmDWeights()
+    block_size: Annotated[int, Field(gt=0)] = 64
+    max_prefix_blocks: Annotated[int, Field(gt=0)] = 256
+    lru_capacity: Annotated[int, Field(gt=0)] = 31250
+
+
+class DynamoRouterConfig(_Strict):
+    kind: Literal["dynamo"]
+    overlap_credit: Annotated[float, Field(ge=0)] = 1.0
+    temperature: Annotated[float, Field(ge=0)] = 0.0
+    prefill_load_scale: Annotated[float, Field(ge=0)] = 1.0
+
+
+class SGLangRouterConfig(_Strict):
+    kind: Literal["sglang"]
+    cache_threshold: Annotated[float, Field(ge=0, le=1)] = 0.3
+    balance_abs_threshold: Annotated[int, Field(ge=0)] = 64
+    balance_rel_threshold: Annotated[float, Field(ge=0)] = 1.5
+    eviction_interval_s: Annotated[float, Field(ge=0)] = 120.0
+    max_tree_size: Annotated[int, Field(gt=0)] = 1 << 26
+
+
+class MooncakeRouterConfig(_Strict):
+    kind: Literal["mooncake"]
+
+
+class OracleRouterConfig(_Strict):
+    kind: Literal["oracle"]
+
+
+RouterConfig = Annotated[
+    RoundRobinRouterConfig | RandomRouterConfig | LeastLoadedRouterConfig | SessionAffinityRouterConfig
+    | LlmDRouterConfig | DynamoRouterConfig | SGLangRouterConfig | MooncakeRouterConfig | OracleRouterConfig,
+    Field(discriminator="kind"),
+]
+ROUTER_TAGS = {"round_robin", "random", "least_loaded", "session_affinity", "llm_d", "dynamo", "sglang",
+               "mooncake", "oracle"}
+"""Router kinds (also the union tags stripped from error locations)."""
+
+
+class DelayConfig(_Strict):
+    """A delay distribution (seconds): ``fixed`` (``mean_s``), ``uniform`` (``low_s``, ``high_s``),
+    ``exponential`` (``mean_s``), ``lognormal`` (``median_s``, ``sigma``)."""
+
+    dist: Literal["fixed", "uniform", "exponential", "lognormal"]
+    mean_s: Annotated[float, Field(ge=0)] | None = None
+    low_s: Annotated[float, Field(ge=0)] | None = None
+    high_s: Annotated[float, Field(ge=0)] | None = None
+    median_s: Annotated[float, Field(gt=0)] | None = None
+    sigma: Annotated[float, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _keys_match_dist(self) -> DelayConfig:
+        need = {"fixed": ("mean_s",), "exponential": ("mean_s",), "uniform": ("low_s", "high_s"),
+                "lognormal": ("median_s", "sigma")}[self.dist]
+        missing = [k for k in need if getattr(self, k) is None]
+        if missing:
+            raise ValueError(f"a {self.dist} delay needs {', '.join(missing)}")
+        if self.dist == "uniform" and self.low_s is not None and self.high_s is not None and self.low_s > self.high_s:
+            raise ValueError("low_s must be <= high_s")
+        return self
+
+
+class KVEventsConfig(_Strict):
+    """The KV-event pipeline to the router: per-step batches delivered after ``delay_s`` (a number
+    or a distribution); ``seed`` defaults to the experiment seed."""
+
+    delay_s: Annotated[float, Field(ge=0)] | DelayConfig = 0.0
+    seed: int | None = None
+
+
+class FaultConfig(_Strict):
+    replica: Annotated[int, Field(ge=0)]
+    down_at: Annotated[float, Field(ge=0)]
+    up_at: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _up_after_down(self) -> FaultConfig:
+        if self.up_at is not None and self.up_at <= self.down_at:
+            raise ValueError(f"up_at ({self.up_at}) must be after down_at ({self.down_at})")
+        return self
+
+
+class ReplicaGroupConfig(_Strict):
+    """``count`` replicas with these overrides of the experiment's ``gpu`` and ``engine`` keys."""
+
+    count: Annotated[int, Field(ge=1)] = 1
+    gpu: str | None = None
+    engine: dict[str, Any] = Field(default_factory=dict)
+
+
+class ClusterConfig(_Strict):
+    """``cluster:`` -- N replicas of the experiment's engine behind a router."""
+
+    replicas: int | list[ReplicaGroupConfig] = 1
+    router: RouterConfig = RoundRobinRouterConfig(kind="round_robin")
+    kv_events: KVEventsConfig = KVEventsConfig()
+    metrics_interval_s: Annotated[float, Field(ge=0)] = 0.05
+    faults: tuple[FaultConfig, ...] = ()
+    ttft_slo_s: Annotated[float, Field(gt=0)] = 2.0
+    seed: int | None = None
+    compare: tuple[RouterConfig, ...] = ()  # routers also replayed on the same fleet and stream
+
+    @field_validator("compare", mode="before")
+    @classmethod
+    def _compare_by_name(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return [{"kind": v} if isinstance(v, str) else v for v in value]
+        return value
+
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _at_least_one(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError(f"a cluster needs at least one replica (got {value})")
+        if isinstance(value, list) and not value:
+            raise ValueError("a cluster needs at least one replica group")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _router_by_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("router"), str):
+            data = {**data, "router": {"kind": data["router"]}}
+        return data
+
+    @property
+    def num_replicas(self) -> int:
+        return self.replicas if isinstance(self.replicas, int) else sum(g.count for g in self.replicas)
+
+    @model_validator(mode="after")
+    def _faults_valid(self) -> ClusterConfig:
+        n = self.num_replicas
+        for k, f in enumerate(self.faults):
+            if f.replica >= n:
+                raise ValueError(f"faults[{k}].replica: replica {f.replica} does not exist (replicas 0..{n - 1})")
+        for k, f in enumerate(self.faults):
+            for j, g in enumerate(self.faults[:k]):
+                if g.replica == f.replica and _overlap(f, g):
+                    raise ValueError(f"faults[{k}] overlaps faults[{j}] on replica {f.replica}")
+        edges = sorted([(f.down_at, 1) for f in self.faults] + [(f.up_at, -1) for f in self.faults if f.up_at])
+        down = 0
+        for t, d in edges:
+            down += d
+            if down >= n:
+                raise ValueError(f"faults: every replica is down at t={t}")
+        return self
+
+
+def _overlap(a: FaultConfig, b: FaultConfig) -> bool:
+    a_end = a.up_at if a.up_at is not None else float("inf")
+    b_end = b.up_at if b.up_at is not None else float("inf")
+    return a.down_at < b_end and b.down_at < a_end

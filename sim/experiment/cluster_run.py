@@ -1,0 +1,188 @@
+"""From a config with a ``cluster:`` section to a cluster replay and its results folder.
+
+Mirrors the start-up of a fleet: every replica's engine is resolved like a single engine
+(:func:`sim.experiment.engine_description.resolve`, one description per replica group of a mixed
+fleet: the experiment's ``gpu`` and ``engine`` with the group's overrides), the router is built
+from ``cluster.router`` (``sim.cluster.routers``), and ``sim.cluster.cluster.ClusterReplay`` runs
+them on the config's workload.
+
+The results folder is the single engine's (``sim.experiment.results``) with the fleet's tables
+(``requests`` with ``replica``, ``reroutes``, ``believed_hit_tokens``; ``steps`` with
+``replica``), the summary with its ``cluster`` block, and ``replicas.csv`` (one row per replica).
+
+Invariants: a replica group's problem is reported as ``<file>: cluster.replicas[k]: <key>: ...``;
+the router is seeded with ``cluster.seed`` (default: the experiment seed) and the KV-event
+delays with ``cluster.kv_events.seed`` (default: the experiment seed + 1). Imports neither torch
+nor gpu_backend (an executor factory comes in from ``sim.experiment.run``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.cluster.cluster import ClusterReplay, ClusterResult, Fault
+from sim.cluster.kv_event_pipeline import delay_sampler
+from sim.cluster.replica import ReplicaSpec
+from sim.cluster.router import ReplicaFacts, Router
+from sim.cluster.routers import make_router
+from sim.core.executor import Executor
+from sim.core.scheduler import Scheduler
+from sim.experiment.config import ConfigError, ExperimentConfig, config_from_dict, config_to_dict
+from sim.experiment.engine_description import EngineDescription, resolve
+from sim.experiment.workload import build_workload
+from sim.timing.latency import LatencyModel
+from workloads.registry import Workload
+
+_CAPACITY_KEYS = ("num_gpu_blocks", "kv_cache_gib")
+
+
+def replica_configs(cfg: ExperimentConfig) -> list[ExperimentConfig]:
+    """One config per replica: ``cfg`` itself, or per group ``cfg`` with the group's overrides."""
+    cluster = cfg.cluster
+    assert cluster is not None
+    if isinstance(cluster.replicas, int):
+        return [cfg] * cluster.replicas
+    out: list[ExperimentConfig] = []
+    for k, group in enumerate(cluster.replicas):
+        data = config_to_dict(cfg)
+        data.pop("cluster", None)
+        engine = dict(data["engine"])
+        if any(key in group.engine for key in _CAPACITY_KEYS):
+            for key in _CAPACITY_KEYS:
+                engine[key] = None  # the group's capacity replaces the experiment's
+        engine.update(group.engine)
+        data["engine"] = engine
+        if group.gpu is not None:
+            data["gpu"] = group.gpu
+        sub = config_from_dict(data, f"{cfg.source}: cluster.replicas[{k}]", cfg.base_dir)
+        out.extend([sub] * group.count)
+    return out
+
+
+def build_router(cfg: ExperimentConfig) -> tuple[Router, dict[str, Any]]:
+    """The router of ``cluster.router`` and its description (kind and parameters)."""
+    assert cfg.cluster is not None
+    rc = cfg.cluster.router
+    params = rc.model_dump(exclude={"kind"})
+    info = {"kind": rc.kind, **params}
+    if rc.kind == "llm_d":
+        w = params.pop("weights")
+        params.update(queue_weight=w["queue"], kv_cache_weight=w["kv_cache"], prefix_weight=w["prefix"])
+    seed = cfg.cluster.seed if cfg.cluster.seed is not None else cfg.seed
+    return make_router(rc.kind, seed, **params), info
+
+
+def replica_specs(
+    cfg: ExperimentConfig,
+    executor_factory: Callable[[ExperimentConfig, Scheduler], Executor],
+    build_latency: Callable[[ExperimentConfig], LatencyModel],
+) -> tuple[list[ReplicaSpec], list[EngineDescription]]:
+    """The replicas' build recipes and resolved engines (resolved once per distinct config)."""
+    specs: list[ReplicaSpec] = []
+    engines: list[EngineDescription] = []
+    cache: dict[int, tuple[EngineDescription, LatencyModel]] = {}
+    for i, sub in enumerate(replica_configs(cfg)):
+        if id(sub) not in cache:
+            cache[id(sub)] = (resolve(sub), build_latency(sub))
+        engine, latency = cache[id(sub)]
+        facts = ReplicaFacts(engine.block_size, engine.num_gpu_blocks,
+                             engine.scheduler_config.max_num_batched_tokens, engine.hash_algo, engine.hash_seed,
+                             latency)
+
+        def scheduler(engine: EngineDescription = engine) -> Scheduler:
+            return Scheduler(engine.scheduler_config, engine.cache_config, engine.block_hasher())
+
+        def executor(sched: Scheduler, sub: ExperimentConfig = sub) -> Executor:
+            return executor_factory(sub, sched)
+
+        specs.append(ReplicaSpec(f"replica-{i}", facts, scheduler, executor, sub.replay.fast_forward,
+                                 sub.replay.on_invalid_request == "reject"))
+        engines.append(engine)
+    return specs, engines
+
+
+def replay_cluster(
+    cfg: ExperimentConfig,
+    executor_factory: Callable[[ExperimentConfig, Scheduler], Executor],
+    build_latency: Callable[[ExperimentConfig], LatencyModel],
+    **replay_kwargs: Any,
+) -> tuple[ClusterResult, Workload]:
+    """Build the fleet, the router and the workload, and replay (no files written)."""
+    cluster = cfg.cluster
+    assert cluster is not None
+    specs, engines = replica_specs(cfg, executor_factory, build_latency)
+    router, info = build_router(cfg)
+    workload = build_workload(cfg, engines[0])
+    ev = cluster.kv_events
+    seed = ev.seed if ev.seed is not None else cfg.seed + 1
+    delay = ev.delay_s if isinstance(ev.delay_s, float | int) else ev.delay_s.model_dump(exclude_none=True)
+    try:
+        sampler = delay_sampler(delay, seed)
+    except ValueError as exc:
+        raise ConfigError(f"{cfg.source}: cluster.kv_events.delay_s: {exc}") from None
+    replay = ClusterReplay(
+        specs, router, workload.requests,
+        kv_delay=sampler,
+        metrics_interval_s=cluster.metrics_interval_s,
+        faults=[Fault(f.replica, f.down_at, f.up_at) for f in cluster.faults],
+        ttft_slo_s=cluster.ttft_slo_s,
+        router_info=info,
+        record_events=cfg.replay.record_events,
+        **replay_kwargs,
+    )
+    result = replay.run()
+    if cluster.compare:
+        result.summary["cluster"]["comparison"] = [_headline(info, result.summary)] + [
+            _headline(*_replay_with(cfg, rc.model_dump(), executor_factory, build_latency, **replay_kwargs))
+            for rc in cluster.compare
+        ]
+    return result, workload
+
+
+_HEADLINE = ("token_hit_rate", "request_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "e2e_p50_s")
+
+
+def _headline(router: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    row = {"router": router_label(router), **{k: summary[k] for k in _HEADLINE}}
+    row["goodput_fraction"] = summary["cluster"]["goodput_fraction"]
+    row["load_imbalance_busy"] = summary["cluster"]["load_imbalance_busy"]
+    return row
+
+
+def router_label(router: dict[str, Any]) -> str:
+    """``llm_d (precise)``, ``dynamo``, ...: the kind, with llm-d's prefix mode."""
+    return f"{router['kind']} ({router['prefix']})" if router.get("prefix") else str(router["kind"])
+
+
+def _replay_with(cfg: ExperimentConfig, router: dict[str, Any], executor_factory: Any, build_latency: Any,
+                 **replay_kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    data = config_to_dict(cfg)
+    data["cluster"] = {**data["cluster"], "router": router, "compare": []}
+    other = config_from_dict(data, cfg.source, cfg.base_dir)
+    result, _ = replay_cluster(other, executor_factory, build_latency, **replay_kwargs)
+    return {"kind": router["kind"], "prefix": router.get("prefix")}, result.summary
+
+
+def write_cluster_extras(folder: Path, result: ClusterResult) -> None:
+    """``replicas.csv`` (one row per replica) and, when recorded, ``kv_events.jsonl`` with the
+    replica of each event."""
+    write_table_csv(folder / "replicas.csv", pd.DataFrame(result.summary["cluster"]["replicas"]))
+    if result.events:
+        import json
+
+        from sim.core.kv_events import event_to_dict
+
+        lines = "".join(json.dumps({"replica": r, "step": s, **event_to_dict(e)}) + "\n"
+                        for r, (s, e) in zip(result.event_replicas, result.events))
+        (folder / "kv_events.jsonl").write_text(lines)
+
+
+def write_table_csv(path: Path, df: pd.DataFrame) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    df.to_csv(tmp, index=False)
+    tmp.replace(path)
+
