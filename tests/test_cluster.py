@@ -272,3 +272,26 @@ def test_cluster_run_writes_fleet_tables(tmp_path: Path) -> None:
     assert len(reps) == 3 and reps["num_requests"].sum() == 60
     c = result.summary["cluster"]
     assert c["load_imbalance_busy"] >= 1.0 and not math.isnan(c["goodput_fraction"])
+
+
+def test_fleet_bound_is_the_single_engine_infinite_cache_and_the_summary_names_the_routing(tmp_path: Path,
+                                                                                        capsys) -> None:
+    from sim.cli.main import main
+    from sim.experiment.run import run_experiment
+
+    base = ("workload.limit=60",)
+    single, _ = run_experiment(_cfg("configs/mooncake_sample.yaml", *base), out=tmp_path / "s", progress=False,
+                               bounds=True)
+    fleet, _ = run_experiment(_cfg("configs/mooncake_sample.yaml", *base, "cluster.replicas=3",
+                                   "cluster.router=sglang"), out=tmp_path / "f", progress=False, bounds=True)
+    inf = single.summary["infinite_cache_hit_rate"]
+    assert fleet.summary["infinite_cache_hit_rate"] == inf  # the stream's bound, whatever the routing
+    assert fleet.summary["first_admission_token_hit_rate"] <= inf + 1e-12
+    assert "belady_hit_rate" not in fleet.summary  # pool references model one engine
+    assert main(["run", str(ROOT / "configs/quickstart.yaml"), "--set", "workload.limit=80", "--out",
+                 str(tmp_path / "q"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "infinite cache, one for the fleet" in out
+    assert "diagnosis   routing -- on 8 replicas the sglang router" in out
+    assert "round_robin" in out.split("diagnosis", 1)[1]
+

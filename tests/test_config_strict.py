@@ -1,4 +1,4 @@
-"""Strict config input (issue 16): duplicate YAML keys, non-finite numbers, non-UTF-8 files,
+"""Strict config input: duplicate YAML keys, non-finite numbers, non-UTF-8 files,
 malformed ``--set`` values and vLLM 0.25.1's block-size rule each stop with one message naming the
 file and line, or the key, or the override -- never a traceback, never a silently wrong run."""
 

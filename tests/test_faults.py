@@ -1,4 +1,4 @@
-"""Fault tests of ``apcsim run``'s results folder (issue 16): SIGKILL, SIGINT and a full disk at
+"""Fault tests of ``apcsim run``'s results folder: SIGKILL, SIGINT and a full disk at
 every file-system operation of a run, in a fresh folder and over an old one. Every time the folder
 is the old complete results or the new complete results (or absent when there were none), an
 interrupted run says which, and the next run cleans up what a killed one left.

@@ -1,4 +1,4 @@
-"""Property tests over bad input (issue 16): trace lines and experiment configs mutated at random
+"""Property tests over bad input: trace lines and experiment configs mutated at random
 -- random bytes and text, truncations, type swaps, missing and unknown keys, duplicate keys,
 non-finite numbers, huge values. The outcome is always a clean result or one of apcsim's own
 errors naming the file and line (traces) or the file and key / line, or the ``--set`` override

@@ -1,4 +1,4 @@
-"""Per-request rejection, like vLLM 0.25.1 (issue 16): a prompt too long for ``max_model_len`` or a
+"""Per-request rejection, like vLLM 0.25.1: a prompt too long for ``max_model_len`` or a
 request that can never fit the pool is rejected alone, recorded with ``status`` /
 ``reject_reason``, counted in the summary, and the run goes on; ``replay.on_invalid_request:
 error`` keeps the old strict behaviour."""

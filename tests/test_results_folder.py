@@ -1,4 +1,4 @@
-"""The results folder of ``apcsim run`` (issue 16): replaced whole, locked, checked before the
+"""The results folder of ``apcsim run``: replaced whole, locked, checked before the
 replay, marked complete; parquet by default, CSV on request; skipped-line counts in the summary."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The timing side-channel experiment (issue 13): what each salt policy hides from an attacker who
+"""The timing side-channel experiment: what each salt policy hides from an attacker who
 sees only the TTFT of its own ordinary requests."""
 
 import copy

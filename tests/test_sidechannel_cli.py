@@ -101,7 +101,10 @@ def test_shipped_study_configs_validate():
 
     root = Path(__file__).resolve().parents[1] / "configs"
     head = load_study(root / "sidechannel.yaml")
-    assert len(head.points) == 6 * 2 * 3
+    assert len(head.points) == 6 * 2 * 2
+    with_load = load_study(root / "sweeps" / "sidechannel_load.yaml")
+    assert len(with_load.points) == 6 * 2 * 3
+    assert {p.key for p in head.points} < {p.key for p in with_load.points}  # the same points, plus x16
     assert {p.config.workload.tenants.salt for p in head.points} == {
         "none", "shared_system_prompt", "per_tenant", "per_user", "per_session", "per_request"}
     full = load_study(root / "sweeps" / "sidechannel_full.yaml")

@@ -1,4 +1,4 @@
-"""A sweep survives a worker process that dies (issue 16): the point it ran is retried once alone,
+"""A sweep survives a worker process that dies: the point it ran is retried once alone,
 then recorded as failed with the reason; the other points run and the table is written."""
 
 from __future__ import annotations

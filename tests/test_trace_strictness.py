@@ -1,4 +1,4 @@
-"""Strict trace input (issue 16's list), checked against the trace parser (``workloads.trace_format``,
+"""Strict trace input, checked against the trace parser (``workloads.trace_format``,
 ``workloads.trace_lines``, ``workloads.trace_json``)."""
 
 from __future__ import annotations

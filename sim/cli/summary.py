@@ -97,6 +97,8 @@ def _hit_rates(s: Mapping[str, Any]) -> list[str]:
                           else "  (no bounds: run without --no-bounds)"))
     for key, label, note in _REFERENCES:
         if key in s:
+            if "cluster" in s:  # sim.experiment.bounds.fleet_references
+                label, note = "infinite cache, one for the fleet", "upper bound for any router: shared, never evicted"
             lines.append(_row(f"  {label}", f"{sig(s.get(key)):<7}", note))
     queries = (s.get("prefix_cache") or {}).get("queries")
     lines += [
@@ -117,6 +119,21 @@ def _losses(loss: Mapping[str, float]) -> str:
     shown = [f"{label} {sig(loss[k]) if _ok(loss.get(k)) else 'n/a'}" for k, label in names if k in loss]
     tail = f"; never repeated {sig(loss['workload'])}" if _ok(loss.get("workload")) else ""
     return "missed prompt tokens by cause: " + ", ".join(shown) + tail
+
+
+def _routing(s: Mapping[str, Any]) -> str | None:
+    """The diagnosis of a routed fleet: its hit rate against the fleet-wide infinite cache and the
+    other routers replayed on the same fleet and stream (``cluster.compare``)."""
+    c, inf = s["cluster"], s.get("infinite_cache_hit_rate")
+    if not _ok(inf):
+        return None
+    kind = (c.get("router") or {}).get("kind", "the")
+    others = [f"{r['router']} {sig(r['request_hit_rate'])}" for r in c.get("comparison") or [] if r["router"] != kind]
+    return (f"routing -- on {c.get('num_replicas')} replicas the {kind} router reaches "
+            f"{sig(s.get('first_admission_token_hit_rate'))} of the {sig(inf)} that one infinite cache shared by "
+            f"the fleet would give" + (f" ({', '.join(others)} on the same fleet and stream)" if others else "")
+            + ": a request hits only on the replica it is sent to, so the router decides which prefixes it can "
+            "reach; the rest is lost to evictions within a replica and to turns sent away from their prefix")
 
 
 def _left_out(s: Mapping[str, Any]) -> str:
@@ -153,10 +170,11 @@ def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
     lines.append(f"throughput  {sig(s.get('throughput_requests_per_s'))} requests/s, "
                  f"{sig(s.get('throughput_output_tokens_per_s'))} output tokens/s "
                  f"(mean batch {sig(s.get('mean_batch_size'))} requests)")
-    if "cluster" in s:  # the diagnosis reads the one-engine bounds; a fleet's run shows its routers instead
-        return "\n".join(lines)
-    d = diagnose(s)
     wrap = textwrap.TextWrapper(width=width, initial_indent="diagnosis   ", subsequent_indent=" " * 12)
+    if "cluster" in s:  # the one-engine diagnosis reads pool bounds; a fleet's names its routing
+        line = _routing(s)
+        return "\n".join(lines + (["", *wrap.wrap(line)] if line else []))
+    d = diagnose(s)
     lines += ["", *wrap.wrap(d.line)]
     if d.losses and d.cause not in ("caching_off", "unknown"):
         wrap.initial_indent = " " * 12

@@ -94,3 +94,21 @@ def limit_references(cfg: ExperimentConfig, engine: EngineDescription, infinite:
     if fine is not None:
         out[f"infinite_cache_hit_rate_block_{FINE_BLOCK_SIZE}"] = fine.value
     return out
+
+
+_POOL_KEYS = frozenset({"block_size", "hash_block_size", "kv_cache_groups", "enable_prefix_caching", "hash_algo"})
+
+
+def fleet_references(cfg: ExperimentConfig, engine: EngineDescription) -> dict[str, float]:
+    """The reference of a routed fleet (``cluster:``): ``infinite_cache_hit_rate``, the stream's
+    infinite-cache bound at the replicas' block size -- one cache that never evicts, shared by every
+    replica. A request hits only on the replica it is routed to, so no router and no fleet size
+    reaches more. Empty when replica groups override how blocks are keyed (their bounds differ);
+    the pool-dependent references (Belady, sequential LRU) model one engine and are not computed."""
+    groups = cfg.cluster.replicas if cfg.cluster is not None else 1
+    if not isinstance(groups, int) and any(_POOL_KEYS & set(g.engine) for g in groups):
+        return {}
+    bound = HitBound(engine.block_size)
+    for req in build_workload(cfg, engine).requests:
+        bound.add(req, token_array(req.tokens))
+    return {"infinite_cache_hit_rate": bound.value}

@@ -161,13 +161,15 @@ def run_experiment(
         result, workload = replay_experiment(cfg, progress=progress, executor_factory=executor_factory, engine=engine)
         result.summary["engine"] = engine_facts(cfg, engine)
         extra: dict[str, Any] = {"workload": workload.description}
-        # the offline references model one engine's pool; a fleet's would need its routing too
-        if bounds and cfg.cluster is None:
-            from sim.experiment.bounds import limit_references, reference_hit_rates
+        if bounds:
+            from sim.experiment.bounds import fleet_references, limit_references, reference_hit_rates
 
             t0 = time.perf_counter()
-            refs = reference_hit_rates(cfg, engine)
-            refs.update(limit_references(cfg, engine, refs["infinite_cache_hit_rate"]))
+            if cfg.cluster is None:
+                refs = reference_hit_rates(cfg, engine)
+                refs.update(limit_references(cfg, engine, refs["infinite_cache_hit_rate"]))
+            else:  # the pool references model one engine; a fleet gets the bound no router beats
+                refs = fleet_references(cfg, engine)
             result.summary.update(refs)
             extra["bounds_wall_time_s"] = time.perf_counter() - t0
         if workload.executor_info is not None:

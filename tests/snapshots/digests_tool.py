@@ -39,7 +39,7 @@ SHARED_TRACES = ROOT.parent / "shared" / "traces"
 RUN_CASES: dict[str, tuple[str, bool]] = {
     # name: (config path relative to the repository, needs ../shared/traces)
     "quickstart": ("configs/quickstart.yaml", False),
-    "mooncake_sample": ("configs/mooncake_sample.yaml", False),  # the single-engine quickstart before issue 11
+    "mooncake_sample": ("configs/mooncake_sample.yaml", False),  # the single-engine quickstart before the cluster one
     "quickstart_torch_sim": ("configs/quickstart_torch.yaml", False),
     "agent_synthetic": ("configs/agent_synthetic.yaml", False),
     "chat_synthetic": ("configs/chat_synthetic.yaml", False),
