@@ -71,8 +71,8 @@ class InFlight:
         return min(candidates, key=lambda i: load[i])
 
 
-class _Tracked(Router):
-    """A router that tracks its own in-flight requests."""
+class TrackedRouter(Router):
+    """A router that tracks its own in-flight requests (what it sent, what came back)."""
 
     def attach(self, view: ClusterView) -> None:
         super().attach(view)
@@ -92,7 +92,7 @@ class _Tracked(Router):
         return Decision(replica)
 
 
-class RoundRobinRouter(_Tracked):
+class RoundRobinRouter(TrackedRouter):
     name = "round_robin"
 
     def __init__(self, seed: int) -> None:
@@ -111,7 +111,7 @@ class RoundRobinRouter(_Tracked):
         raise AssertionError("route() called with no replica up")
 
 
-class RandomRouter(_Tracked):
+class RandomRouter(TrackedRouter):
     name = "random"
 
     def route(self, request: RouterRequest) -> Decision:
@@ -119,7 +119,7 @@ class RandomRouter(_Tracked):
         return self._send(request, self.pick_random(self.view.up()))
 
 
-class LeastLoadedRouter(_Tracked):
+class LeastLoadedRouter(TrackedRouter):
     name = "least_loaded"
 
     def __init__(self, seed: int, by: str = "requests") -> None:
@@ -131,7 +131,7 @@ class LeastLoadedRouter(_Tracked):
         return self._send(request, self.inflight.least(self.view.up(), self.by))
 
 
-class SessionAffinityRouter(_Tracked):
+class SessionAffinityRouter(TrackedRouter):
     name = "session_affinity"
 
     def __init__(self, seed: int, ttl_s: float = 300.0) -> None:

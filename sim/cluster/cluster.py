@@ -43,6 +43,7 @@ from sim.cluster.replica import ClusterHooks, Replica, ReplicaSpec, row_metrics
 from sim.cluster.router import ClusterView, ReplicaMetrics, Router, RouterRequest
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.scheduler import Scheduler
+from sim.replay.arrival_stream import ArrivalStream
 from sim.replay.engine import ReplayResult, SimClock
 from sim.replay.errors import ReplayError
 from sim.replay.intake import ARRIVAL_EPS_S
@@ -97,10 +98,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         self.faults = sorted(faults, key=lambda f: f.down_at)
         self.ttft_slo_s = ttft_slo_s
         self.router_info = router_info or {"kind": router.name}
-        self._source: Iterator[TraceRequest] = iter(requests)
-        self._lookahead: TraceRequest | None = None
-        self._stream_done = False
-        self._last_arrival = -math.inf
+        self._stream = ArrivalStream(requests)
         self._index = 0
         self._pending_downs = len(self.faults)
         self._next_down = self.faults[0].down_at if self.faults else math.inf
@@ -163,7 +161,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         if self.next_time > t + ARRIVAL_EPS_S:
             return  # nothing due (the common case: a step inside a replica's window)
         while (tr := self._peek()) is not None and tr.arrival <= t + ARRIVAL_EPS_S:
-            self._lookahead = None
+            self._stream.pop()
             rr = RouterRequest(tr, self._index)
             self._trace[tr.id] = (self._index, tr.arrival)
             self._index += 1
@@ -185,20 +183,9 @@ class ClusterReplay(ClusterHooks, ClusterView):
 
     # -- the dispatcher ------------------------------------------------------------------------
     def _peek(self) -> TraceRequest | None:
-        if self._lookahead is None and not self._stream_done:
-            tr = next(self._source, None)
-            if tr is None:
-                self._stream_done = True
-            else:
-                if not tr.arrival >= self._last_arrival:
-                    raise ReplayError(
-                        f"request {tr.id}: arrival {tr.arrival} is before the previous one ({self._last_arrival})"
-                    )
-                self._last_arrival = tr.arrival
-                self._lookahead = tr
-        nxt = self._lookahead.arrival if self._lookahead is not None else math.inf
-        self.next_time = min(nxt, self._next_down)
-        return self._lookahead
+        tr = self._stream.peek()
+        self.next_time = min(self._stream.next_arrival, self._next_down)
+        return tr
 
     def _route(self, rr: RouterRequest, tr: TraceRequest) -> None:
         if self.pipeline is not None:
@@ -264,7 +251,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         self.router.on_replica_up(f.replica)
 
     def _check_done(self) -> None:
-        if self._stream_done and self._pending_downs == 0 and not self.done:
+        if self._stream.done and self._pending_downs == 0 and not self.done:
             self.done = True
             for r in self.replicas:
                 r.wake()

@@ -20,12 +20,12 @@ Imports neither simpy nor torch.
 
 from __future__ import annotations
 
-from sim.cluster.basic_routers import InFlight
-from sim.cluster.router import ClusterView, Decision, Router, RouterRequest
+from sim.cluster.basic_routers import TrackedRouter
+from sim.cluster.router import ClusterView, Decision, RouterRequest
 from sim.cluster.token_tree import TokenTree
 
 
-class SGLangRouter(Router):
+class SGLangRouter(TrackedRouter):
     name = "sglang"
     keeps_cache_view = True
 
@@ -40,8 +40,7 @@ class SGLangRouter(Router):
         self.max_tree_size = max_tree_size
 
     def attach(self, view: ClusterView) -> None:
-        super().attach(view)
-        self.inflight = InFlight(view.num_replicas)
+        super().attach(view)  # TrackedRouter: self.inflight
         self.trees = [TokenTree() for _ in range(view.num_replicas)]
         self._next_eviction = self.eviction_interval_s
 
@@ -80,12 +79,6 @@ class SGLangRouter(Router):
         self.inflight.sent(request, choice)
         return Decision(choice, min(matched, request.prompt_len - 1))
 
-    def on_first_token(self, request_id: str, replica: int) -> None:
-        self.inflight.first_token(request_id)
-
-    def on_finish(self, request_id: str, replica: int) -> None:
-        self.inflight.finished(request_id)
-
     def on_replica_down(self, replica: int) -> None:
-        self.inflight.replica_down(replica)
+        super().on_replica_down(replica)
         self.trees[replica] = TokenTree()  # remove_tenant

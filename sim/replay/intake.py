@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
+from sim.replay.arrival_stream import ArrivalStream
 from sim.replay.errors import ReplayError
 from sim.replay.recorder import ReplayRecorder
 from sim.replay.rejection import reject_reason
@@ -44,29 +45,16 @@ class RequestIntake:
         self.scheduler = scheduler
         self.reject_invalid = reject_invalid
         self.rec = rec
-        self._source: Iterator[TraceRequest] = iter(requests)
-        self._source_done = False
-        self._lookahead: TraceRequest | None = None
-        self._last_arrival = -math.inf
+        self._stream = ArrivalStream(requests)
         self.next_arrival = math.inf
         self._pending: list[Request] = []
         self._uid = 0
 
     def peek(self) -> TraceRequest | None:
         """The next not-yet-delivered request of the stream (arrival order is checked)."""
-        if self._lookahead is None and not self._source_done:
-            tr = next(self._source, None)
-            if tr is None:
-                self._source_done = True
-            else:
-                if not tr.arrival >= self._last_arrival:
-                    raise ReplayError(
-                        f"request {tr.id}: arrival {tr.arrival} is before the previous one ({self._last_arrival})"
-                    )
-                self._last_arrival = tr.arrival
-                self._lookahead = tr
-        self.next_arrival = self._lookahead.arrival if self._lookahead is not None else math.inf
-        return self._lookahead
+        tr = self._stream.peek()
+        self.next_arrival = self._stream.next_arrival
+        return tr
 
     def deliver_due(self, t: float) -> None:
         """Turn every request arriving at or before ``t`` (to ARRIVAL_EPS_S) into a pending Request."""
@@ -74,7 +62,7 @@ class RequestIntake:
             request = self._make_request(tr)
             if request is not None:
                 self._pending.append(request)
-            self._lookahead = None
+            self._stream.pop()
 
     def admit_due(self, t: float) -> None:
         """Deliver what is due at ``t``, then hand every pending request to ``add_request`` (in
