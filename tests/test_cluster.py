@@ -288,6 +288,15 @@ def test_fleet_bound_is_the_single_engine_infinite_cache_and_the_summary_names_t
     assert fleet.summary["infinite_cache_hit_rate"] == inf  # the stream's bound, whatever the routing
     assert fleet.summary["first_admission_token_hit_rate"] <= inf + 1e-12
     assert "belady_hit_rate" not in fleet.summary  # pool references model one engine
+    # a sweep point of a fleet gets the same reference as the run, never one engine's pool bounds
+    from sim.experiment.config import config_to_dict
+    from sim.experiment.sweep_point import compute_point
+
+    cl_cfg = _cfg("configs/mooncake_sample.yaml", *base, "cluster.replicas=3", "cluster.router=sglang")
+    row, _ = compute_point({"key": "k", "config": config_to_dict(cl_cfg), "base_dir": cl_cfg.base_dir,
+                            "source": cl_cfg.source, "bounds": True})
+    assert row["status"] == "ok" and row["infinite_cache_hit_rate"] == inf
+    assert "belady_hit_rate" not in row and "lru_sequential_hit_rate" not in row
     assert main(["run", str(ROOT / "configs/quickstart.yaml"), "--set", "workload.limit=80", "--out",
                  str(tmp_path / "q"), "--no-progress"]) == 0
     out = capsys.readouterr().out

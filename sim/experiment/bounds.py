@@ -18,6 +18,9 @@ block size and pool of the point's :class:`~sim.experiment.engine_description.En
   default, present only when the engine's block size is larger) and the stream's
   ``num_cache_salts``, ``num_lora_adapters`` and ``num_prompt_logprobs_requests`` (such requests
   never read the cache).
+* :func:`fleet_references` -- a routed fleet's (``cluster:``) one reference, the stream's
+  ``infinite_cache_hit_rate`` (one shared cache: no router beats it); :func:`run_references` picks
+  the fleet's or the one engine's for a config, for runs and sweep points alike.
 
 Invariants: every reference is computed from the stream ``sim.experiment.workload.build_workload``
 gives for ``(cfg, engine)``, the replay's own; the block reference string is cached per stream and
@@ -36,7 +39,7 @@ from sim.core.request import token_array
 from sim.experiment.config import ExperimentConfig, config_to_dict
 from sim.experiment.engine_description import EngineDescription
 from sim.experiment.workload import build_workload
-from workloads.bounds import BlockReferences, HitBound, block_references, offline_bounds
+from workloads.bounds import BlockReferences, HitBound, block_references, infinite_hit_rate, offline_bounds
 
 FINE_BLOCK_SIZE = 16
 """The block size of the granularity reference (vLLM's default block size)."""
@@ -60,6 +63,13 @@ def _references(cfg: ExperimentConfig, engine: EngineDescription) -> BlockRefere
     else:
         _REFS_CACHE.move_to_end(ident)
     return refs
+
+
+def run_references(cfg: ExperimentConfig, engine: EngineDescription) -> dict[str, float]:
+    """The offline references of one run's stream, for the engine it runs on: a routed fleet's
+    (:func:`fleet_references`, with a ``cluster:`` section) or one engine's
+    (:func:`reference_hit_rates`). Runs and sweep points both ask here."""
+    return fleet_references(cfg, engine) if cfg.cluster is not None else reference_hit_rates(cfg, engine)
 
 
 def reference_hit_rates(cfg: ExperimentConfig, engine: EngineDescription) -> dict[str, float]:
@@ -108,7 +118,4 @@ def fleet_references(cfg: ExperimentConfig, engine: EngineDescription) -> dict[s
     groups = cfg.cluster.replicas if cfg.cluster is not None else 1
     if not isinstance(groups, int) and any(_POOL_KEYS & set(g.engine) for g in groups):
         return {}
-    bound = HitBound(engine.block_size)
-    for req in build_workload(cfg, engine).requests:
-        bound.add(req, token_array(req.tokens))
-    return {"infinite_cache_hit_rate": bound.value}
+    return {"infinite_cache_hit_rate": infinite_hit_rate(_references(cfg, engine))}

@@ -162,14 +162,12 @@ def run_experiment(
         result.summary["engine"] = engine_facts(cfg, engine)
         extra: dict[str, Any] = {"workload": workload.description}
         if bounds:
-            from sim.experiment.bounds import fleet_references, limit_references, reference_hit_rates
+            from sim.experiment.bounds import limit_references, run_references
 
             t0 = time.perf_counter()
-            if cfg.cluster is None:
-                refs = reference_hit_rates(cfg, engine)
+            refs = run_references(cfg, engine)
+            if cfg.cluster is None:  # the diagnosis references model one engine's pool
                 refs.update(limit_references(cfg, engine, refs["infinite_cache_hit_rate"]))
-            else:  # the pool references model one engine; a fleet gets the bound no router beats
-                refs = fleet_references(cfg, engine)
             result.summary.update(refs)
             extra["bounds_wall_time_s"] = time.perf_counter() - t0
         if workload.executor_info is not None:

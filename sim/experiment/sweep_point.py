@@ -24,9 +24,9 @@ upper bound for one full-attention group, a sliding window and full + sliding-wi
 alike); ``belady_hit_rate`` and ``lru_sequential_hit_rate`` at capacity ``num_gpu_blocks - 1``
 only when the pool holds one full-attention group, NaN otherwise: their model is one pool of
 equal blocks, which several groups competing for the pool, or a window freeing blocks, break.
-They are computed by :func:`sim.experiment.bounds.reference_hit_rates`, which caches the block
-reference string of a stream in the worker process, so points that differ only in pool capacity
-hash their stream once.
+They are computed by :func:`sim.experiment.bounds.run_references` (a cluster point gets only the
+fleet-wide infinite cache, as ``apcsim run`` does), which caches the block reference string of a
+stream in the worker process, so points that differ only in pool capacity hash their stream once.
 
 A config with a ``sidechannel:`` section is computed by ``sim.experiment.sidechannel.point`` (the
 background workload and the side-channel parties in one replay): its attack columns join the
@@ -144,9 +144,9 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
         row.update(side)
         tb = time.perf_counter()
         if task.get("bounds", True) and cfg.sidechannel is None:  # bounds of a side-channel point: not computed
-            from sim.experiment.bounds import reference_hit_rates
+            from sim.experiment.bounds import run_references
 
-            row.update(reference_hit_rates(cfg, engine))
+            row.update(run_references(cfg, engine))
         row.update(status="ok", error=None, wall_time_s=wall, bounds_wall_time_s=time.perf_counter() - tb,
                    **_worker_facts())
         extra: dict[str, Any] = {"workload": workload.description, "sweep_point_key": task["key"]}
