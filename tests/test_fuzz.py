@@ -268,13 +268,6 @@ def test_fuzzed_set_overrides_name_the_override(key, value):
 # -- trace parser edge cases -------------------------------------------------------------------
 
 
-def test_duplicate_key_in_a_trace_line_is_refused(tmp_path):
-    p = tmp_path / "t.jsonl"
-    p.write_text('{"id": "a", "arrival": 0, "tokens": [1, 2], "output_tokens": 2, "output_tokens": 9}\n')
-    with pytest.raises(TraceFormatError, match=r"t\.jsonl:1: .*duplicate.*output_tokens"):
-        list(read_trace(p))
-
-
 def test_integer_arrival_beyond_float_range_is_refused(tmp_path):
     p = tmp_path / "t.jsonl"
     p.write_text('{"id": "a", "arrival": 1' + "0" * 400 + ', "tokens": [1, 2], "output_tokens": 2}\n')
