@@ -18,6 +18,7 @@ from sim.experiment.config import load_config
 from sim.experiment.results_folder import ResultsError, ResultsFolder, recover, require_complete
 from sim.experiment.run import run_experiment
 
+ROOT = Path(__file__).resolve().parents[1]
 SMALL = {
     "name": "rf",
     "engine": {"block_size": 16, "num_gpu_blocks": 400, "max_model_len": 4096},
@@ -53,6 +54,28 @@ def test_meta_carries_the_complete_marker_and_a_run_id(tmp_path):
     (folder / "meta.json").write_text(json.dumps({**meta, "complete": False}))
     with pytest.raises(ResultsError, match="not a complete results folder"):
         require_complete(folder)
+
+
+def test_extra_files_are_swapped_in_with_the_rest_or_not_at_all(tmp_path):
+    """A caller's files (a fleet's replicas.csv and load figure) are written before the swap."""
+    out = tmp_path / "o"
+    run_experiment(_cfg(tmp_path), out=out, progress=False)
+    old = sorted(os.listdir(out))
+
+    def fails(folder: Path, result) -> None:
+        (folder / "extra.txt").write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(ResultsError, match="could not write the results"):
+        run_experiment(_cfg(tmp_path, ["engine.block_size=64"]), out=out, progress=False, extras=fails)
+    assert sorted(os.listdir(out)) == old  # the previous complete results, untouched
+    assert yaml.safe_load((out / "config.resolved.yaml").read_text())["engine"]["block_size"] == 16
+    cl = tmp_path / "cl"
+    assert main(["run", str(ROOT / "configs/quickstart.yaml"), "--set", "workload.limit=40", "--set",
+                 "cluster.compare=[]", "--no-bounds", "--no-progress", "--out", str(cl)]) == 0
+    names = set(os.listdir(cl))
+    assert {"replicas.csv", "load_timeline.png", "load_timeline.svg", "meta.json"} <= names
+    assert not [p for p in os.listdir(tmp_path) if p.startswith((".tmp-", ".old-"))]
 
 
 def test_rerun_replaces_the_folder_whole(tmp_path):

@@ -29,10 +29,23 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sim.core.errors import ApcsimError
 from sim.experiment.backend import EXECUTORS, executor_factory
 from sim.experiment.config import ConfigError, load_config
+
+if TYPE_CHECKING:  # the replay (simpy) is imported only when a command runs
+    from sim.replay.engine import ReplayResult
+
+
+def _load_timeline(folder: Path, result: ReplayResult, name: str) -> None:
+    """A fleet's load per replica over time, written into its results folder with the tables."""
+    from sim.analysis.cluster_figures import replica_load_timeline
+    from sim.analysis.figure_style import save_figure
+
+    save_figure(replica_load_timeline(result.steps, f"{name}: load per replica"), folder, "load_timeline")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -52,6 +65,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     result, folder = run_experiment(
         cfg, out=args.out, progress=False if args.no_progress else None, executor_factory=factory,
         bounds=not args.no_bounds,
+        extras=(lambda d, r: _load_timeline(d, r, cfg.name)) if cfg.cluster is not None else None,
     )
     s = result.summary
     if args.json:  # the machine-readable output of earlier releases, unchanged
@@ -67,11 +81,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         meta = json.loads((folder / "meta.json").read_text())
         print(render(s, name=cfg.name, folder=str(folder), wall_time_s=result.wall_time_s,
                      bounds_wall_time_s=meta.get("bounds_wall_time_s")))
-    if "cluster" in s:  # the fleet's load over time, beside the tables
-        from sim.analysis.cluster_figures import replica_load_timeline
-        from sim.analysis.figure_style import save_figure
-
-        save_figure(replica_load_timeline(result.steps, f"{cfg.name}: load per replica"), folder, "load_timeline")
     comparison = s.get("cluster", {}).get("comparison")
     if comparison and not args.json:
         print(f"{'router':<24} {'hit rate':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'goodput':>8}")

@@ -32,7 +32,7 @@ import platform
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -133,7 +133,7 @@ def write_table(out_dir: Path, name: str, df: pd.DataFrame, formats: Sequence[st
 def _write_files(
     folder: Path, *, config: dict[str, Any], requests: pd.DataFrame, steps: pd.DataFrame,
     summary: dict[str, Any], meta: dict[str, Any], events: list[tuple[int, Any]] | None, tables: Sequence[str],
-    blocks: pd.DataFrame | None = None,
+    blocks: pd.DataFrame | None = None, extras: Callable[[Path], None] | None = None,
 ) -> None:
     write_table(folder, "requests", requests, tables)
     write_table(folder, "steps", steps, tables)
@@ -145,6 +145,8 @@ def _write_files(
         _atomic_write(folder / "kv_events.jsonl", lambda p: p.write_text(lines))
     if blocks is not None:
         _atomic_write(folder / "blocks.parquet", lambda p: blocks.to_parquet(p, index=False))
+    if extras is not None:
+        extras(folder)
     write_json(folder / "meta.json", meta)  # last: its complete marker says every other file is there
 
 
@@ -160,8 +162,12 @@ def write_results(
     tables: Sequence[str] = ("parquet",),
     folder: ResultsFolder | None = None,
     blocks: pd.DataFrame | None = None,
+    extras: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write every result file of one run as the folder ``out_dir``, replacing it whole.
+
+    ``extras(folder)`` writes the run's other files (a fleet's ``replicas.csv``, figures) into the
+    folder before ``meta.json``, so they are swapped in with the rest or not at all.
 
     ``folder``: a :class:`ResultsFolder` for ``out_dir`` opened before the replay (so that an
     unwritable location fails early); else one is opened here. ``meta`` gains ``run_id`` and
@@ -175,7 +181,7 @@ def write_results(
         meta = {**meta, "run_id": rf.run_id, "complete": True}
         try:
             _write_files(rf.tmp, config=config, requests=requests, steps=steps, summary=summary, meta=meta,
-                         events=events, tables=tables, blocks=blocks)
+                         events=events, tables=tables, blocks=blocks, extras=extras)
             return rf.commit()
         except OSError as exc:
             rf.abort()

@@ -144,8 +144,11 @@ def run_experiment(
     progress: bool | None = None,
     executor_factory: ExecutorFactory | None = None,
     bounds: bool = False,
+    extras: Callable[[Path, ReplayResult], None] | None = None,
 ) -> tuple[ReplayResult, Path]:
     """Replay ``cfg`` and write its results folder; returns the result and the folder.
+    ``extras(folder, result)`` adds files of the caller's (e.g. figures) inside the folder before
+    it is swapped in.
 
     The summary gains the resolved engine (``engine``) and, with ``bounds``, the offline references
     of ``sim.experiment.bounds`` over the replay's own stream (``infinite_cache_hit_rate``,
@@ -186,9 +189,16 @@ def run_experiment(
             tables=cfg.replay.tables,
             folder=target,
             blocks=result.blocks,
+            extras=lambda d: _write_extras(cfg, result, d, extras),
         )
-        if cfg.cluster is not None:
-            from sim.experiment.cluster_run import write_cluster_extras
-
-            write_cluster_extras(folder, result)  # type: ignore[arg-type]  # a ClusterResult (replay_experiment)
     return result, folder
+
+
+def _write_extras(cfg: ExperimentConfig, result: ReplayResult, folder: Path,
+                  extras: Callable[[Path, ReplayResult], None] | None) -> None:
+    if cfg.cluster is not None:
+        from sim.experiment.cluster_run import write_cluster_extras
+
+        write_cluster_extras(folder, result)  # type: ignore[arg-type]  # a ClusterResult (replay_experiment)
+    if extras is not None:
+        extras(folder, result)
