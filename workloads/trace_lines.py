@@ -17,6 +17,7 @@ yielded). Imports numpy only (and the optional compiled scanner).
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,7 +69,9 @@ def open_trace(path: str | os.PathLike[str]) -> BinaryIO:
         except ImportError:
             raise TraceInputError(f"{p}: reading .zst traces needs the zstandard package "
                                   "(pip install zstandard)") from None
-        return cast(BinaryIO, zstandard.open(p, "rb"))
+        # zstandard's reader has read/readinto but no readline: buffered, it iterates by line like
+        # the gzip and lzma files (the stdlib-json path reads lines; the scanner reads chunks)
+        return cast(BinaryIO, io.BufferedReader(zstandard.open(p, "rb")))
     return cast(BinaryIO, open(p, "rb"))
 
 
