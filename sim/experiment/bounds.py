@@ -51,15 +51,21 @@ _REFS_CACHE: OrderedDict[str, tuple[BlockReferences, dict[str, float]]] = Ordere
 _REFS_CACHE_SIZE = 2
 
 
+Shared = tuple[Iterable[TraceRequest], str]
+"""A stream the caller holds already and the scope it was shared in
+(``sim.experiment.workload.shared_workload``)."""
+
+
 def _references(cfg: ExperimentConfig, engine: EngineDescription,
-                requests: Iterable[TraceRequest] | None = None) -> tuple[BlockReferences, dict[str, float]]:
+                shared: Shared | None = None) -> tuple[BlockReferences, dict[str, float]]:
     """The stream's block reference string at the scheduler block size and the references computed
-    over it so far, by capacity-free name (cached, see the docstring); ``requests``: the stream,
-    when the caller holds it already (else it is built)."""
-    ident = json.dumps({"stream": stream_key(cfg), "block_size": engine.block_size}, sort_keys=True)
+    over it so far, by capacity-free name (cached, see the docstring); ``shared``: the stream when
+    the caller holds it (else it is built)."""
+    scope = shared[1] if shared is not None else None
+    ident = json.dumps({"stream": stream_key(cfg, scope), "block_size": engine.block_size}, sort_keys=True)
     entry = _REFS_CACHE.get(ident)
     if entry is None:
-        stream = requests if requests is not None else build_workload(cfg, engine).requests
+        stream = shared[0] if shared is not None else build_workload(cfg, engine).requests
         entry = (block_references(stream, engine.block_size), {})
         _REFS_CACHE[ident] = entry
         while len(_REFS_CACHE) > _REFS_CACHE_SIZE:
@@ -77,23 +83,22 @@ def _infinite(entry: tuple[BlockReferences, dict[str, float]]) -> float:
     return known["infinite_cache_hit_rate"]
 
 
-def run_references(cfg: ExperimentConfig, engine: EngineDescription,
-                   requests: Iterable[TraceRequest] | None = None) -> dict[str, float]:
+def run_references(cfg: ExperimentConfig, engine: EngineDescription, shared: Shared | None = None) -> dict[str, float]:
     """The offline references of one run's stream, for the engine it runs on: a routed fleet's
     (:func:`fleet_references`, with a ``cluster:`` section) or one engine's
-    (:func:`reference_hit_rates`). Runs and sweep points both ask here; ``requests``: the stream
-    when the caller holds it (a sweep worker's shared one)."""
+    (:func:`reference_hit_rates`). Runs and sweep points both ask here; ``shared``: the stream
+    when the caller holds it (a sweep worker's, with its scope)."""
     if cfg.cluster is not None:
-        return fleet_references(cfg, engine, requests)
-    return reference_hit_rates(cfg, engine, requests)
+        return fleet_references(cfg, engine, shared)
+    return reference_hit_rates(cfg, engine, shared)
 
 
 def reference_hit_rates(cfg: ExperimentConfig, engine: EngineDescription,
-                        requests: Iterable[TraceRequest] | None = None) -> dict[str, float]:
+                        shared: Shared | None = None) -> dict[str, float]:
     """``infinite_cache_hit_rate``, ``belady_hit_rate`` and ``lru_sequential_hit_rate`` (see the
     module docstring)."""
     capacity = max(0, engine.num_gpu_blocks - 1) if engine.single_full_group else None
-    entry = _references(cfg, engine, requests)
+    entry = _references(cfg, engine, shared)
     return offline_bounds(entry[0], capacity, infinite=_infinite(entry))
 
 
@@ -128,7 +133,7 @@ _POOL_KEYS = frozenset({"block_size", "hash_block_size", "kv_cache_groups", "ena
 
 
 def fleet_references(cfg: ExperimentConfig, engine: EngineDescription,
-                     requests: Iterable[TraceRequest] | None = None) -> dict[str, float]:
+                     shared: Shared | None = None) -> dict[str, float]:
     """The reference of a routed fleet (``cluster:``): ``infinite_cache_hit_rate``, the stream's
     infinite-cache bound at the replicas' block size -- one cache that never evicts, shared by every
     replica. A request hits only on the replica it is routed to, so no router and no fleet size
@@ -137,4 +142,4 @@ def fleet_references(cfg: ExperimentConfig, engine: EngineDescription,
     groups = cfg.cluster.replicas if cfg.cluster is not None else 1
     if not isinstance(groups, int) and any(_POOL_KEYS & set(g.engine) for g in groups):
         return {}
-    return {"infinite_cache_hit_rate": _infinite(_references(cfg, engine, requests))}
+    return {"infinite_cache_hit_rate": _infinite(_references(cfg, engine, shared))}

@@ -133,6 +133,8 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
         facts = derived_facts(cfg, engine)
         extra_files: dict[str, bytes] = {}
         side: dict[str, Any] = {}
+        scope = str(task.get("run", task["key"]))  # the sweep run sharing streams (a bare task: the point alone)
+        given = None
         if cfg.sidechannel is not None:  # background + side-channel parties (sim.experiment.sidechannel.point)
             from sim.experiment.sidechannel.point import run_point
 
@@ -141,7 +143,7 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
         else:  # one engine replays the worker's shared stream (a fleet builds its own)
             from sim.experiment.workload import shared_workload
 
-            given = shared_workload(cfg, engine) if cfg.cluster is None else None
+            given = shared_workload(cfg, engine, scope=scope) if cfg.cluster is None else None
             result, workload = replay_experiment(cfg, progress=False, engine=engine, workload=given)
         wall = time.perf_counter() - t0
         metrics: dict[str, Any] = {}
@@ -153,7 +155,7 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
         if task.get("bounds", True) and cfg.sidechannel is None:  # bounds of a side-channel point: not computed
             from sim.experiment.bounds import run_references
 
-            row.update(run_references(cfg, engine, workload.requests if cfg.cluster is None else None))
+            row.update(run_references(cfg, engine, (workload.requests, scope) if given is not None else None))
         row.update(status="ok", error=None, wall_time_s=wall, bounds_wall_time_s=time.perf_counter() - tb,
                    **_worker_facts())
         extra: dict[str, Any] = {"workload": workload.description, "sweep_point_key": task["key"]}

@@ -43,20 +43,24 @@ _SHARED_SIZE = 4
 """Streams :func:`shared_workload` keeps per process (least recently used dropped first)."""
 
 
-def stream_key(cfg: ExperimentConfig) -> str:
-    """What a workload's stream depends on: its ``workload:`` section, the seed and the folder."""
-    return json.dumps({"workload": config_to_dict(cfg)["workload"], "seed": cfg.seed, "base": cfg.base_dir},
-                      sort_keys=True, default=str)
+def stream_key(cfg: ExperimentConfig, scope: str | None = None) -> str:
+    """What a workload's stream depends on: its ``workload:`` section, the seed and the folder;
+    ``scope`` names the run that may share it (the input files do not change within one)."""
+    return json.dumps({"workload": config_to_dict(cfg)["workload"], "seed": cfg.seed, "base": cfg.base_dir,
+                       "scope": scope}, sort_keys=True, default=str)
 
 
-def shared_workload(cfg: ExperimentConfig, engine: EngineDescription | None = None) -> Workload:
+def shared_workload(cfg: ExperimentConfig, engine: EngineDescription | None = None, *, scope: str) -> Workload:
     """:func:`build_workload` with the stream materialised (a list) and kept for the next config
-    with the same :func:`stream_key` in this process (see the module docstring); the description
-    is the one for ``engine``. The skip report is the one filled while materialising."""
+    with the same :func:`stream_key` in this process, within ``scope`` (one sweep run: a later run
+    reads its input files again); the description is the one for ``engine``, the skip report the
+    one filled while materialising (see the module docstring)."""
     fresh = build_workload(cfg, engine)  # lazy: reads nothing yet (the description for this engine)
-    key = stream_key(cfg)
+    key = stream_key(cfg, scope)
     kept = _SHARED.get(key)
     if kept is None:
+        for old in [k for k in _SHARED if json.loads(k)["scope"] != scope]:
+            del _SHARED[old]  # an earlier run's streams
         kept = dataclasses.replace(fresh, requests=list(fresh.requests))
         _SHARED[key] = kept
         while len(_SHARED) > _SHARED_SIZE:
@@ -64,6 +68,11 @@ def shared_workload(cfg: ExperimentConfig, engine: EngineDescription | None = No
     else:
         _SHARED.move_to_end(key)
     return dataclasses.replace(fresh, requests=kept.requests, reader=kept.reader, source=kept.source)
+
+
+def release_shared() -> None:
+    """Drop the streams :func:`shared_workload` keeps (a sweep run in this process is over)."""
+    _SHARED.clear()
 
 
 def workload_stats(cfg: ExperimentConfig, block_sizes: Sequence[int] | None = None, *,
