@@ -1,11 +1,12 @@
 """Build hook for the optional compiled modules (everything else is in ``pyproject.toml``).
 
 ``sim/core/compiled_pool.pyx`` (the compiled block pool), ``sim/core/compiled_hash.pyx`` (the fast
-hash chain over runs) and ``workloads/trace_scan.pyx`` (the trace line scanner) are compiled with
+hash chain over runs), ``workloads/trace_scan.pyx`` (the trace line scanner) and
+``workloads/bounds_scan.pyx`` (the policy loops of the offline references) are compiled with
 Cython and the system C compiler by ``pip install -e .``. All are optional: if Cython or the
 compiler fails, the install still succeeds; ``sim.core.pool_impl`` then says once that it falls
-back to the Python pool, the hash uses its numpy code and traces the stdlib ``json`` path (same
-results, slower).
+back to the Python pool, the hash uses its numpy code, traces the stdlib ``json`` path and the
+offline references their Python loops (same results, slower).
 In a checkout, ``python setup.py build_ext --inplace`` builds it next to its source.
 """
 
@@ -17,6 +18,7 @@ _MODULES = {
     "sim.core.compiled_pool": "sim/core/compiled_pool.pyx",
     "sim.core.compiled_hash": "sim/core/compiled_hash.pyx",
     "workloads.trace_scan": "workloads/trace_scan.pyx",
+    "workloads.bounds_scan": "workloads/bounds_scan.pyx",
 }
 
 

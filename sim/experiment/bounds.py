@@ -24,7 +24,8 @@ block size and pool of the point's :class:`~sim.experiment.engine_description.En
 
 Invariants: every reference is computed from the stream ``sim.experiment.workload.build_workload``
 gives for ``(cfg, engine)``, the replay's own; the block reference string is cached per stream and
-block size in the process (sweep points that differ only in pool size hash their stream once).
+block size in the process (sweep points that differ only in pool size hash their stream once), with
+the infinite-cache rate over it (it depends on no capacity).
 Imports neither simpy nor torch.
 """
 
@@ -33,50 +34,72 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 from sim.core.request import token_array
-from sim.experiment.config import ExperimentConfig, config_to_dict
+from sim.experiment.config import ExperimentConfig
 from sim.experiment.engine_description import EngineDescription
-from sim.experiment.workload import build_workload
+from sim.experiment.workload import build_workload, stream_key
 from workloads.bounds import BlockReferences, HitBound, block_references, infinite_hit_rate, offline_bounds
+from workloads.trace_format import TraceRequest
 
 FINE_BLOCK_SIZE = 16
 """The block size of the granularity reference (vLLM's default block size)."""
 
-_REFS_CACHE: OrderedDict[str, BlockReferences] = OrderedDict()
+_REFS_CACHE: OrderedDict[str, tuple[BlockReferences, dict[str, float]]] = OrderedDict()
 _REFS_CACHE_SIZE = 2
 
 
-def _references(cfg: ExperimentConfig, engine: EngineDescription) -> BlockReferences:
-    """The stream's block reference string at the scheduler block size (cached, see the docstring)."""
-    ident = json.dumps(
-        {"workload": config_to_dict(cfg)["workload"], "seed": cfg.seed, "base": cfg.base_dir,
-         "block_size": engine.block_size}, sort_keys=True, default=str,
-    )
-    refs = _REFS_CACHE.get(ident)
-    if refs is None:
-        refs = block_references(build_workload(cfg, engine).requests, engine.block_size)
-        _REFS_CACHE[ident] = refs
+Shared = tuple[Iterable[TraceRequest], str]
+"""A stream the caller holds already and the scope it was shared in
+(``sim.experiment.workload.shared_workload``)."""
+
+
+def _references(cfg: ExperimentConfig, engine: EngineDescription,
+                shared: Shared | None = None) -> tuple[BlockReferences, dict[str, float]]:
+    """The stream's block reference string at the scheduler block size and the references computed
+    over it so far, by capacity-free name (cached, see the docstring); ``shared``: the stream when
+    the caller holds it (else it is built)."""
+    scope = shared[1] if shared is not None else None
+    ident = json.dumps({"stream": stream_key(cfg, scope), "block_size": engine.block_size}, sort_keys=True)
+    entry = _REFS_CACHE.get(ident)
+    if entry is None:
+        stream = shared[0] if shared is not None else build_workload(cfg, engine).requests
+        entry = (block_references(stream, engine.block_size), {})
+        _REFS_CACHE[ident] = entry
         while len(_REFS_CACHE) > _REFS_CACHE_SIZE:
             _REFS_CACHE.popitem(last=False)
     else:
         _REFS_CACHE.move_to_end(ident)
-    return refs
+    return entry
 
 
-def run_references(cfg: ExperimentConfig, engine: EngineDescription) -> dict[str, float]:
+def _infinite(entry: tuple[BlockReferences, dict[str, float]]) -> float:
+    """The stream's infinite-cache rate, computed once per cached reference string."""
+    refs, known = entry
+    if "infinite_cache_hit_rate" not in known:
+        known["infinite_cache_hit_rate"] = infinite_hit_rate(refs)
+    return known["infinite_cache_hit_rate"]
+
+
+def run_references(cfg: ExperimentConfig, engine: EngineDescription, shared: Shared | None = None) -> dict[str, float]:
     """The offline references of one run's stream, for the engine it runs on: a routed fleet's
     (:func:`fleet_references`, with a ``cluster:`` section) or one engine's
-    (:func:`reference_hit_rates`). Runs and sweep points both ask here."""
-    return fleet_references(cfg, engine) if cfg.cluster is not None else reference_hit_rates(cfg, engine)
+    (:func:`reference_hit_rates`). Runs and sweep points both ask here; ``shared``: the stream
+    when the caller holds it (a sweep worker's, with its scope)."""
+    if cfg.cluster is not None:
+        return fleet_references(cfg, engine, shared)
+    return reference_hit_rates(cfg, engine, shared)
 
 
-def reference_hit_rates(cfg: ExperimentConfig, engine: EngineDescription) -> dict[str, float]:
+def reference_hit_rates(cfg: ExperimentConfig, engine: EngineDescription,
+                        shared: Shared | None = None) -> dict[str, float]:
     """``infinite_cache_hit_rate``, ``belady_hit_rate`` and ``lru_sequential_hit_rate`` (see the
     module docstring)."""
     capacity = max(0, engine.num_gpu_blocks - 1) if engine.single_full_group else None
-    return offline_bounds(_references(cfg, engine), capacity)
+    entry = _references(cfg, engine, shared)
+    return offline_bounds(entry[0], capacity, infinite=_infinite(entry))
 
 
 def limit_references(cfg: ExperimentConfig, engine: EngineDescription, infinite: float) -> dict[str, Any]:
@@ -109,7 +132,8 @@ def limit_references(cfg: ExperimentConfig, engine: EngineDescription, infinite:
 _POOL_KEYS = frozenset({"block_size", "hash_block_size", "kv_cache_groups", "enable_prefix_caching", "hash_algo"})
 
 
-def fleet_references(cfg: ExperimentConfig, engine: EngineDescription) -> dict[str, float]:
+def fleet_references(cfg: ExperimentConfig, engine: EngineDescription,
+                     shared: Shared | None = None) -> dict[str, float]:
     """The reference of a routed fleet (``cluster:``): ``infinite_cache_hit_rate``, the stream's
     infinite-cache bound at the replicas' block size -- one cache that never evicts, shared by every
     replica. A request hits only on the replica it is routed to, so no router and no fleet size
@@ -118,4 +142,4 @@ def fleet_references(cfg: ExperimentConfig, engine: EngineDescription) -> dict[s
     groups = cfg.cluster.replicas if cfg.cluster is not None else 1
     if not isinstance(groups, int) and any(_POOL_KEYS & set(g.engine) for g in groups):
         return {}
-    return {"infinite_cache_hit_rate": infinite_hit_rate(_references(cfg, engine))}
+    return {"infinite_cache_hit_rate": _infinite(_references(cfg, engine, shared))}

@@ -84,13 +84,16 @@ def replay_experiment(
     executor_factory: ExecutorFactory | None = None,
     engine: EngineDescription | None = None,
     requests: Callable[[Workload], Iterable[TraceRequest]] | None = None,
+    workload: Workload | None = None,
     **replay_kwargs: Any,
 ) -> tuple[ReplayResult, Workload]:
     """Build everything and replay (no files written). ``executor_factory`` replaces the
     simulated executor (latency model) by another one, e.g. real forward passes; ``engine`` is
     ``cfg``'s resolved engine when the caller has it already; ``requests`` turns the workload into
     the stream replayed (default: the workload's own requests), e.g. to add other parties'
-    requests (``sim.experiment.sidechannel``). A config with a ``cluster:`` section replays its
+    requests (``sim.experiment.sidechannel``); ``workload`` is ``cfg``'s workload when the caller
+    has built it already (a sweep worker's shared stream, ``sim.experiment.workload.shared_workload``;
+    one engine only). A config with a ``cluster:`` section replays its
     fleet (``sim.experiment.cluster_run``; the result is a ``ClusterResult``)."""
     if cfg.cluster is not None:
         from sim.experiment.cluster_run import replay_cluster
@@ -104,7 +107,7 @@ def replay_experiment(
     engine = engine if engine is not None else resolve(cfg)
     scheduler = build_scheduler(engine)
     executor = (executor_factory or simulated_executor)(cfg, scheduler)
-    workload = build_workload(cfg, engine)
+    workload = workload if workload is not None else build_workload(cfg, engine)
     replay = Replay(
         scheduler,
         executor,

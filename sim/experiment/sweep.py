@@ -30,6 +30,9 @@ tasks (``ray=True``; ``ray_address`` joins a running cluster, else a local Ray i
 Ray workers need apcsim installed and the input files at the same paths; they send results back
 and this process writes them, so the cluster needs no shared file system.
 
+A worker builds each request stream once per run and hands it to every point replaying it
+(``sim.experiment.workload.shared_workload``; points with the same stream run next to each other).
+
 Invariants: a point folder is complete or absent; the table is in point order whatever order the
 points ran in. Imports neither torch nor ``sim.analysis`` (simpy only inside the workers, through
 ``sim.experiment.run``).
@@ -41,6 +44,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +57,7 @@ from sim.experiment.results import _atomic_write, write_json, write_table
 from sim.experiment.sweep_config import Point, Sweep, load_sweep
 from sim.experiment.sweep_point import WALL_COLUMNS, commit_point, compute_point, error_result, read_row
 from sim.experiment.sweep_pool import run_local
+from sim.experiment.workload import release_shared
 
 TABLE = "table"
 FRONT_COLUMNS = (
@@ -237,7 +242,8 @@ def run_sweep(
             else:
                 todo.append(p)
         todo.sort(key=_stream_order)
-        tasks = [{**p.task(sweep.bounds, sweep.keep_steps), "replace": not resume} for p in todo]
+        run = uuid.uuid4().hex  # the workers share streams within this run only (shared_workload)
+        tasks = [{**p.task(sweep.bounds, sweep.keep_steps), "replace": not resume, "run": run} for p in todo]
         index_of = {p.key: p.index for p in todo}
         n_workers = workers if workers is not None else (os.cpu_count() or 1)
         show = sys.stderr.isatty() if progress is None else progress
@@ -258,6 +264,7 @@ def run_sweep(
                 run_local(tasks, points_dir, n_workers, on_row, lock.fd)
         finally:
             bar.close()
+            release_shared()  # what points run in this process (workers=1) kept
         report.table = write_sweep_table(sweep, folder)
         write_json(folder / "sweep.json", {**sweep.manifest(), "complete": True})
     report.wall_time_s = time.perf_counter() - t0

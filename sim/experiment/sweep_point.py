@@ -28,6 +28,10 @@ They are computed by :func:`sim.experiment.bounds.run_references` (a cluster poi
 fleet-wide infinite cache, as ``apcsim run`` does), which caches the block reference string of a
 stream in the worker process, so points that differ only in pool capacity hash their stream once.
 
+A worker builds each stream once (:func:`sim.experiment.workload.shared_workload`: the points of a
+sweep that differ only in engine settings replay the same requests), and the replay and the bounds
+of a point read that one materialised stream.
+
 A config with a ``sidechannel:`` section is computed by ``sim.experiment.sidechannel.point`` (the
 background workload and the side-channel parties in one replay): its attack columns join the
 row, ``probes.parquet`` replaces ``requests.parquet``, and no bounds are computed.
@@ -129,13 +133,18 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
         facts = derived_facts(cfg, engine)
         extra_files: dict[str, bytes] = {}
         side: dict[str, Any] = {}
+        scope = str(task.get("run", task["key"]))  # the sweep run sharing streams (a bare task: the point alone)
+        given = None
         if cfg.sidechannel is not None:  # background + side-channel parties (sim.experiment.sidechannel.point)
             from sim.experiment.sidechannel.point import run_point
 
             sc = run_point(cfg, engine)
             result, workload, side, extra_files = sc.replay, sc.workload, sc.metrics, sc.files
-        else:
-            result, workload = replay_experiment(cfg, progress=False, engine=engine)
+        else:  # one engine replays the worker's shared stream (a fleet builds its own)
+            from sim.experiment.workload import shared_workload
+
+            given = shared_workload(cfg, engine, scope=scope) if cfg.cluster is None else None
+            result, workload = replay_experiment(cfg, progress=False, engine=engine, workload=given)
         wall = time.perf_counter() - t0
         metrics: dict[str, Any] = {}
         _flatten("", result.summary, metrics)
@@ -146,7 +155,7 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
         if task.get("bounds", True) and cfg.sidechannel is None:  # bounds of a side-channel point: not computed
             from sim.experiment.bounds import run_references
 
-            row.update(run_references(cfg, engine))
+            row.update(run_references(cfg, engine, (workload.requests, scope) if given is not None else None))
         row.update(status="ok", error=None, wall_time_s=wall, bounds_wall_time_s=time.perf_counter() - tb,
                    **_worker_facts())
         extra: dict[str, Any] = {"workload": workload.description, "sweep_point_key": task["key"]}
