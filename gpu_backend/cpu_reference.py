@@ -55,7 +55,8 @@ def write_calibration_steps(runs: Sequence[tuple[str, RealRun]], path: Path) -> 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds (each: every validation workload once, then re-timing)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds (each: every validation workload once, then re-timing)")
     ap.add_argument("--retime-passes", type=int, default=2,
                     help="re-timing passes of the calibration replays and validation real run 1 in each round")
     ap.add_argument("--grid", default="cpu", choices=tuple(PRESETS))
@@ -82,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             val_runs[key].append(run)
             print(f"round {r + 1}: {cfg.name}: {len(run.step_shapes)} steps in {run.wall_s:.1f} s", flush=True)
         # re-time the calibration replays and validation real run 1 in every round: their medians span the window
-        firsts = [*((c, run) for c, (_, run) in zip(cal_cfgs, cal_runs)), *((val_cfgs[k], val_runs[k][0]) for k in val_cfgs)]
+        firsts = [*((c, run) for c, (_, run) in zip(cal_cfgs, cal_runs)),
+                  *((val_cfgs[k], val_runs[k][0]) for k in val_cfgs)]
         for (cfg, run), key in zip(firsts, [*(c.name for c in cal_cfgs), *val_cfgs]):
             assert run.step_inputs is not None
             t1 = time.perf_counter()
