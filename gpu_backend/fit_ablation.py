@@ -8,8 +8,9 @@ median (``validate_*/steps_real1.csv``). This module refits the model on the sam
 samples four ways -- replay steps by their single measurement or by their re-timed median, times
 the ``base`` terms or ``base`` plus ``multi_token_step`` -- and reports for each the coefficients,
 the held-out residuals by step kind and the per-step error on the validation steps (against their
-re-timed medians, the target's estimator). Nothing is measured again: the figures are functions of
-the files.
+re-timed medians, the target's estimator). And, model-free, how fast each workload's decode steps
+run against the same shapes in the other workloads (:func:`same_shape`): a cost the step's shape
+does not carry. Nothing is measured again: the figures are functions of the files.
 
 Invariants: the training and held-out samples are those of ``model.samples.csv`` (the validation
 steps never enter a fit); held-out and validation errors are always against the re-timed medians
@@ -87,6 +88,26 @@ def ablation(folder: str | Path, variants: dict[str, tuple[str, Sequence[str]]] 
     return out
 
 
+def same_shape(folder: str | Path, bin_tokens: int = 64) -> dict[str, Any]:
+    """Decode steps of 1 and 2 sequences of every workload (calibration replays and validation run 1,
+    re-timed medians), binned by sequence count and context per sequence (``bin_tokens``): per
+    workload, the median of each step's time over the median of its bin across all workloads."""
+    folder = Path(folder)
+    cal = pd.read_csv(folder / "calibration_steps.csv")
+    parts = [cal[["source", "kind", "num_seqs", "context_tokens", "retimed_s"]]]
+    for p in sorted(folder.glob("validate_*/steps_real1.csv")):
+        t = pd.read_csv(p)
+        parts.append(t.assign(source=p.parent.name)[["source", "kind", "num_seqs", "context_tokens", "retimed_s"]])
+    d = pd.concat(parts, ignore_index=True)
+    d = d[(d["kind"] == "decode") & (d["num_seqs"] <= 2)].copy()
+    d["bin"] = d["num_seqs"].astype(str) + ":" + (d["context_tokens"] // d["num_seqs"] // bin_tokens).astype(str)
+    counts = d.groupby("bin")["source"].nunique()
+    d = d[d["bin"].map(counts) >= 2]  # bins that at least two workloads share
+    d["ratio"] = d["retimed_s"] / d.groupby("bin")["retimed_s"].transform("median")
+    return {"bin_tokens": bin_tokens, "by_workload": {
+        str(src): {"steps": int(len(g)), "median_ratio": float(g["ratio"].median())} for src, g in d.groupby("source")}}
+
+
 def render(rep: dict[str, Any]) -> list[str]:
     lines = [f"Refits of `{rep['folder']}`'s training samples ({rep['n_train']}); errors against re-timed medians "
              "(MAPE / mean signed).", "", "| fit | " + " | ".join(
@@ -107,6 +128,13 @@ def render(rep: dict[str, Any]) -> list[str]:
         c = v["coefficients"]
         lines.append(f"| {name} | " + " | ".join(
             f"{c[f]:.4g}" if f in c else "-" for f in VARIANTS["re-timed median, base+multi_token"][1]) + " |")
+    ss = rep.get("same_shape")
+    if ss:
+        lines += ["", f"Same shape, other workload: decode steps of 1-2 sequences (re-timed medians) against the "
+                  f"median of their shape bin (sequence count, context per sequence in {ss['bin_tokens']}-token "
+                  "bins) over all workloads:", "", "| workload | steps | median time / bin median |", "|---|---|---|"]
+        for src, v in ss["by_workload"].items():
+            lines.append(f"| {src} | {v['steps']} | {v['median_ratio']:.3f} |")
     return lines
 
 
@@ -115,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("folder", help="a CPU reference folder (results/reference/cpu_tiny)")
     a = ap.parse_args(argv)
     rep = ablation(a.folder)
+    rep["same_shape"] = same_shape(a.folder)
     folder = Path(a.folder)
     (folder / "ablation.json").write_text(json.dumps(rep, indent=2) + "\n")
     text = "\n".join(["# Calibration ablation", "", *render(rep), ""])
