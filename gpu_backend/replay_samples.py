@@ -8,7 +8,7 @@ sequence -- back to back, warm cache and allocator, real block tables -- with it
 :class:`~sim.core.executor.StepShape` and measured seconds. With re-timing (``retime_passes``)
 a sample's seconds are the step's median over passes that time the replay's steps again in replay
 order after it (:func:`gpu_backend.real_run.real_run`): the very estimator the validation judges
-its per-step error against, instead of one positively skewed measurement. Isolated shapes in shuffled order
+its per-step error against, instead of one noisy measurement. Isolated shapes in shuffled order
 (:mod:`gpu_backend.profiling_grid`) complement them where replays do not reach.
 
 Invariants: a calibration replay runs with the calibration's backend settings (model shape, dtype,
