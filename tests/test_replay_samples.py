@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gpu_backend.calibration_setup import CalibrationSetup  # noqa: E402
-from gpu_backend.real_run import RealRun  # noqa: E402
-from gpu_backend.replay_samples import replay_samples, samples_of  # noqa: E402
-from sim.core.executor import StepShape  # noqa: E402
+from gpu_backend.calibration_setup import CalibrationSetup
+from gpu_backend.real_run import RealRun
+from gpu_backend.replay_samples import replay_samples, samples_of
+from sim.core.executor import StepShape
 
 ROOT = Path(__file__).resolve().parents[1]
 
