@@ -142,8 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("folder", help="a CPU reference folder (results/reference/cpu_tiny)")
     a = ap.parse_args(argv)
+    from sim.experiment.results import git_commit, package_versions
+
     rep = ablation(a.folder)
     rep["same_shape"] = same_shape(a.folder)
+    rep["git_commit"], rep["versions"] = git_commit(Path(__file__).resolve().parent), package_versions()
     folder = Path(a.folder)
     (folder / "ablation.json").write_text(json.dumps(rep, indent=2) + "\n")
     text = "\n".join(["# Calibration ablation", "", *render(rep), ""])

@@ -64,7 +64,9 @@ def _folder(tmp_path, rng):
 def test_ablation_separates_the_two_changes(tmp_path) -> None:
     folder = _folder(tmp_path, np.random.default_rng(3))
     assert main([str(folder)]) == 0
-    rep = json.loads((folder / "ablation.json").read_text())["variants"]
+    full = json.loads((folder / "ablation.json").read_text())
+    assert full["git_commit"] and full["versions"] and full["same_shape"]["by_workload"]
+    rep = full["variants"]
     best = rep["re-timed median, base+multi_token"]
     for f, c in TRUE.items():
         assert best["coefficients"][f] == pytest.approx(c, rel=1e-6)
