@@ -106,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0, load0 = time.perf_counter(), load_average()
     layout = probe_layout(a.rounds, a.seed)
     history = probe_history(a.rounds, a.seed)
-    rep = {"args": vars(a), "load_average_before": load0, "load_average_after": load_average(),
+    rep: dict[str, Any] = {"args": vars(a), "load_average_before": load0, "load_average_after": load_average(),
            "wall_s": round(time.perf_counter() - t0, 1), "git_commit": git_commit(Path(__file__).resolve().parent),
            "versions": package_versions(), "torch_threads": torch.get_num_threads(), "timing": "thread_cpu",
            "layout": {"raw_s": layout, "summary": _summary(layout, "stride 1")},
