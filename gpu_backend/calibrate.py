@@ -8,7 +8,8 @@ to measurements). The command, in steps over modules of their own:
 2. the steps a replay runs: real replays of calibration workloads (``--replay CONFIG``, never the
    validation configs) through the SimPy loop and the scheduler on the torch backend, every step
    timed as the replay runs it -- back to back, warm cache and allocator, real block tables
-   (:mod:`gpu_backend.replay_samples`);
+   (:mod:`gpu_backend.replay_samples`) -- or, with ``--replay-retime-passes N``, by its median over
+   N passes that time the replay's steps again in replay order;
 3. a share of both (``holdout``, stratified by source and step kind) kept out of the fit; the NNLS
    fit in relative error, its terms chosen by K-fold CV on the training samples
    (:mod:`gpu_backend.latency_fit`); the report (:mod:`gpu_backend.fit_report`) gives every
@@ -121,11 +122,13 @@ def _holdout(samples: list[Sample], share: float, seed: int) -> list[bool]:
 def calibrate(setup: CalibrationSetup, preset: GridPreset, *, replays: Sequence[str | Path] = (),
               replay_overrides: Sequence[str] = (), holdout: float = 0.25, grid_seed: int = 0,
               warmup: int | None = None, repeats: int | None = None, budget_s: float | None = None,
-              replay_budget_s: float | None = None, premeasured: Sequence[tuple[str, RealRun]] = (),
+              replay_budget_s: float | None = None, replay_retime_passes: int = 0,
+              premeasured: Sequence[tuple[str, RealRun]] = (),
               log: Callable[[str], object] = print) -> tuple[FittedLatency, list[dict[str, Any]]]:
     """Measure the grid and the calibration replays, fit, evaluate on held-out samples; returns the
     model (metadata included) and one row per sample. ``premeasured``: calibration replays
-    already run (name, real run), joined to those of ``replays``."""
+    already run (name, real run), joined to those of ``replays``; a re-timed run (``steps_retimed``)
+    gives its steps' medians over the passes, as ``replay_retime_passes`` does for ``replays``."""
     t_start = time.perf_counter()
     if setup.device == "cpu" and setup.num_threads:
         torch.set_num_threads(setup.num_threads)
@@ -150,7 +153,8 @@ def calibrate(setup: CalibrationSetup, preset: GridPreset, *, replays: Sequence[
     runs: list[dict[str, Any]] = []
     rs: list[Any] = []
     if replays:
-        rs, runs = replay_samples(replays, setup, overrides=replay_overrides, budget_s=replay_budget_s, log=log)
+        rs, runs = replay_samples(replays, setup, overrides=replay_overrides, budget_s=replay_budget_s,
+                                  retime_passes=replay_retime_passes, log=log)
     for name, run in premeasured:
         rs += samples_of(name, run)
         runs.append(run_record(name, None, run))
@@ -278,7 +282,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     grid = args.grid if args.grid != "auto" else ("gpu" if setup.device == "cuda" else "cpu")
     model, rows = calibrate(setup, PRESETS[grid], replays=args.replay, replay_overrides=args.set,
                             holdout=args.holdout, grid_seed=args.grid_seed, warmup=args.warmup, repeats=args.repeats,
-                            budget_s=args.budget_s, replay_budget_s=args.replay_budget_s)
+                            budget_s=args.budget_s, replay_budget_s=args.replay_budget_s,
+                            replay_retime_passes=args.replay_retime_passes)
     path, samples = write_outputs(model, rows, args.out)
     print(f"coefficients: {json.dumps(model.coefs)}")
     print(f"wrote {path} and {samples}")

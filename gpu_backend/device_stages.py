@@ -79,6 +79,13 @@ def run_stage(stage: str, device_name: str, results: Path, *, quick: bool, deadl
     return _validation(device_name, results, quick=quick, deadline=deadline, log=log)
 
 
+def _retime_passes(device: str) -> int:
+    """Re-timing passes of the replays' steps: none on a GPU (steps are stable, time is short), 2 on
+    a CPU; calibration and validation take the same, so the fit and the per-step error use one
+    estimator of a step's time."""
+    return 0 if device == "cuda" else 2
+
+
 def _calibration(device: str, results: Path, *, quick: bool, deadline: float | None,
                  log: Log) -> tuple[bool, list[Path], dict[str, Any]]:
     import importlib.util
@@ -94,7 +101,8 @@ def _calibration(device: str, results: Path, *, quick: bool, deadline: float | N
     grid_budget = None if left is None else max(10.0, 0.45 * left)
     model, rows = calibrate(setup, PRESETS["gpu" if device == "cuda" else "quick" if quick else "cpu"],
                             replays=replays, replay_overrides=["workload.limit=8"] if quick else [],
-                            budget_s=grid_budget, replay_budget_s=None if left is None else 0.4 * left, log=log)
+                            budget_s=grid_budget, replay_budget_s=None if left is None else 0.4 * left,
+                            replay_retime_passes=_retime_passes(device), log=log)
     path, samples = write_outputs(model, rows, results / "model.json")
     fit = model.metadata["fit"]
     return True, [path, samples], {"feature_set": fit["feature_set"], "holdout_mape": fit["holdout"]["all"].get("mape"),
@@ -117,8 +125,7 @@ def _validation(device: str, results: Path, *, quick: bool, deadline: float | No
         per = None if left is None else left / (len(items) - i)
         sets = [f"backend.device={device}"] + (["workload.limit=8"] if quick else [])
         cfg = with_fitted_latency(load_config(ROOT / cfg_path, sets), model_path)
-        rep = validate(cfg, results / key, real_runs=2, budget_s=per, retime_passes=0 if device == "cuda" else 2,
-                       log=log)
+        rep = validate(cfg, results / key, real_runs=2, budget_s=per, retime_passes=_retime_passes(device), log=log)
         files.append(results / key)
         summary[key] = {"targets_all_met": rep["targets"].get("all_met"),
                         "ttft_mape": rep["stats"]["ttft"]["sim_vs_real"].get("mape")}

@@ -38,6 +38,7 @@ UNITS = {
     "attention_pairs": "s per query-key pair (attention FLOPs, quadratic in a prefill)",
     "kv_read_tokens": "s per token of K/V read (memory-bound KV bytes)",
     "mixed_step": "s per step mixing decodes with a prefill chunk",
+    "multi_token_step": "s per step of more than one token (GEMM weight packing; a one-token step is a GEMV)",
 }
 
 

@@ -19,8 +19,11 @@ overhead, and the weights streamed once per step: on a memory-bound GPU decode t
 GEMM FLOPs, linear in the tokens computed (a knee bends it like the roofline: flat at the weight
 read until ``K`` tokens); ``attention_pairs`` -- attention FLOPs, quadratic in a prefill's length
 and linear in its cached context; ``kv_read_tokens`` -- memory-bound KV bytes read;
-``mixed_step`` -- a per-step cost of mixing decodes with a prefill chunk, kept only when the data
-needs it (cross-validation).
+``mixed_step`` -- a per-step cost of mixing decodes with a prefill chunk, and ``multi_token_step``
+-- a per-step cost of computing more than one token (a matrix product over two or more rows runs
+as a GEMM that packs the weights first, over one row as a matrix-vector product that does not: on
+a CPU a one-sequence decode costs less than a linear term in the token count says), each kept only
+when the data needs it (cross-validation).
 
 Imports numpy and scipy (lazily); no torch.
 """
@@ -51,13 +54,18 @@ def design_matrix(shapes: Sequence[StepShape], features: Sequence[str]) -> np.nd
 
 def candidate_feature_sets(knees: Sequence[int] = (), mixed: bool = False) -> dict[str, tuple[str, ...]]:
     """:data:`FEATURE_SETS` plus ``base`` with one roofline knee at each of ``knees`` tokens, and
-    (``mixed``) ``base`` and ``split_seqs`` with a per-mixed-step cost (``mixed_step``)."""
+    (``mixed``) ``base`` and ``split_seqs`` with a per-mixed-step cost (``mixed_step``); always
+    ``base`` with a per-step cost of a multi-token step (``multi_token_step``, alone and with
+    ``mixed_step``)."""
     sets = dict(FEATURE_SETS)
     for k in knees:
         sets[f"base+knee{k}"] = (*FEATURE_SETS["base"], knee_feature(k))
     if mixed:
         sets["base+mixed"] = (*FEATURE_SETS["base"], "mixed_step")
         sets["split_seqs+mixed"] = (*FEATURE_SETS["split_seqs"], "mixed_step")
+    sets["base+multi_token"] = (*FEATURE_SETS["base"], "multi_token_step")
+    if mixed:
+        sets["base+multi_token+mixed"] = (*sets["base+multi_token"], "mixed_step")
     return sets
 
 

@@ -5,7 +5,10 @@ workloads (configs of their own, never the validation ones) are replayed through
 the scheduler and the pool on the torch backend (:func:`gpu_backend.real_run.real_run`, the very
 function ``apcsim validate`` times its real runs with), so each sample is a step of a real step
 sequence -- back to back, warm cache and allocator, real block tables -- with its exact
-:class:`~sim.core.executor.StepShape` and measured seconds. Isolated shapes in shuffled order
+:class:`~sim.core.executor.StepShape` and measured seconds. With re-timing (``retime_passes``)
+a sample's seconds are the step's median over passes that time the replay's steps again in replay
+order after it (:func:`gpu_backend.real_run.real_run`): the very estimator the validation judges
+its per-step error against, instead of one noisy measurement. Isolated shapes in shuffled order
 (:mod:`gpu_backend.profiling_grid`) complement them where replays do not reach.
 
 Invariants: a calibration replay runs with the calibration's backend settings (model shape, dtype,
@@ -40,16 +43,20 @@ class ReplaySample:
 
 
 def samples_of(name: str, run: RealRun) -> list[ReplaySample]:
-    """Every timed step of a real run as calibration samples."""
-    return [ReplaySample(name, i, kind, shape, float(secs))
-            for i, (shape, kind, secs) in enumerate(zip(run.step_shapes, run.step_kinds, run.steps_measured))]
+    """Every timed step of a real run as calibration samples: its median over the re-timing passes
+    when the run was re-timed, else the replay's own measurement."""
+    secs = run.steps_measured
+    if run.steps_retimed is not None and run.steps_retimed.size == secs.size:
+        secs = run.steps_retimed
+    return [ReplaySample(name, i, kind, shape, float(t))
+            for i, (shape, kind, t) in enumerate(zip(run.step_shapes, run.step_kinds, secs))]
 
 
 def run_record(name: str, path: str | Path | None, run: RealRun) -> dict[str, object]:
     counts = {k: run.step_kinds.count(k) for k in ("prefill", "decode", "mixed")}
     return {"name": name, "config": str(path) if path is not None else None, "steps": len(run.step_shapes),
             "by_kind": counts, "requests": int(len(run.requests)), "wall_s": round(run.wall_s, 2),
-            "measured_s": round(float(run.steps_measured.sum()), 3)}
+            "measured_s": round(float(run.steps_measured.sum()), 3), "retime_passes": run.retime_passes}
 
 
 def backend_overrides(setup: CalibrationSetup) -> list[str]:
@@ -63,10 +70,12 @@ def backend_overrides(setup: CalibrationSetup) -> list[str]:
 
 
 def replay_samples(configs: Sequence[str | Path], setup: CalibrationSetup, *, overrides: Sequence[str] = (),
-                   budget_s: float | None = None, log: Callable[[str], object] = print) -> tuple[
+                   budget_s: float | None = None, retime_passes: int = 0,
+                   log: Callable[[str], object] = print) -> tuple[
                        list[ReplaySample], list[dict[str, object]]]:
     """Replay each config on the torch backend; returns every timed step and one record per replay
-    (name, steps, wall seconds, or why it was skipped)."""
+    (name, steps, wall seconds, or why it was skipped). ``retime_passes`` > 0: each step's sample is
+    its median over that many re-timing passes after the replay."""
     from sim.experiment.config import load_config
 
     t0 = time.perf_counter()
@@ -83,8 +92,9 @@ def replay_samples(configs: Sequence[str | Path], setup: CalibrationSetup, *, ov
             runs.append({"name": cfg.name, "skipped": f"time budget {budget_s:.0f} s (spent {spent:.0f} s)"})
             log(f"   replay {cfg.name}: skipped, {runs[-1]['skipped']}")
             continue
-        run = real_run(cfg, None)
-        last_wall = run.wall_s
+        t_run = time.perf_counter()
+        run = real_run(cfg, None, retime_passes=retime_passes)
+        last_wall = time.perf_counter() - t_run
         samples += samples_of(cfg.name, run)
         runs.append(run_record(cfg.name, path, run))
         log(f"   replay {cfg.name}: {len(run.step_shapes)} timed steps {runs[-1]['by_kind']} "

@@ -185,7 +185,8 @@ def test_feature_vector_order() -> None:
     assert len(vec) == len(FEATURES) == len(FittedLatency.FEATURES)
     expected = {"intercept": 1.0, "num_prefill_seqs": s.num_prefill_seqs,
                 "num_decode_tokens": s.num_decode_tokens, "kv_read_tokens": s.kv_read_tokens,
-                "mixed_step": 1.0}  # 3 decodes and a prefill chunk in one step
+                "mixed_step": 1.0,  # 3 decodes and a prefill chunk in one step
+                "multi_token_step": 1.0}  # 53 tokens
     for f in FEATURES:
         assert vec[FEATURES.index(f)] == expected.get(f, getattr(s, f, None))
 
@@ -197,6 +198,20 @@ def test_mixed_step_term_costs_only_steps_that_mix() -> None:
     assert m.step_time(StepShape.prefill_only(64, 32)) == pytest.approx(1e-3)
     assert FittedLatency.feature_value("mixed_step", StepShape.decode_only(2, 10)) == 0.0
     assert FittedLatency.from_dict(m.to_dict()).coefs == m.coefs
+
+
+def test_multi_token_step_term_costs_only_steps_of_more_than_one_token() -> None:
+    m = FittedLatency({"intercept": 1e-3, "num_seqs": 1e-4, "multi_token_step": 3e-4})
+    assert m.step_time(StepShape.decode_only(1, 400)) == pytest.approx(1.1e-3)  # one decode: a GEMV
+    assert m.step_time(StepShape.decode_only(2, 400)) == pytest.approx(1.5e-3)  # two rows: a GEMM
+    assert m.step_time(StepShape.decode_only(5, 400)) == pytest.approx(1.8e-3)
+    assert m.step_time(StepShape.prefill_only(64, 32)) == pytest.approx(1.4e-3)
+    assert m.step_time(StepShape.prefill_only(1, 32)) == pytest.approx(1.1e-3)  # a one-token prefill chunk
+    assert FittedLatency.feature_value("multi_token_step", StepShape.decode_only(1, 10)) == 0.0
+    assert FittedLatency.feature_value("multi_token_step", StepShape.decode_only(3, 10)) == 1.0
+    assert FittedLatency.from_dict(m.to_dict()).coefs == m.coefs
+    plain = FittedLatency({"intercept": 1e-3, "num_seqs": 1e-4})  # files without the term read as before
+    assert plain.step_time(StepShape.decode_only(2, 400)) == pytest.approx(1.2e-3)
 
 
 def test_fitted_hand_computed_value() -> None:

@@ -43,6 +43,9 @@ def add_calibrate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key of every --replay config (repeatable)")
     ap.add_argument("--replay-budget-s", type=float, default=None, help="skip further replays beyond this")
+    ap.add_argument("--replay-retime-passes", type=int, default=0,
+                    help="time every step of each --replay again in N passes after it and fit on each step's "
+                         "median over them (the estimator the validation's per-step error uses)")
     ap.add_argument("--grid", choices=(*GRID_PRESETS, "auto"), default="auto",
                     help="profiling grid: quick (CI), cpu, gpu; auto = gpu on cuda, cpu otherwise")
     ap.add_argument("--warmup", type=int, default=None, help="discarded rounds over the grid (preset default)")

@@ -26,7 +26,12 @@ until the batch holds ``K`` tokens and grow with the token count after that, whi
 term cannot follow (``a + b * max(0, n - a / b)`` *is* ``max(a, b * n)``). Files without knees read
 exactly as before. ``mixed_step`` is 1 for a step that holds both decodes and prefill tokens (a
 prefill chunk piggy-backing on decodes) and 0 otherwise: an extra cost per mixed step, for when
-the data shows one (two attention paths, two metadata builds). Coefficients must be finite and
+the data shows one (two attention paths, two metadata builds). ``multi_token_step`` is 1 for a
+step that computes more than one token and 0 for a step of one token (a single decode): a matrix
+product over one row runs as a matrix-vector product that streams each weight once, over two or
+more rows as a blocked GEMM that first packs the weights (one more pass over them), so the second
+token of a step costs more than each further one -- a concave step a linear term cannot follow
+(measured on the CPU reference: ``results/reference/cpu_tiny/README.md``). Coefficients must be finite and
 >= 0 and at least one must be > 0. The predicted step time is ``sum(coef * feature)``, floored
 at :data:`MIN_STEP_TIME_S` (1 µs) so it is always > 0.
 
@@ -34,7 +39,7 @@ The hot path never touches a dict: the properties are linear in the six stored f
 (``num_prefill_seqs = num_seqs - num_decode_seqs``, ``num_decode_tokens = num_new_tokens -
 num_prefill_tokens``, ``kv_read_tokens = context_tokens + num_new_tokens``), so the coefficients are
 folded once into seven floats and :meth:`FittedLatency.step_time` is six multiply-adds (plus one
-per knee feature and one test for ``mixed_step``, if any).
+per knee feature and one test each for ``mixed_step`` and ``multi_token_step``, if any).
 """
 
 from __future__ import annotations
@@ -66,7 +71,11 @@ FEATURES: tuple[str, ...] = (
     "attention_pairs",
     "kv_read_tokens",
     "mixed_step",
+    "multi_token_step",
 )
+
+#: Indicator features: not linear in the stored fields, each one test in :meth:`FittedLatency.step_time`.
+INDICATORS = ("mixed_step", "multi_token_step")
 
 #: Knee features: ``num_new_tokens_over_<K>`` = ``max(0, num_new_tokens - K)``.
 KNEE_RE = re.compile(r"^num_new_tokens_over_([1-9][0-9]*)$")
@@ -115,7 +124,7 @@ class FittedLatency(LatencyModel):
             raise ValueError(f"fitted latency{where}: 'features' must be a non-empty mapping")
         clean: dict[str, float] = {}
         for feat, value in coefs.items():
-            if feat not in _FOLD and feat != "mixed_step" and not (isinstance(feat, str) and KNEE_RE.match(feat)):
+            if feat not in _FOLD and feat not in INDICATORS and not (isinstance(feat, str) and KNEE_RE.match(feat)):
                 raise ValueError(
                     f"fitted latency{where}: unknown feature {feat!r}; allowed: {', '.join(FEATURES)} "
                     f"and num_new_tokens_over_<K>"
@@ -130,7 +139,7 @@ class FittedLatency(LatencyModel):
         meta = dict(metadata or {})
         for reserved in ("kind", "features"):
             meta.pop(reserved, None)
-        knees = sorted((f for f in clean if f not in _FOLD and f != "mixed_step"),
+        knees = sorted((f for f in clean if f not in _FOLD and f not in INDICATORS),
                        key=lambda f: int(KNEE_RE.match(f).group(1)))  # type: ignore[union-attr]
         self.coefs = {f: clean[f] for f in (*FEATURES, *knees) if f in clean}  # canonical order
         self._knees = tuple((int(KNEE_RE.match(f).group(1)), clean[f]) for f in knees if clean[f] > 0)  # type: ignore[union-attr]
@@ -150,6 +159,7 @@ class FittedLatency(LatencyModel):
         self._c_ctx = base["context_tokens"]
         self._c_pairs = base["attention_pairs"]
         self._c_mixed = self.coefs.get("mixed_step", 0.0)
+        self._c_multi = self.coefs.get("multi_token_step", 0.0)
 
     # ------------------------------------------------------------------ files
 
@@ -204,6 +214,7 @@ class FittedLatency(LatencyModel):
             float(s.attention_pairs),
             float(s.context_tokens + s.num_new_tokens),
             1.0 if 0 < s.num_decode_seqs < s.num_seqs else 0.0,
+            1.0 if s.num_new_tokens > 1 else 0.0,
         ]
 
     @staticmethod
@@ -226,6 +237,8 @@ class FittedLatency(LatencyModel):
                 t += c * (s.num_new_tokens - k)
         if self._c_mixed and 0 < s.num_decode_seqs < s.num_seqs:
             t += self._c_mixed
+        if self._c_multi and s.num_new_tokens > 1:
+            t += self._c_multi
         return t if t > MIN_STEP_TIME_S else MIN_STEP_TIME_S
 
     def describe(self) -> dict[str, object]:
