@@ -7,8 +7,10 @@ process on the cluster's shared clock. What differs from ``sim.replay.engine.Rep
 * :class:`RoutedIntake` -- the replica's intake gets requests pushed by the dispatcher when the
   router picks it; a step start asks the dispatcher to route everything due by then first, so a
   request arriving at a step's start is still seen by that step (the single engine's pull rule);
-  ``next_arrival`` is the cluster's next routing instant (any arrival may come here), so the
-  decode fast-forward never plays past it;
+  ``next_arrival`` is the cluster's next routing instant (any arrival may come here), and the
+  intake is ``observed``: the router reads this replica's gauges, KV events and in-flight
+  requests then, so a decode fast-forward window is over before it (never past it, not even while
+  the replica's admissions are blocked, where the single engine's windows may run past arrivals);
 * :class:`ReplicaRecorder` -- the single engine's recorder, which also tells the cluster about
   first tokens and finishes (the responses the router proxies) and step ends (published metrics
   and KV-event batches);
@@ -21,7 +23,7 @@ its tables equal ``Replay``'s exactly (tested). Imports neither simpy nor torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +84,8 @@ def row_metrics(row: tuple[Any, ...]) -> ReplicaMetrics:
 class RoutedIntake(RequestIntake):
     """A replica's intake: requests come from the router (see the module docstring)."""
 
+    observed = True  # the router reads this replica's state when it routes: windows end before it
+
     def __init__(self, hooks: ClusterHooks, scheduler: Scheduler, rec: ReplayRecorder, reject_invalid: bool) -> None:
         super().__init__((), scheduler, rec, reject_invalid=reject_invalid)
         self._hooks = hooks
@@ -138,6 +142,12 @@ class ReplicaRecorder(ReplayRecorder):
     def step(self, *values: Any) -> None:
         super().step(*values)
         self._hooks.step_end(self.index, values)
+
+    def steps(self, *columns: Iterable[Any]) -> None:
+        """A fast-forward window's rows: each one reported as its own step end, in step order (the
+        router's gauges and the KV-event batches are per step, as in the plain loop)."""
+        for row in zip(*columns, strict=True):
+            self.step(*row)
 
 
 class Replica:

@@ -104,9 +104,18 @@ def plan_window(
     price: Callable[[StepShape, int], float],
     now: float,
     next_arrival: float,
+    *,
+    observed: bool = False,
 ) -> Window | None:
     """The longest allowed window of at least 2 steps, or None (then run a plain step).
-    ``price(shape, step)`` is the duration of the window's step that gets index ``step``."""
+    ``price(shape, step)`` is the duration of the window's step that gets index ``step``.
+
+    ``observed``: the engine's state is read at ``next_arrival`` from outside (a cluster's router
+    reads a replica's gauges, KV events and in-flight requests when it routes). A window plays its
+    steps' effects at once and reports them at its end, so an observed window must *end* before
+    ``next_arrival``, and no arrival may fall inside it even while admissions are blocked: with
+    the router's view of a replica stale (or ahead) inside a window, its choice would differ from
+    the plain step loop's."""
     if not scheduler.kv_cache_manager.is_unitary_full_attention:
         return None  # explicit (sliding-window / hybrid) KV-cache groups: plain steps only
     cfg = scheduler.config
@@ -142,7 +151,7 @@ def plan_window(
     head = _head_stays_refused(scheduler, tail)
     if head is False:
         return None
-    arrivals_harmless = bool(scheduler.waiting)
+    arrivals_harmless = bool(scheduler.waiting) and not observed
     free = kvm.block_pool.get_num_free_blocks()
     # a decoder at position p0 holding nb blocks allocates at step nb*bs - p0, then every bs steps
     bulk_need = [0] * k_max
@@ -205,6 +214,10 @@ def plan_window(
                 step_finishes = True
         if used + need > free:
             break
+        shape = StepShape(n_seqs, n_dec, new_tot, pf_tok, ctx, pairs)
+        d = price(shape, scheduler.step_index + j)  # the index step j will get (apply_window)
+        if observed and start + d >= next_arrival:
+            break  # an observed window is over before the next arrival (see the docstring)
         # commit step j
         used += need
         for i, n, nb_new, samples in step_plan:
@@ -217,8 +230,6 @@ def plan_window(
                     firsts.append(tail[i])
                 t_outs[i] += 1
                 t_tokens[i] += 1
-        shape = StepShape(n_seqs, n_dec, new_tot, pf_tok, ctx, pairs)
-        d = price(shape, scheduler.step_index + j)  # the index step j will get (apply_window)
         shapes.append(shape)
         durations.append(d)
         lookups.append(head is not None and budget > 0)

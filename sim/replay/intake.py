@@ -40,6 +40,12 @@ ARRIVAL_EPS_S = 1e-9
 class RequestIntake:
     """Walks the request stream one record ahead; turns due records into pending Requests."""
 
+    #: Whether something outside the engine reads its state at the next arrival (a cluster's router:
+    #: ``sim.cluster.replica.RoutedIntake``). Then a fast-forward window must be over before it
+    #: (``sim.replay.decode_window.plan_window``'s ``observed``); the single engine's own arrivals
+    #: only join its queue, so a window may run past them while admissions are blocked.
+    observed: bool = False
+
     def __init__(self, requests: Iterable[TraceRequest], scheduler: Scheduler, rec: ReplayRecorder,
                  *, reject_invalid: bool = True) -> None:
         self.scheduler = scheduler

@@ -140,6 +140,7 @@ class StepRunner:
             self.executor.price,  # type: ignore[attr-defined]  # checked in __init__ (fast_forward)
             self.clock.now,
             self.intake.next_arrival - ARRIVAL_EPS_S,
+            observed=self.intake.observed,
         )
 
     def stall_message(self) -> str:
