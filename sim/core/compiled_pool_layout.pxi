@@ -1,0 +1,102 @@
+"""The compiled pool's C layout (included by ``compiled_pool.pyx``): the 128-bit key digest,
+the :class:`CompiledBlock` metadata object, the per-block ``Link`` and per-slot ``Slot`` records,
+and the table size rule. Invariant: a 16-byte key is its own digest; every other key is folded
+to 128 bits and compared in full on a digest match."""
+
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) nogil
+
+cdef int32_t NONE = -1
+cdef enum:
+    GROUP = 16  # keys digested and their table slots prefetched ahead of the inserts
+cdef uint64_t M1 = 0xBF58476D1CE4E5B9
+cdef uint64_t M2 = 0x94D049BB133111EB
+cdef uint64_t GOLD = 0x9E3779B97F4A7C15
+
+
+cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
+    """splitmix64's finaliser: a bijection spreading every input bit over the word."""
+    x = (x ^ (x >> 30)) * M1
+    x = (x ^ (x >> 27)) * M2
+    return x ^ (x >> 31)
+
+
+cdef inline void _digest(object key, uint64_t* k0, uint64_t* k1) except *:
+    """The 128-bit digest of a key: its bytes when it has 16 (every fast / xxhash hash), else a
+    fold of all its bytes and its length (compared in full on a match)."""
+    if not PyBytes_Check(key):
+        raise TypeError(f"block keys must be bytes, got {type(key).__name__}")
+    cdef const char* p = PyBytes_AS_STRING(key)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(key)
+    cdef Py_ssize_t i
+    cdef uint64_t w, a, b
+    if n == 16:
+        memcpy(k0, p, 8)
+        memcpy(k1, p + 8, 8)
+        return
+    a = <uint64_t>n * GOLD
+    b = ~a
+    i = 0
+    while i < n:
+        w = 0
+        memcpy(&w, p + i, 8 if n - i >= 8 else n - i)
+        a = _mix(a ^ w) + GOLD
+        b = _mix(b + w * M1) ^ a
+        i += 8
+    k0[0] = a
+    k1[0] = b
+
+
+@cython.no_gc
+cdef class CompiledBlock:
+    """One KV block's metadata (the fields of ``KVCacheBlock``; ``block_hash`` is read-only: the
+    pool sets it). Not tracked by the cyclic GC: it holds only ints and a bytes key, so it cannot
+    be part of a cycle (and a pool's tens of thousands of blocks would cost every GC pass)."""
+
+    cdef readonly int block_id
+    cdef public int ref_cnt
+    cdef public int group_id
+    cdef readonly bint is_null
+    cdef object _key  # the map key while cached, else None
+
+    def __cinit__(self, int block_id):
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.group_id = 0
+        self.is_null = False
+        self._key = None
+
+    @property
+    def block_hash(self):
+        return self._key
+
+    def __repr__(self):
+        return f"KVCacheBlock(id={self.block_id}, ref={self.ref_cnt}, cached={self._key is not None})"
+
+
+ctypedef struct Link:
+    # one block's links: the free queue, its key's block list, its table slot
+    int32_t fprev
+    int32_t fnext
+    int32_t hprev
+    int32_t hnext
+    int32_t slot
+    int32_t in_free
+
+
+ctypedef struct Slot:
+    # one table slot: the key's 128-bit digest and length (0: never used), its block list
+    uint64_t k0
+    uint64_t k1
+    int32_t klen
+    int32_t head
+    int32_t tail
+    int32_t pad
+
+
+cdef int32_t _table_size(int num_gpu_blocks):
+    """A power of two at least 4x the blocks (a cached block holds one key): at most a quarter live."""
+    cdef int32_t cap = 16
+    while cap < 4 * num_gpu_blocks:
+        cap *= 2
+    return cap
