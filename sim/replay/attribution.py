@@ -66,10 +66,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from sim.core.cache_observer import EVICT_REUSED
 from sim.core.hashing import BlockHash
@@ -97,6 +96,9 @@ from sim.replay.attribution_records import (
     BlockRow,
     check_attribution,
 )
+
+if TYPE_CHECKING:  # the requests table comes in built; pandas is not imported by the replay itself
+    import pandas as pd
 
 _KEY = attrgetter("block_hash")
 class MissAttribution:

@@ -8,17 +8,18 @@ full`` also one row per block of every request at its first admission (``blocks.
 
 Invariants: a request's causes add up to ``prompt_tokens - hit_tokens`` (checked as each request
 is recorded: an AssertionError names it); cause codes follow the precedence order, so the first
-cause is the smallest code. Imports pandas, not simpy.
+cause is the smallest code. Imports pandas only when a table is built, never simpy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from sim.core.request import Request
+
+if TYPE_CHECKING:  # pandas is imported when a table is built: a replay without tables never loads it
+    import pandas as pd
 
 SKIP, LAST_TOKEN, PARTIAL_BLOCK, EAGLE = 0, 1, 2, 3
 ISOLATION_SALT, ISOLATION_LORA, ISOLATION_MM = 4, 5, 6
@@ -156,6 +157,8 @@ class AttributionRecords:
         """``blocks.parquet`` (``full`` level only, else None)."""
         if not self.full:
             return None
+        import pandas as pd
+
         return pd.DataFrame.from_records(self.rows, columns=list(BLOCK_COLUMNS))
 
 
