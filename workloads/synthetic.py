@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.core import portable_math
 from workloads.trace_format import TraceRequest
 
 
@@ -48,7 +49,7 @@ def shared_prefix(
         raise ValueError("need output_tokens >= 1, rate > 0, zipf >= 0, vocab_size >= 2")
     rng = np.random.Generator(np.random.PCG64(seed))
     prefixes = rng.integers(0, vocab_size, size=(num_prefixes, prefix_tokens), dtype=np.int64)
-    weights = (np.arange(1, num_prefixes + 1, dtype=np.float64)) ** -zipf
+    weights = portable_math.power(np.arange(1, num_prefixes + 1, dtype=np.float64), -zipf)  # same on every host
     choice = rng.choice(num_prefixes, size=num_requests, p=weights / weights.sum())
     arrivals = np.cumsum(rng.exponential(1.0 / rate, size=num_requests))
     if suffixes_per_prefix is not None:

@@ -47,6 +47,7 @@ from typing import Literal
 
 import numpy as np
 
+from sim.core import portable_math
 from workloads.tokens import TENANT_TAG_BASE, TaggedTokens
 from workloads.trace_format import TraceRequest
 
@@ -86,7 +87,7 @@ def keyed_uniform(seed: int, purpose: str, key: str) -> float:
 
 @lru_cache(maxsize=64)
 def _zipf_cdf(n: int, skew: float) -> np.ndarray:
-    w = np.arange(1, n + 1, dtype=np.float64) ** -skew
+    w = portable_math.power(np.arange(1, n + 1, dtype=np.float64), -skew)  # same floats on every host
     c = np.cumsum(w / w.sum())
     c[-1] = 1.0
     return c

@@ -29,6 +29,7 @@ import math
 
 import numpy as np
 
+from sim.core import portable_math
 from workloads.dists import rng_for
 
 REFERENCE_MEDIAN_CV = 0.12444182224775181
@@ -66,7 +67,7 @@ class StepNoise:
         c, i = divmod(step, CHUNK)
         if c != self._chunk_index:
             z = rng_for(self.seed, NOISE_TAG, c).standard_normal(CHUNK)
-            self._factors = np.exp(self.sigma * z - 0.5 * self.sigma * self.sigma)
+            self._factors = portable_math.exp(self.sigma * z - 0.5 * self.sigma * self.sigma)  # host-independent
             self._chunk_index = c
         return float(self._factors[i])
 
