@@ -80,7 +80,7 @@ class Dist:
         elif self.dist == "exponential":
             x = rng.exponential(self.mean, size=n)  # type: ignore[arg-type]
         elif self.dist == "lognormal":
-            x = float(self.median) * portable_math.exp(self.sigma * rng.standard_normal(n))  # same floats on every host  # type: ignore[arg-type]
+            x = float(self.median) * portable_math.exp(self.sigma * rng.standard_normal(n))  # type: ignore[arg-type]  # same floats on every host
         else:  # geometric, support 1, 2, ...
             x = rng.geometric(1.0 / float(self.mean), size=n).astype(np.float64)  # type: ignore[arg-type]
         if self.min is not None or self.max is not None:
