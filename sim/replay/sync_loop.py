@@ -58,7 +58,9 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
 
     When no single wait lands there (``exact_delay`` is None: a window longer than the time
     before it, whose end the sum ``now + d`` skips over in rounding), the window waits its steps'
-    durations one by one, the plain loop's own additions; nothing else runs in between."""
+    durations one by one, the plain loop's own additions (other processes may run at those
+    instants -- an arrival's wake is a no-op on a busy loop, and a fleet routes nothing inside a
+    window -- so nothing reaches this engine before the window's end)."""
     sched = run.scheduler
     rec = run.rec
     first_step = sched.step_index
