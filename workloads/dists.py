@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -109,6 +110,18 @@ def lognormal(median: float, p90: float, lo: float | None = None, hi: float | No
     """A lognormal with the given median and 90th percentile (``p90 >= median``)."""
     sigma = math.log(p90 / median) / 1.2815515655446004 if p90 > median else 0.0
     return Dist("lognormal", median=median, sigma=sigma, min=lo, max=hi)
+
+
+@lru_cache(maxsize=64)
+def zipf_cdf(n: int, skew: float) -> np.ndarray:
+    """The cumulative weights of ranks ``0 .. n-1`` with weight ``(r + 1) ** -skew``, normalised,
+    the last exactly 1.0 (``np.searchsorted(cdf, u, side="right")`` maps a uniform ``u`` to a rank).
+    Cached and read-only: the tenants' and the RAG corpus's draws share it."""
+    w = portable_math.power(np.arange(1, n + 1, dtype=np.float64), -skew)  # same floats on every host
+    c = np.cumsum(w / w.sum())
+    c[-1] = 1.0
+    c.flags.writeable = False
+    return c
 
 
 def rng_for(seed: int, *keys: int) -> np.random.Generator:

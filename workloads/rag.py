@@ -32,8 +32,7 @@ from typing import Literal
 
 import numpy as np
 
-from sim.core import portable_math
-from workloads.dists import Dist, lognormal, rng_for
+from workloads.dists import Dist, lognormal, rng_for, zipf_cdf
 from workloads.tokens import BOS, DOC_MARK, EOT, K_RAG_DOC, K_RAG_QUESTION, K_RAG_SHARED, RunTokens, header, region
 from workloads.trace_format import TraceRequest
 
@@ -81,9 +80,7 @@ def rag_requests(p: RagParams, seed: int) -> Iterator[TraceRequest]:
     corpus_rng = rng_for(seed, TAG, 0)
     doc_len = p.doc_tokens.sample_int(corpus_rng, p.corpus_size, at_least=1)
     doc_of_rank = corpus_rng.permutation(p.corpus_size)
-    w = portable_math.power(np.arange(1, p.corpus_size + 1, dtype=np.float64), -p.zipf)  # same floats on every host
-    cdf = np.cumsum(w / w.sum())
-    cdf[-1] = 1.0
+    cdf = zipf_cdf(p.corpus_size, p.zipf)
     system = RunTokens.of([BOS], header("system"), (region(K_RAG_SHARED, 0), p.system_prompt_tokens), [EOT])
     rng = rng_for(seed, TAG, 1)
     for i in range(p.requests):

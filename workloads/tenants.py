@@ -42,12 +42,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Literal
 
 import numpy as np
 
-from sim.core import portable_math
+from workloads.dists import zipf_cdf
 from workloads.tokens import TENANT_TAG_BASE, TaggedTokens
 from workloads.trace_format import TraceRequest
 
@@ -85,14 +84,6 @@ def keyed_uniform(seed: int, purpose: str, key: str) -> float:
     return int.from_bytes(h, "little") / 2.0**64
 
 
-@lru_cache(maxsize=64)
-def _zipf_cdf(n: int, skew: float) -> np.ndarray:
-    w = portable_math.power(np.arange(1, n + 1, dtype=np.float64), -skew)  # same floats on every host
-    c = np.cumsum(w / w.sum())
-    c[-1] = 1.0
-    return c
-
-
 @dataclass(frozen=True, slots=True)
 class TenantModel:
     """Tenant/user counts and skews, the salt policy, LoRA adapters, prompt-logprobs share."""
@@ -118,9 +109,9 @@ class TenantModel:
 
     def assign(self, session: str) -> tuple[int, int]:
         """``(tenant, user)`` indices of a session."""
-        t = int(np.searchsorted(_zipf_cdf(self.num_tenants, self.tenant_skew),
+        t = int(np.searchsorted(zipf_cdf(self.num_tenants, self.tenant_skew),
                                 keyed_uniform(self.seed, "tenant", session), side="right"))
-        u = int(np.searchsorted(_zipf_cdf(self.users_per_tenant, self.user_skew),
+        u = int(np.searchsorted(zipf_cdf(self.users_per_tenant, self.user_skew),
                                 keyed_uniform(self.seed, "user", session), side="right"))
         return min(t, self.num_tenants - 1), min(u, self.users_per_tenant - 1)
 
