@@ -21,7 +21,6 @@ from sim.timing.simulated_executor import SimulatedExecutor
 
 cfg = config_from_dict({"name": "t", "engine": {"block_size": 16},
                         "workload": {"kind": "synthetic_shared_prefix", "num_requests": 20}})
-sched = build_scheduler(cfg)
 wl = build_workload(cfg)
 for level in ("off", "summary", "full"):
     Replay(build_scheduler(cfg), SimulatedExecutor(build_latency(cfg)), wl.requests, attribution=level)

@@ -12,14 +12,12 @@ from hypothesis import strategies as st
 from sim.replay.sync_loop import exact_delay, window_waits
 
 
-def _plain_clock(now: float, durations: list[float]) -> float:
-    for d in durations:
-        now = now + d  # SimPy: Environment.schedule puts a timeout at now + delay
-    return now
-
-
 def _clock_after(now: float, waits: list[float]) -> float:
-    return _plain_clock(now, waits)
+    """The clock after waiting ``waits`` from ``now``, as SimPy adds them (a timeout at now + delay);
+    waiting a window's step durations is the plain loop's clock."""
+    for d in waits:
+        now = now + d
+    return now
 
 
 # a window that starts 37.2 ms into a replay and lasts six steps (found by a search over
@@ -29,7 +27,7 @@ _DURATIONS = [0.037, 0.0304, 0.0329, 0.0273, 0.0289, 0.04]
 
 
 def test_a_window_end_that_no_single_wait_reaches() -> None:
-    end = _plain_clock(_NOW, _DURATIONS)
+    end = _clock_after(_NOW, _DURATIONS)
     assert end == 0.2337
     assert exact_delay(_NOW, end) is None  # the wait the window used to take landed one ulp off
     d = end - _NOW
@@ -42,7 +40,7 @@ def test_a_window_end_that_no_single_wait_reaches() -> None:
 def test_a_late_window_waits_once() -> None:
     # past half of its end, end - now is exact (Sterbenz): one wait, and it is the difference
     now = 1234.5678
-    end = _plain_clock(now, _DURATIONS)
+    end = _clock_after(now, _DURATIONS)
     assert window_waits(now, end, _DURATIONS) == [end - now]
 
 
@@ -50,7 +48,7 @@ def test_a_late_window_waits_once() -> None:
 @given(now=st.one_of(st.just(0.0), st.floats(0.0, 0.3), st.floats(0.0, 5000.0)),
        durations=st.lists(st.floats(1e-4, 0.2), min_size=1, max_size=60))
 def test_window_waits_land_where_the_plain_loop_lands(now: float, durations: list[float]) -> None:
-    end = _plain_clock(now, durations)
+    end = _clock_after(now, durations)
     waits = window_waits(now, end, durations)
     assert _clock_after(now, waits) == end
     assert len(waits) == 1 or exact_delay(now, end) is None
