@@ -22,7 +22,7 @@ def test_ci_runs_exactly_the_readme_test_command():
     lines = (ROOT / ".ci" / "run").read_text().splitlines()
     ci = [ln for ln in lines if ln.strip() and not ln.startswith(("#", "set ", "cd "))]
     assert ci == [test]
-    assert test.endswith("python -m pytest -q") and '".[test]"' in test
+    assert test.endswith("python -m pytest -q -n auto --dist loadfile") and '".[test]"' in test
 
 
 def test_first_command_installs_only_the_default_dependencies():
