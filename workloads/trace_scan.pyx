@@ -38,16 +38,17 @@ TARGET_KEYS = ("tokens", "output_token_ids")
 
 
 cdef class _Buffers:
-    """Growable C buffers reused across arrays: token ids, run starts, run lengths."""
+    """Growable C buffers reused across arrays and calls: run starts and run lengths. The runs
+    are all that is kept of an array while it is parsed (its ids are ``starts[i] + 0..lengths[i]``):
+    storing every id as well would write 8 more bytes per id, most of them never read."""
 
-    cdef int64_t* tok
     cdef int64_t* rs
     cdef int64_t* rl
     cdef Py_ssize_t cap
 
     def __cinit__(self):
         self.cap = 0
-        self.tok = self.rs = self.rl = NULL
+        self.rs = self.rl = NULL
 
     cdef int grow(self, Py_ssize_t need) except -1:
         cdef Py_ssize_t cap = self.cap if self.cap else 4096
@@ -55,11 +56,7 @@ cdef class _Buffers:
             cap *= 2
         if cap == self.cap:
             return 0
-        cdef int64_t* a = <int64_t*>realloc(self.tok, cap * sizeof(int64_t))
-        if a == NULL:
-            raise MemoryError()
-        self.tok = a
-        a = <int64_t*>realloc(self.rs, cap * sizeof(int64_t))
+        cdef int64_t* a = <int64_t*>realloc(self.rs, cap * sizeof(int64_t))
         if a == NULL:
             raise MemoryError()
         self.rs = a
@@ -71,7 +68,6 @@ cdef class _Buffers:
         return 0
 
     def __dealloc__(self):
-        free(self.tok)
         free(self.rs)
         free(self.rl)
 
@@ -160,7 +156,7 @@ cdef inline uint64_t _parse_digits(uint64_t w, int k) noexcept nogil:
 
 cdef Py_ssize_t _scan_ints(const unsigned char* s, Py_ssize_t p, Py_ssize_t end, Py_ssize_t limit, _Buffers b,
                            Py_ssize_t* n_tok, Py_ssize_t* n_runs) except -2:
-    """Parse ``[int, ...]`` at ``s[p]`` into ``b`` (tokens and runs); the position after ``]``, or
+    """Parse ``[int, ...]`` at ``s[p]`` into ``b`` (as runs); the position after ``]``, or
     -1 when the array is not a plain non-empty list of ids in [0, 2**62). ``limit`` is where the
     buffer ends (8 bytes are read at a time while they fit; a line ends with a non-digit)."""
     cdef Py_ssize_t n = 0, r = 0, digits
@@ -204,7 +200,6 @@ cdef Py_ssize_t _scan_ints(const unsigned char* s, Py_ssize_t p, Py_ssize_t end,
             return -1
         if p < end and (s[p] == 46 or s[p] == 101 or s[p] == 69):  # . e E: not an int
             return -1
-        b.tok[n] = <int64_t>v
         if <int64_t>v == prev + 1:
             b.rl[r - 1] += 1
         else:
@@ -227,12 +222,14 @@ cdef Py_ssize_t _scan_ints(const unsigned char* s, Py_ssize_t p, Py_ssize_t end,
 
 
 cdef object _array_value(_Buffers b, Py_ssize_t n, Py_ssize_t r):
-    """The parsed ids: ``(starts, lengths)`` when runs average 4 ids or more, else the id array."""
+    """The parsed ids: ``(starts, lengths)`` when runs average 4 ids or more, else the id array
+    (the runs expanded)."""
     cdef cnp.ndarray out
     cdef cnp.ndarray lens
     cdef int64_t* dst
     cdef int64_t* dst2
-    cdef Py_ssize_t i
+    cdef Py_ssize_t i, j, k = 0
+    cdef int64_t v
     if r * 4 <= n:
         out = np.empty(r, dtype=np.int64)
         lens = np.empty(r, dtype=np.int64)
@@ -244,8 +241,11 @@ cdef object _array_value(_Buffers b, Py_ssize_t n, Py_ssize_t r):
         return (out, lens)
     out = np.empty(n, dtype=np.int64)
     dst = <int64_t*>cnp.PyArray_DATA(out)
-    for i in range(n):
-        dst[i] = b.tok[i]
+    for i in range(r):
+        v = b.rs[i]
+        for j in range(b.rl[i]):
+            dst[k] = v + j
+            k += 1
     return out
 
 
@@ -306,6 +306,10 @@ cdef object _scan_line(const unsigned char* s, Py_ssize_t p, Py_ssize_t end, Py_
     return (FAST, subs)
 
 
+cdef _Buffers _SCRATCH = _Buffers()  # shared by every call: a call holds the GIL throughout and
+# copies each array out (``_array_value``) before the next is parsed, so no two uses overlap
+
+
 def scan_lines(const unsigned char[::1] buf, Py_ssize_t n, bint final):
     """Split ``buf[:n]`` into lines and scan each (see the module docstring).
 
@@ -317,7 +321,7 @@ def scan_lines(const unsigned char[::1] buf, Py_ssize_t n, bint final):
     cdef const unsigned char* s = &buf[0] if buf.shape[0] else NULL
     cdef Py_ssize_t p = 0, q
     cdef const unsigned char* nl
-    cdef _Buffers b = _Buffers()
+    cdef _Buffers b = _SCRATCH  # reused: a fresh buffer per chunk would fault in new pages every time
     lines = []
     if n > buf.shape[0]:
         raise ValueError("n is past the end of the buffer")
