@@ -13,7 +13,13 @@ and the per-request agreement of first-admission hit tokens. Without a set-up BL
 apcsim runs. The machine's load average is printed before and after: share the cores with other
 jobs and the absolute times grow, so read the ratios of one run.
 
-    python benchmarks/bench_vs_blis.py [--peers DIR] [--blocks 52001 8000] [--repeat 3] [--work DIR]
+With ``--out DIR`` the figures are also kept as a results folder, replaced whole or not at all
+(``sim.experiment.results_folder``): ``runs.json`` (every run of both tools), ``medians.json`` (one
+row per pool size, as printed), ``table.md`` (the printed table), ``apcsim_<blocks>.json`` (the
+apcsim configs) and ``meta.json`` last (commit, package versions, CPU model, load averages, the
+BLIS commit and harness settings, ``complete: true``).
+
+    python benchmarks/bench_vs_blis.py [--peers DIR] [--blocks 52001 8000] [--repeat 3] [--work DIR] [--out DIR]
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {52001: 0.5, 8000: 0.1}  # CPU-time ratio apcsim / BLIS the issue asks for
@@ -102,7 +110,22 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, nargs="+", default=[52001, 8000])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--work", default=None, help="folder for the input and outputs (default: a temp dir, kept)")
+    ap.add_argument("--out", default=None, help="also keep the figures as this results folder (replaced whole)")
     args = ap.parse_args()
+    folder = None
+    if args.out:  # opened (checked and locked) before the runs, so that an unwritable place fails now
+        sys.path.insert(0, str(ROOT))
+        from sim.experiment.results_folder import ResultsFolder
+
+        folder = ResultsFolder(args.out).open()
+    try:
+        _bench(args, folder)
+    finally:
+        if folder is not None:
+            folder.close()
+
+
+def _bench(args: argparse.Namespace, folder: Any) -> None:
 
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench_vs_blis_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -113,8 +136,11 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     print(f"input {trace} ({trace.stat().st_size / 2**20:.0f} MiB, {args.requests} requests); "
           f"BLIS harness: {harness if have_blis else 'not set up (run its setup.sh): apcsim only'}")
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+    load_before = os.getloadavg()
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in load_before)} on {os.cpu_count()} cores")
+    t_start = time.perf_counter()
     rows = []
+    all_runs: dict[int, dict[str, list[dict[str, float]]]] = {}
     for blocks in args.blocks:
         runs: dict[str, list[dict[str, float]]] = {"blis": [], "apcsim": []}
         cfg = apcsim_config(work / f"apcsim_{blocks}.json", trace, blocks, work / "apcsim_out")
@@ -144,25 +170,68 @@ def main() -> None:
             row["hits_equal"], row["common"], row["blis_hits"], row["apcsim_hits"] = hit_agreement(
                 blis_out, work / "apcsim_out" / f"vs_blis_{blocks}")
         rows.append(row)
+        all_runs[blocks] = runs
         print(json.dumps(row), flush=True)
-    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"\nmedians of {args.repeat} alternating runs (CPU = user + system seconds of the process)")
-    print("| blocks | BLIS CPU s | apcsim CPU s | ratio (target) | BLIS wall s | apcsim wall s | BLIS peak RSS "
-          "| apcsim peak RSS | hit tokens equal per request |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    load_after = os.getloadavg()
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in load_after)}")
+    table = _table(rows, args.repeat)
+    print("\n" + table)
+    print(f"work folder: {work}")
+    if folder is not None:
+        from sim.experiment.results import run_metadata, write_json
+
+        tmp = folder.tmp
+        write_json(tmp / "runs.json", {str(b): r for b, r in all_runs.items()})
+        write_json(tmp / "medians.json", rows)
+        (tmp / "table.md").write_text(table)
+        for blocks in args.blocks:
+            (tmp / f"apcsim_{blocks}.json").write_text((work / f"apcsim_{blocks}.json").read_text())
+        blis_commit = peers / "blis_src" / "BLIS_COMMIT"
+        meta = run_metadata(time.perf_counter() - t_start, {
+            "benchmark": "bench_vs_blis", "requests": args.requests, "blocks": args.blocks, "repeat": args.repeat,
+            "input": {"trace": str(args.trace), "bytes": trace.stat().st_size},
+            "blis": {"harness": str(harness) if have_blis else None,
+                     "commit": blis_commit.read_text().strip() if blis_commit.is_file() else None,
+                     "settings": {"block_size": 16, "step_s": 0.02, "max_num_batched_tokens": 8192,
+                                  "max_num_seqs": 256}},
+            "cpu_model": _cpu_model(), "cpu_count": os.cpu_count(),
+            "load_average_before": list(load_before), "load_average_after": list(load_after),
+        })
+        folder.run_id = uuid.uuid4().hex
+        write_json(tmp / "meta.json", {**meta, "run_id": folder.run_id, "complete": True})  # last: the marker
+        print(f"results folder: {folder.commit()}")
+
+
+def _table(rows: list[dict[str, Any]], repeat: int) -> str:
+    """The printed side-by-side table (markdown) of the medians."""
+    lines = [f"medians of {repeat} alternating runs (CPU = user + system seconds of the process)", "",
+             "| blocks | BLIS CPU s | apcsim CPU s | ratio (target) | BLIS wall s | apcsim wall s | BLIS peak RSS "
+             "| apcsim peak RSS | hit tokens equal per request |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "cpu_ratio" not in r:
-            print(f"| {r['blocks']:,} | - | {r['apcsim_cpu_s']:.2f} | - | - | {r['apcsim_wall_s']:.2f} | - | "
-                  f"{r['apcsim_rss_mib']:.0f} MiB | - |")
+            lines.append(f"| {r['blocks']:,} | - | {r['apcsim_cpu_s']:.2f} | - | - | {r['apcsim_wall_s']:.2f} | - | "
+                         f"{r['apcsim_rss_mib']:.0f} MiB | - |")
             continue
         target = TARGETS.get(r["blocks"])
         met = "" if target is None else f" ({'<=' if r['cpu_ratio'] <= target else 'NOT <='} {target}: " \
             f"{'met' if r['cpu_ratio'] <= target else 'missed'})"
         rss = "met" if r["apcsim_rss_mib"] <= r["blis_rss_mib"] else "missed"
-        print(f"| {r['blocks']:,} | {r['blis_cpu_s']:.2f} | {r['apcsim_cpu_s']:.2f} | {r['cpu_ratio']:.2f}{met} | "
-              f"{r['blis_wall_s']:.2f} | {r['apcsim_wall_s']:.2f} | {r['blis_rss_mib']:.0f} MiB | "
-              f"{r['apcsim_rss_mib']:.0f} MiB (RSS target {rss}) | {r['hits_equal']}/{r['common']} |")
-    print(f"\nwork folder: {work}")
+        lines.append(f"| {r['blocks']:,} | {r['blis_cpu_s']:.2f} | {r['apcsim_cpu_s']:.2f} | "
+                     f"{r['cpu_ratio']:.2f}{met} | {r['blis_wall_s']:.2f} | {r['apcsim_wall_s']:.2f} | "
+                     f"{r['blis_rss_mib']:.0f} MiB | "
+                     f"{r['apcsim_rss_mib']:.0f} MiB (RSS target {rss}) | {r['hits_equal']}/{r['common']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 if __name__ == "__main__":
