@@ -103,11 +103,14 @@ def scenarios(draw, max_requests: int = 10) -> Scenario:
 def build(sc: Scenario, algo: str = "sha256", **extra):
     sched = make_scheduler(sc.num_blocks, sc.block_size, algo, **sc.config, **extra)
     arrivals: dict[int, list[Request]] = {}
-    for s in sc.specs:
+    for i, s in enumerate(sc.specs):
+        # distinct arrival times, increasing in add order within a step, as vLLM's time.time() at
+        # add_request: with ties, priority preemption (max over (priority, arrival_time)) can pick
+        # two equal requests in turn forever, which a real engine's clock never lets happen
         r = make_request(
             sched, s.rid, s.prompt, s.max_tokens,
             cache_salt=s.salt, lora_name=s.lora, priority=s.priority,
-            arrival_time=float(s.arrival), prompt_logprobs=s.prompt_logprobs,
+            arrival_time=s.arrival + i / 1000, prompt_logprobs=s.prompt_logprobs,
             output_token_ids=s.outputs,
         )
         arrivals.setdefault(s.arrival, []).append(r)
