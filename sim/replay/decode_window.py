@@ -98,6 +98,16 @@ def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | 
     return head
 
 
+def _extend_bulk_need(need: list[int], firsts: list[int], bs: int, horizon: int) -> None:
+    """Extend ``need`` (blocks the bulk allocates at each step) to ``horizon`` steps: a decoder
+    whose first allocation is at step ``f`` allocates at ``f, f + bs, f + 2 bs, ...``."""
+    lo = len(need)
+    need.extend([0] * (horizon - lo))
+    for f in firsts:
+        for j in range(f if f >= lo else lo + (f - lo) % bs, horizon, bs):
+            need[j] += 1
+
+
 def plan_window(
     scheduler: Scheduler,
     max_steps: int,
@@ -153,13 +163,13 @@ def plan_window(
         return None
     arrivals_harmless = bool(scheduler.waiting) and not observed
     free = kvm.block_pool.get_num_free_blocks()
-    # a decoder at position p0 holding nb blocks allocates at step nb*bs - p0, then every bs steps
-    bulk_need = [0] * k_max
+    # a decoder at position p0 holding nb blocks allocates at step nb*bs - p0, then every bs steps;
+    # counted per step on demand, a horizon at a time (a window usually ends at the next arrival,
+    # long before k_max, which only bounds it by the first bulk request to finish)
     get_blocks = kvm.get_blocks
     bulk_blocks = [len(get_blocks(r.request_id)) for r in bulk]
-    for r, nb in zip(bulk, bulk_blocks):
-        for j in range(max(0, nb * bs - r.num_computed_tokens), k_max, bs):
-            bulk_need[j] += 1
+    bulk_first = [max(0, nb * bs - r.num_computed_tokens) for r, nb in zip(bulk, bulk_blocks)]
+    bulk_need: list[int] = []
 
     # tail: simulate per step
     t_comp = [r.num_computed_tokens for r in tail]
@@ -179,6 +189,8 @@ def plan_window(
     for j in range(k_max):
         if j and not arrivals_harmless and start >= next_arrival:  # next_arrival has the tolerance
             break
+        if j == len(bulk_need):
+            _extend_bulk_need(bulk_need, bulk_first, bs, min(k_max, 2 * j + 32))
         need = bulk_need[j]
         budget = cfg.max_num_batched_tokens - n_bulk
         n_seqs, n_dec, new_tot, pf_tok = n_bulk, n_bulk, n_bulk, 0
@@ -268,9 +280,11 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
         # allocation at step nb*bs - p0 (the first position past its blocks), then every bs steps
         for j in range(max(0, nb * bs - p0), k, bs):
             events.setdefault(j, []).append((0, r, p0 + j + 1))  # one new block: step j computes position p0 + j
-        # each step caches floor((p0 + j + 1) / bs) blocks; step 0 always (any lag is caught up
-        # where the plain path would), then at each block boundary
-        events.setdefault(0, []).append((1, r, p0 + 1))
+        # each step caches floor((p0 + j + 1) / bs) blocks; step 0 if the request lags behind
+        # that (caught up where the plain path would; else the call would cache nothing: only this
+        # request's own events change its cached count), then at each block boundary
+        if kvm.get_num_cached_blocks(r.request_id) < (p0 + 1) // bs:
+            events.setdefault(0, []).append((1, r, p0 + 1))
         first = (-(p0 + 1)) % bs
         for j in range(first if first else bs, k, bs):
             events.setdefault(j, []).append((1, r, p0 + j + 1))
