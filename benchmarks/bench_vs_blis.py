@@ -117,7 +117,7 @@ def main() -> None:
         sys.path.insert(0, str(ROOT))
         from sim.experiment.results_folder import ResultsFolder
 
-        folder = ResultsFolder(args.out).open()
+        folder = ResultsFolder(args.out, allowed=_ours).open()
     try:
         _bench(args, folder)
     finally:
@@ -222,6 +222,12 @@ def _table(rows: list[dict[str, Any]], repeat: int) -> str:
                      f"{r['blis_rss_mib']:.0f} MiB | "
                      f"{r['apcsim_rss_mib']:.0f} MiB (RSS target {rss}) | {r['hits_equal']}/{r['common']} |")
     return "\n".join(lines) + "\n"
+
+
+def _ours(name: str) -> bool:
+    """A file this benchmark's results folder holds (an older one of these is replaced whole)."""
+    return name in ("runs.json", "medians.json", "table.md", "meta.json") or (
+        name.startswith("apcsim_") and name.endswith(".json") and name[7:-5].isdigit())
 
 
 def _cpu_model() -> str | None:

@@ -140,6 +140,28 @@ def test_a_folder_with_other_files_is_not_replaced(tmp_path, capsys):
     assert os.listdir(tmp_path / "mine") == ["notes.txt"]
 
 
+def test_a_writer_of_other_results_names_the_files_it_may_replace(tmp_path):
+    """A benchmark's folder holds its own files: with its ``allowed`` it is replaced whole, while
+    the default (an ``apcsim run``'s files) and a foreign file still refuse."""
+    target = tmp_path / "bench"
+    target.mkdir()
+    (target / "table.md").write_text("old")
+    with pytest.raises(ResultsError, match=r"not apcsim results \(table.md\)"):
+        ResultsFolder(target).open()
+    ours = {"table.md", "meta.json"}.__contains__
+    folder = ResultsFolder(target, allowed=ours).open()
+    try:
+        assert folder.tmp is not None
+        (folder.tmp / "table.md").write_text("new")
+        folder.commit()
+    finally:
+        folder.close()
+    assert (target / "table.md").read_text() == "new"
+    (target / "notes.txt").write_text("keep me")
+    with pytest.raises(ResultsError, match=r"not apcsim results \(notes.txt\)"):
+        ResultsFolder(target, allowed=ours).open()
+
+
 def test_results_of_an_older_apcsim_are_replaced(tmp_path):
     out = tmp_path / "o"
     out.mkdir()

@@ -38,6 +38,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -154,8 +155,11 @@ def recover(final: Path) -> None:
 class ResultsFolder:
     """The atomic, locked writer of one results folder (see the module docstring)."""
 
-    def __init__(self, final: str | Path) -> None:
+    def __init__(self, final: str | Path, *, allowed: Callable[[str], bool] = RESULT_FILES.__contains__) -> None:
+        """``allowed(name)``: whether an existing folder's file is one this writer's results hold
+        (default: an ``apcsim run``'s, :data:`RESULT_FILES`); a folder with any other is not replaced."""
         self.final = Path(final).expanduser()
+        self._allowed = allowed
         self.tmp: Path | None = None
         self._lock_fd: int | None = None
         self.run_id: str | None = None  # set by the writer: the run_id its meta.json carries
@@ -220,7 +224,7 @@ class ResultsFolder:
             raise ResultsError(f"{final}: exists and is not a folder; remove it or pick another --out")
         if final.is_dir():
             foreign = sorted(p.name for p in final.iterdir()
-                             if p.name not in RESULT_FILES and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+                             if not self._allowed(p.name) and not (p.name.startswith(".") and p.name.endswith(".tmp")))
             if foreign:
                 raise ResultsError(
                     f"{final}: holds files that are not apcsim results ({', '.join(foreign[:3])}"
