@@ -10,12 +10,21 @@ drains ``make_stats()`` and runs ``check_integrity()`` -- after **every** step.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# The suite is the landing gate, so every run tries the same examples (each property's own seed):
+# a rare case found by a random search fails someone's exploring run, not an unrelated landing, and
+# once found it is pinned with @example. HYPOTHESIS_PROFILE=explore searches afresh on every run.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) from anywhere
