@@ -12,6 +12,10 @@ timestamps, the latency model is the roofline.
 With several ``--attribution`` levels each block size runs once per level, the levels alternating
 in fresh processes, and the table gains each level's wall and CPU time over the first level's
 (``replay.attribution``, ``sim.replay.attribution``: the cost of the miss attribution).
+
+``--out DIR`` also keeps the figures as a results folder, replaced whole (``bench_results``):
+``runs.json`` (every run), ``rows.json`` (the printed rows), ``table.md`` and ``meta.json`` (commit,
+versions, CPU model, load averages, the arguments).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import resource
 import subprocess
 import sys
 import time
+
+from bench_results import BenchFolder, open_bench_folder
 
 
 def _one(block_size: int, gpu: str, limit: int | None, fast_forward: bool, attribution: str = "off") -> dict:
@@ -79,11 +85,22 @@ def main() -> None:
     ap.add_argument("--attribution", nargs="+", default=["off"], choices=("off", "summary", "full"),
                     help="replay.attribution level(s); several: alternated, ratios to the first")
     ap.add_argument("--repeat", type=int, default=1, help="runs per block size and level (the min is kept)")
+    ap.add_argument("--out", default=None, help="also keep the figures as this results folder (replaced whole)")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         print(json.dumps(_one(args.child, args.gpu, args.limit, not args.no_fast_forward, args.attribution[0])))
         return
+    folder = open_bench_folder(args.out, ("runs.json", "rows.json", "table.md").__contains__)
+    try:
+        _bench(args, folder)
+    finally:
+        if folder is not None:
+            folder.close()
+
+
+def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
+    runs: list[dict] = []
     rows = []
     for bs in args.block_sizes:
         best: dict[str, dict] = {}
@@ -96,6 +113,7 @@ def main() -> None:
                     cmd.append("--no-fast-forward")
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
                 row = json.loads(out.strip().splitlines()[-1])
+                runs.append(dict(row))
                 print(json.dumps(row), flush=True)
                 if level not in best or row["cpu_s"] < best[level]["cpu_s"]:
                     best[level] = row
@@ -108,9 +126,13 @@ def main() -> None:
     keys = ["block_size", "attribution", "num_gpu_blocks", "wall_s", "cpu_s", "wall_ratio", "cpu_ratio",
             "sim_requests_per_wall_s", "sim_s_per_wall_s", "peak_rss_mib", "token_hit_rate", "request_hit_rate",
             "steps", "fast_forwarded_steps"]
-    print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
-    for r in rows:
-        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+    table = "| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n"
+    table += "".join("| " + " | ".join(str(r[k]) for k in keys) + " |\n" for r in rows)
+    print("\n" + table, end="")
+    if folder is not None:
+        meta = {"benchmark": "bench_mooncake", "block_sizes": args.block_sizes, "gpu": args.gpu, "limit": args.limit,
+                "fast_forward": not args.no_fast_forward, "attribution": args.attribution, "repeat": args.repeat}
+        print(f"results folder: {folder.write({'runs.json': runs, 'rows.json': rows, 'table.md': table}, meta)}")
 
 
 if __name__ == "__main__":

@@ -32,9 +32,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
+
+from bench_results import BenchFolder, open_bench_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {52001: 0.5, 8000: 0.1}  # CPU-time ratio apcsim / BLIS the issue asks for
@@ -112,12 +113,7 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="folder for the input and outputs (default: a temp dir, kept)")
     ap.add_argument("--out", default=None, help="also keep the figures as this results folder (replaced whole)")
     args = ap.parse_args()
-    folder = None
-    if args.out:  # opened (checked and locked) before the runs, so that an unwritable place fails now
-        sys.path.insert(0, str(ROOT))
-        from sim.experiment.results_folder import ResultsFolder
-
-        folder = ResultsFolder(args.out, allowed=_ours).open()
+    folder = open_bench_folder(args.out, _ours)  # before the runs: an unwritable place fails now
     try:
         _bench(args, folder)
     finally:
@@ -125,7 +121,7 @@ def main() -> None:
             folder.close()
 
 
-def _bench(args: argparse.Namespace, folder: Any) -> None:
+def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
 
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench_vs_blis_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -136,9 +132,7 @@ def _bench(args: argparse.Namespace, folder: Any) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     print(f"input {trace} ({trace.stat().st_size / 2**20:.0f} MiB, {args.requests} requests); "
           f"BLIS harness: {harness if have_blis else 'not set up (run its setup.sh): apcsim only'}")
-    load_before = os.getloadavg()
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in load_before)} on {os.cpu_count()} cores")
-    t_start = time.perf_counter()
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     rows = []
     all_runs: dict[int, dict[str, list[dict[str, float]]]] = {}
     for blocks in args.blocks:
@@ -172,34 +166,25 @@ def _bench(args: argparse.Namespace, folder: Any) -> None:
         rows.append(row)
         all_runs[blocks] = runs
         print(json.dumps(row), flush=True)
-    load_after = os.getloadavg()
-    print(f"load average after: {' '.join(f'{x:.2f}' for x in load_after)}")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     table = _table(rows, args.repeat)
     print("\n" + table)
     print(f"work folder: {work}")
     if folder is not None:
-        from sim.experiment.results import run_metadata, write_json
-
-        tmp = folder.tmp
-        write_json(tmp / "runs.json", {str(b): r for b, r in all_runs.items()})
-        write_json(tmp / "medians.json", rows)
-        (tmp / "table.md").write_text(table)
+        files: dict[str, Any] = {"runs.json": {str(b): r for b, r in all_runs.items()}, "medians.json": rows,
+                                 "table.md": table}
         for blocks in args.blocks:
-            (tmp / f"apcsim_{blocks}.json").write_text((work / f"apcsim_{blocks}.json").read_text())
+            files[f"apcsim_{blocks}.json"] = (work / f"apcsim_{blocks}.json").read_text()
         blis_commit = peers / "blis_src" / "BLIS_COMMIT"
-        meta = run_metadata(time.perf_counter() - t_start, {
+        meta = {
             "benchmark": "bench_vs_blis", "requests": args.requests, "blocks": args.blocks, "repeat": args.repeat,
             "input": {"trace": str(args.trace), "bytes": trace.stat().st_size},
             "blis": {"harness": str(harness) if have_blis else None,
                      "commit": blis_commit.read_text().strip() if blis_commit.is_file() else None,
                      "settings": {"block_size": 16, "step_s": 0.02, "max_num_batched_tokens": 8192,
                                   "max_num_seqs": 256}},
-            "cpu_model": _cpu_model(), "cpu_count": os.cpu_count(),
-            "load_average_before": list(load_before), "load_average_after": list(load_after),
-        })
-        folder.run_id = uuid.uuid4().hex
-        write_json(tmp / "meta.json", {**meta, "run_id": folder.run_id, "complete": True})  # last: the marker
-        print(f"results folder: {folder.commit()}")
+        }
+        print(f"results folder: {folder.write(files, meta)}")
 
 
 def _table(rows: list[dict[str, Any]], repeat: int) -> str:
@@ -226,18 +211,8 @@ def _table(rows: list[dict[str, Any]], repeat: int) -> str:
 
 def _ours(name: str) -> bool:
     """A file this benchmark's results folder holds (an older one of these is replaced whole)."""
-    return name in ("runs.json", "medians.json", "table.md", "meta.json") or (
+    return name in ("runs.json", "medians.json", "table.md") or (
         name.startswith("apcsim_") and name.endswith(".json") and name[7:-5].isdigit())
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,76 @@
+"""A benchmark's figures kept as a results folder (``--out DIR`` of the benchmark scripts).
+
+The folder is written like an ``apcsim run``'s (``sim.experiment.results_folder``): opened, checked
+and locked before the benchmark runs, so that an unwritable place fails at once; filled in a private
+temporary folder; ``meta.json`` written last with ``complete: true``; then swapped in whole. A
+folder holding files the benchmark does not write is refused, never replaced.
+
+``meta.json`` carries what the figures depend on beyond the code: the commit, package versions,
+CPU model and count, and the load average before and after (the benchmarks measure time, so a busy
+host shows there).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class BenchFolder:
+    """The results folder of one benchmark run; :meth:`write` fills and swaps it in."""
+
+    def __init__(self, out: str | os.PathLike[str], allowed: Callable[[str], bool]) -> None:
+        if str(ROOT) not in sys.path:
+            sys.path.insert(0, str(ROOT))
+        from sim.experiment.results_folder import ResultsFolder
+
+        self._folder = ResultsFolder(out, allowed=lambda name: name == "meta.json" or allowed(name)).open()
+        self._t0 = time.perf_counter()
+        self.load_before = os.getloadavg()
+
+    def write(self, files: dict[str, Any], meta: dict[str, Any]) -> Path:
+        """Write ``files`` (a ``str`` as text, anything else as JSON) and ``meta.json`` last, then
+        swap the folder in; returns its path."""
+        from sim.experiment.results import run_metadata, write_json
+
+        tmp = self._folder.tmp
+        assert tmp is not None
+        for name, content in files.items():
+            if isinstance(content, str):
+                (tmp / name).write_text(content)
+            else:
+                write_json(tmp / name, content)
+        full = run_metadata(time.perf_counter() - self._t0, {
+            **meta, "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
+            "load_average_before": list(self.load_before), "load_average_after": list(os.getloadavg()),
+        })
+        self._folder.run_id = uuid.uuid4().hex
+        write_json(tmp / "meta.json", {**full, "run_id": self._folder.run_id, "complete": True})  # last: the marker
+        return self._folder.commit()
+
+    def close(self) -> None:
+        """Drop the temporary folder if nothing was committed; release the lock."""
+        self._folder.close()
+
+
+def open_bench_folder(out: str | None, allowed: Callable[[str], bool]) -> BenchFolder | None:
+    """A :class:`BenchFolder` for ``--out`` (None without one)."""
+    return BenchFolder(out, allowed) if out else None
+
+
+def cpu_model() -> str | None:
+    """The first ``model name`` of ``/proc/cpuinfo`` (None elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
