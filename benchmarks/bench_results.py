@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 class BenchFolder:
     """The results folder of one benchmark run; :meth:`write` fills and swaps it in."""
 
-    def __init__(self, out: str | os.PathLike[str], allowed: Callable[[str], bool]) -> None:
+    def __init__(self, out: str | Path, allowed: Callable[[str], bool]) -> None:
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
         from sim.experiment.results_folder import ResultsFolder
