@@ -1,0 +1,57 @@
+"""A benchmark's ``--out`` folder (``benchmarks/bench_results.py``) is written like a run's: complete
+with its marker or not at all, replaced whole by a rerun, and never over files it does not write."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from bench_results import open_bench_folder
+
+from sim.experiment.results_folder import ResultsError, require_complete
+
+OURS = ("runs.json", "table.md").__contains__
+
+
+def _write(out: Path, runs: list[dict]) -> Path:
+    folder = open_bench_folder(str(out), OURS)
+    assert folder is not None
+    try:
+        return folder.write({"runs.json": runs, "table.md": "| a |\n"}, {"benchmark": "test"})
+    finally:
+        folder.close()
+
+
+def test_the_folder_is_complete_and_carries_its_provenance(tmp_path):
+    out = _write(tmp_path / "bench", [{"cpu_s": 1.5}])
+    meta = require_complete(out)
+    assert meta["benchmark"] == "test" and meta["complete"] is True and meta["run_id"]
+    assert {"git_commit", "versions", "cpu_count", "load_average_before", "load_average_after"} <= set(meta)
+    assert json.loads((out / "runs.json").read_text()) == [{"cpu_s": 1.5}]
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "runs.json", "table.md"]
+
+
+def test_a_rerun_replaces_it_whole_and_foreign_files_refuse(tmp_path):
+    out = _write(tmp_path / "bench", [{"cpu_s": 1.5}])
+    _write(out, [{"cpu_s": 2.5}])
+    assert json.loads((out / "runs.json").read_text()) == [{"cpu_s": 2.5}]
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(ResultsError, match=r"notes.txt"):
+        open_bench_folder(str(out), OURS)
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_without_out_nothing_is_opened():
+    assert open_bench_folder(None, OURS) is None
+
+
+def test_an_abandoned_run_leaves_no_folder(tmp_path):
+    folder = open_bench_folder(str(tmp_path / "bench"), OURS)
+    assert folder is not None
+    folder.close()  # the benchmark failed before writing
+    assert not (tmp_path / "bench").exists()
