@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from bench_results import BenchFolder, open_bench_folder
+from bench_results import BenchFolder, run_with_folder
 
 
 def _one(block_size: int, gpu: str, limit: int | None, fast_forward: bool, attribution: str = "off") -> dict:
@@ -91,12 +91,7 @@ def main() -> None:
     if args.child is not None:
         print(json.dumps(_one(args.child, args.gpu, args.limit, not args.no_fast_forward, args.attribution[0])))
         return
-    folder = open_bench_folder(args.out, ("runs.json", "rows.json", "table.md").__contains__)
-    try:
-        _bench(args, folder)
-    finally:
-        if folder is not None:
-            folder.close()
+    run_with_folder(args.out, ("runs.json", "rows.json", "table.md").__contains__, lambda f: _bench(args, f))
 
 
 def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:

@@ -65,6 +65,19 @@ def open_bench_folder(out: str | None, allowed: Callable[[str], bool]) -> BenchF
     return BenchFolder(out, allowed) if out else None
 
 
+def run_with_folder(
+    out: str | None, allowed: Callable[[str], bool], bench: Callable[[BenchFolder | None], None]
+) -> None:
+    """Open the ``--out`` folder before the benchmark runs (an unwritable place fails now, not after
+    the runs), run ``bench(folder)``, release the folder whatever happens."""
+    folder = open_bench_folder(out, allowed)
+    try:
+        bench(folder)
+    finally:
+        if folder is not None:
+            folder.close()
+
+
 def cpu_model() -> str | None:
     """The first ``model name`` of ``/proc/cpuinfo`` (None elsewhere)."""
     try:

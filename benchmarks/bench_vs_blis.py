@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_results import BenchFolder, open_bench_folder
+from bench_results import BenchFolder, run_with_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {52001: 0.5, 8000: 0.1}  # CPU-time ratio apcsim / BLIS the issue asks for
@@ -113,16 +113,10 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="folder for the input and outputs (default: a temp dir, kept)")
     ap.add_argument("--out", default=None, help="also keep the figures as this results folder (replaced whole)")
     args = ap.parse_args()
-    folder = open_bench_folder(args.out, _ours)  # before the runs: an unwritable place fails now
-    try:
-        _bench(args, folder)
-    finally:
-        if folder is not None:
-            folder.close()
+    run_with_folder(args.out, _ours, lambda f: _bench(args, f))
 
 
 def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
-
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench_vs_blis_"))
     work.mkdir(parents=True, exist_ok=True)
     trace = build_input(Path(args.trace), args.requests, work / f"mc{args.requests}.jsonl")
