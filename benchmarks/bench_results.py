@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,22 +37,20 @@ class BenchFolder:
     def write(self, files: dict[str, Any], meta: dict[str, Any]) -> Path:
         """Write ``files`` (a ``str`` as text, anything else as JSON) and ``meta.json`` last, then
         swap the folder in; returns its path."""
-        from sim.experiment.results import run_metadata, write_json
+        from sim.experiment.results import fill_and_commit, run_metadata, write_json
 
-        tmp = self._folder.tmp
-        assert tmp is not None
-        for name, content in files.items():
-            if isinstance(content, str):
-                (tmp / name).write_text(content)
-            else:
-                write_json(tmp / name, content)
+        def write_files(tmp: Path) -> None:
+            for name, content in files.items():
+                if isinstance(content, str):
+                    (tmp / name).write_text(content)
+                else:
+                    write_json(tmp / name, content)
+
         full = run_metadata(time.perf_counter() - self._t0, {
             **meta, "cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
             "load_average_before": list(self.load_before), "load_average_after": list(os.getloadavg()),
         })
-        self._folder.run_id = uuid.uuid4().hex
-        write_json(tmp / "meta.json", {**full, "run_id": self._folder.run_id, "complete": True})  # last: the marker
-        return self._folder.commit()
+        return fill_and_commit(self._folder, full, write_files)
 
     def close(self) -> None:
         """Drop the temporary folder if nothing was committed; release the lock."""

@@ -132,7 +132,7 @@ def write_table(out_dir: Path, name: str, df: pd.DataFrame, formats: Sequence[st
 
 def _write_files(
     folder: Path, *, config: dict[str, Any], requests: pd.DataFrame, steps: pd.DataFrame,
-    summary: dict[str, Any], meta: dict[str, Any], events: list[tuple[int, Any]] | None, tables: Sequence[str],
+    summary: dict[str, Any], events: list[tuple[int, Any]] | None, tables: Sequence[str],
     blocks: pd.DataFrame | None = None, extras: Callable[[Path], None] | None = None,
 ) -> None:
     write_table(folder, "requests", requests, tables)
@@ -147,7 +147,25 @@ def _write_files(
         _atomic_write(folder / "blocks.parquet", lambda p: blocks.to_parquet(p, index=False))
     if extras is not None:
         extras(folder)
-    write_json(folder / "meta.json", meta)  # last: its complete marker says every other file is there
+
+
+def fill_and_commit(rf: ResultsFolder, meta: dict[str, Any], write_files: Callable[[Path], None]) -> Path:
+    """Fill the open ``rf``: ``write_files(tmp)``, then ``meta.json`` last with this run's
+    ``run_id`` and ``complete: true`` (the marker says every other file is there); swap it in.
+    A write that fails (a full disk) drops the temporary folder and raises :class:`ResultsError`
+    saying what the folder holds now. Every results writer ends through here."""
+    if rf.tmp is None:
+        raise ResultsError(f"{rf.final}: the results folder is not open")
+    rf.run_id = uuid.uuid4().hex
+    try:
+        write_files(rf.tmp)
+        write_json(rf.tmp / "meta.json", {**meta, "run_id": rf.run_id, "complete": True})
+        return rf.commit()
+    except OSError as exc:
+        rf.abort()
+        raise ResultsError(
+            f"{rf.final}: could not write the results ({os_problem(exc)}); {rf.state(rf.run_id)}"
+        ) from None
 
 
 def write_results(
@@ -175,19 +193,9 @@ def write_results(
     the folder holds now."""
     rf = folder if folder is not None else ResultsFolder(out_dir).open()
     try:
-        if rf.tmp is None:
-            raise ResultsError(f"{rf.final}: the results folder is not open")
-        rf.run_id = uuid.uuid4().hex
-        meta = {**meta, "run_id": rf.run_id, "complete": True}
-        try:
-            _write_files(rf.tmp, config=config, requests=requests, steps=steps, summary=summary, meta=meta,
-                         events=events, tables=tables, blocks=blocks, extras=extras)
-            return rf.commit()
-        except OSError as exc:
-            rf.abort()
-            raise ResultsError(
-                f"{rf.final}: could not write the results ({os_problem(exc)}); {rf.state(rf.run_id)}"
-            ) from None
+        return fill_and_commit(rf, meta, lambda tmp: _write_files(
+            tmp, config=config, requests=requests, steps=steps, summary=summary, events=events, tables=tables,
+            blocks=blocks, extras=extras))
     finally:
         if folder is None:
             rf.close()
