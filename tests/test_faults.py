@@ -123,8 +123,21 @@ def _fault_child(fx: Fixture, final: Path, mode: str, k: int, report: Path) -> N
             return write(df, path, *a, **kw)
         return wrapper
 
+    def audited_arrow(write):  # the same for a Table written by pyarrow into the file results.py opened
+        def wrapper(table, fh, *a, **kw):
+            fh.write(b"PAR1 half a table")
+            fh.flush()
+            sys.audit("open", fh.name, "wb", 0)
+            fh.seek(0)
+            fh.truncate()
+            return write(table, fh, *a, **kw)
+        return wrapper
+
+    import pyarrow.parquet as pq
+
     pd.DataFrame.to_parquet = audited(pd.DataFrame.to_parquet)
     pd.DataFrame.to_csv = audited(pd.DataFrame.to_csv)
+    pq.write_table = audited_arrow(pq.write_table)
     sys.addaudithook(hook)
     try:
         run_experiment(fx.new_cfg, out=final, progress=False)

@@ -47,7 +47,7 @@ from sim.replay.arrival_stream import ArrivalStream
 from sim.replay.engine import ReplayResult, SimClock
 from sim.replay.errors import ReplayError
 from sim.replay.intake import ARRIVAL_EPS_S
-from sim.replay.metrics import finalize_requests, summarize
+from sim.replay.metrics import as_frame, finalize_requests, summarize
 from sim.replay.step_runner import Wait
 from workloads.trace_format import TraceRequest
 
@@ -275,7 +275,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         per: list[ReplayResult] = []
         req_frames, step_frames = [], []
         for r in self.replicas:
-            rq, st = r.rec.tables()
+            rq, st = (as_frame(t) for t in r.rec.tables())
             s = summarize(rq, st, r.rec.stats, sim_time_s=r.end_time, num_evictions=r.total_evictions)
             per.append(ReplayResult(rq, st, r.rec.stats, s, wall))
             req_frames.append(rq.assign(replica=r.index))
@@ -289,7 +289,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         if self._reroutes:  # TTFT and E2E from the user's arrival, not the re-route
             requests["replica_arrival"] = requests["arrival"]
             requests["arrival"] = ids.map(lambda x: self._trace[x][1]).astype("float64")
-            requests = finalize_requests(requests)
+            requests = as_frame(finalize_requests(requests))
         order = ids.map(lambda x: self._trace[x][0]).to_numpy().argsort(kind="stable")
         requests = requests.iloc[order].reset_index(drop=True)
         stats = PrefixCacheStats()

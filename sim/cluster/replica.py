@@ -27,14 +27,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sim.cluster.column_table import ColumnTable
 from sim.cluster.router import ReplicaFacts, ReplicaMetrics
 from sim.core.executor import Executor
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.replay.engine import LoopProcess, SimClock, engine_loop
 from sim.replay.intake import RequestIntake
-from sim.replay.metrics import STEP_COLUMNS
 from sim.replay.recorder import ReplayRecorder
 from sim.replay.step_runner import StepRunner
 from workloads.trace_format import TraceRequest
@@ -129,7 +127,6 @@ class ReplicaRecorder(ReplayRecorder):
         super().__init__(False, None)
         self.index = index
         self._hooks = hooks
-        self._steps = ColumnTable(STEP_COLUMNS)  # type: ignore[assignment]  # a compact RecordTable
 
     def first_token(self, request: Request, now: float) -> None:
         super().first_token(request, now)

@@ -42,6 +42,8 @@ import yaml
 
 from sim.core.kv_events import event_to_dict
 from sim.experiment.results_folder import ResultsError, ResultsFolder, os_problem
+from sim.replay.metrics import Frame, as_frame
+from sim.replay.table import Table
 
 if TYPE_CHECKING:  # pandas (and pyarrow, which it loads) are imported by the tables, when written
     import pandas as pd
@@ -117,21 +119,44 @@ def write_json(path: Path, data: Any) -> None:
     _atomic_write(path, lambda p: p.write_text(text))
 
 
-def write_table(out_dir: Path, name: str, df: pd.DataFrame, formats: Sequence[str] = ("parquet", "csv")) -> None:
-    """``<name>.parquet`` and/or ``<name>.csv`` in ``out_dir``; CSV in place of parquet where no
-    parquet engine (pyarrow) is installed (e.g. a bare GPU image)."""
+def _parquet_writer(table: Frame) -> Callable[[Path], None]:
+    """The writer of ``table`` as parquet: a Table straight through pyarrow (no pandas import;
+    the file reads back as the DataFrame pandas would have written), unless Arrow cannot type a
+    column of it alone (mixed types), which pandas then writes as before."""
+    if isinstance(table, Table):
+        import pyarrow as pa  # ImportError: the caller writes CSV instead
+        import pyarrow.parquet as pq
+
+        try:
+            arrow = table.to_arrow()
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # a column of mixed types: pandas types it
+            df = table.to_frame()
+            return lambda p: df.to_parquet(p, index=False)
+        def write(p: Path) -> None:
+            with open(p, "wb") as fh:  # opened here, as pandas does: a full disk is an OSError of ours
+                pq.write_table(arrow, fh)
+
+        return write
+    return lambda p: table.to_parquet(p, index=False)
+
+
+def write_table(out_dir: Path, name: str, df: Frame, formats: Sequence[str] = ("parquet", "csv")) -> None:
+    """``<name>.parquet`` and/or ``<name>.csv`` in ``out_dir`` from a DataFrame or a
+    :class:`~sim.replay.table.Table`; CSV in place of parquet where no parquet engine (pyarrow)
+    is installed (e.g. a bare GPU image)."""
     csv = "csv" in formats
     if "parquet" in formats:
         try:
-            _atomic_write(out_dir / f"{name}.parquet", lambda p: df.to_parquet(p, index=False))
+            _atomic_write(out_dir / f"{name}.parquet", _parquet_writer(df))
         except ImportError:  # no pyarrow: the table still lands, as CSV
             csv = True
     if csv:
-        _atomic_write(out_dir / f"{name}.csv", lambda p: df.to_csv(p, index=False))
+        frame = as_frame(df)
+        _atomic_write(out_dir / f"{name}.csv", lambda p: frame.to_csv(p, index=False))
 
 
 def _write_files(
-    folder: Path, *, config: dict[str, Any], requests: pd.DataFrame, steps: pd.DataFrame,
+    folder: Path, *, config: dict[str, Any], requests: Frame, steps: Frame,
     summary: dict[str, Any], events: list[tuple[int, Any]] | None, tables: Sequence[str],
     blocks: pd.DataFrame | None = None, extras: Callable[[Path], None] | None = None,
 ) -> None:
@@ -172,8 +197,8 @@ def write_results(
     out_dir: Path,
     *,
     config: dict[str, Any],
-    requests: pd.DataFrame,
-    steps: pd.DataFrame,
+    requests: Frame,
+    steps: Frame,
     summary: dict[str, Any],
     meta: dict[str, Any],
     events: list[tuple[int, Any]] | None = None,

@@ -184,8 +184,8 @@ def run_experiment(
         folder = write_results(
             target.final,
             config=config_to_dict(cfg),
-            requests=result.requests,
-            steps=result.steps,
+            requests=result.request_table,
+            steps=result.step_table,
             summary=result.summary,
             meta=run_metadata(result.wall_time_s, extra),
             events=result.events or None if cfg.cluster is None else None,

@@ -49,13 +49,13 @@ from sim.replay.async_loop import async_steps
 from sim.replay.attribution import MissAttribution
 from sim.replay.errors import ReplayError
 from sim.replay.intake import ARRIVAL_EPS_S, RequestIntake
-from sim.replay.metrics import summarize
+from sim.replay.metrics import Frame, as_frame, summarize
 from sim.replay.recorder import ReplayRecorder
 from sim.replay.step_runner import StepRunner, Wait
 from sim.replay.sync_loop import sync_steps
 from workloads.trace_format import TraceRequest
 
-if TYPE_CHECKING:  # pandas is imported only when the tables are built (sim.replay.metrics)
+if TYPE_CHECKING:  # pandas is imported only when a DataFrame is asked for (sim.replay.table)
     import pandas as pd
 
 __all__ = ["LoopProcess", "Replay", "ReplayError", "ReplayResult", "SimClock", "engine_loop"]
@@ -65,15 +65,32 @@ _Process = Generator[simpy.Event, Any, None]
 
 @dataclass
 class ReplayResult:
-    """Tables and totals of one replay."""
+    """Tables and totals of one replay.
 
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    ``request_table`` / ``step_table`` are what the replay made: :class:`~sim.replay.table.Table`
+    columns, written and summarised without pandas; ``requests`` / ``steps`` are their DataFrames,
+    made on first use (then kept: the field holds the DataFrame from there on, so changes to it
+    are seen by every later reader)."""
+
+    request_table: Frame
+    step_table: Frame
     prefix_cache: PrefixCacheStats
     summary: dict[str, Any]
     wall_time_s: float = 0.0
     events: list[tuple[int, Any]] = field(default_factory=list)
     blocks: pd.DataFrame | None = None  # replay.attribution: full -- one row per prompt block
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """One row per request (``sim.replay.metrics``), as a DataFrame."""
+        self.request_table = frame = as_frame(self.request_table)
+        return frame
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """One row per engine step (``sim.replay.metrics``), as a DataFrame."""
+        self.step_table = frame = as_frame(self.step_table)
+        return frame
 
 
 class LoopProcess:
@@ -229,7 +246,7 @@ class Replay:
         summary = summarize(requests, steps, self.rec.stats, sim_time_s=self.env.now, num_evictions=pool.num_evictions)
         blocks = None
         if self.attribution is not None:
-            requests, blocks = self.attribution.tables(requests, check=self.integrity_check)
+            requests, blocks = self.attribution.tables(as_frame(requests), check=self.integrity_check)
             summary.update(self.attribution.records.summary())
         return ReplayResult(requests, steps, self.rec.stats, summary, wall, self.events, blocks)
 

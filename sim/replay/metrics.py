@@ -1,6 +1,8 @@
 """Per-request and per-step records of a replay, and the run summary.
 
-Row tuples while replaying, turned into pandas tables at the end (pandas is imported only then).
+Row tuples while replaying, turned into :class:`~sim.replay.table.Table` columns at the end;
+``summarize`` reads a Table or a DataFrame alike, so a run that writes its results never imports
+pandas (``sim.replay.table``).
 
 Per request: ``arrival``, ``first_scheduled`` (start of the step that first admitted it),
 ``first_token`` (end of the step that sampled its first token), ``finish``, ``ttft``, ``tpot``
@@ -35,14 +37,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
 from sim.core.prefix_cache_stats import PrefixCacheStats
+from sim.replay.table import Table
 
-if TYPE_CHECKING:  # pandas is imported only to build the tables (it costs a third of a second)
+if TYPE_CHECKING:  # pandas is imported only when a DataFrame is asked for (it costs half a second)
     import pandas as pd
+
+Frame = Union[Table, "pd.DataFrame"]
 
 REQUEST_COLUMNS = (
     "request_id",
@@ -84,8 +89,8 @@ STEP_COLUMNS = (
 
 
 class RecordTable:
-    """Append-only rows (tuples), turned into columns at the end; ``data`` gives mutable columns
-    of the rows appended so far (used to fill per-request fields as events happen)."""
+    """Append-only rows (tuples, or mutable lists from ``append_mutable``: per-request fields are
+    filled in as events happen), turned into a :class:`~sim.replay.table.Table` at the end."""
 
     def __init__(self, columns: tuple[str, ...]) -> None:
         self.columns = columns
@@ -104,17 +109,41 @@ class RecordTable:
         return row
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self.rows.__len__()
+
+    def to_table(self) -> Table:
+        return Table.from_rows(self.columns, self.rows)
 
     def to_frame(self) -> pd.DataFrame:
-        import pandas as pd
-
-        return pd.DataFrame.from_records(self.rows, columns=list(self.columns))
+        return self.to_table().to_frame()
 
 
-def finalize_requests(df: pd.DataFrame) -> pd.DataFrame:
-    """Add the derived latency columns (seconds)."""
-    df = df.copy()
+def as_frame(table: Frame) -> pd.DataFrame:
+    """The DataFrame of a Table (``Table.to_frame``), or the DataFrame itself."""
+    return table.to_frame() if isinstance(table, Table) else table
+
+
+_LATENCY_INPUTS = ("arrival", "first_scheduled", "first_token", "finish", "output_tokens")
+
+
+def finalize_requests(requests: Frame) -> Frame:
+    """Add the derived latency columns (seconds): ``ttft``, ``queue_time``, ``e2e``, ``tpot``
+    (NaN for a request of one output token). A :class:`Table` whose inputs are numeric arrays
+    gets them from numpy and stays a Table; anything else (a DataFrame, or a Table with ``None``
+    only in a time column: every request rejected) is computed by pandas as a DataFrame -- the
+    same values either way."""
+    if isinstance(requests, Table):
+        if not requests.numeric(*_LATENCY_INPUTS):
+            return finalize_requests(requests.to_frame())
+        arrival, first_token, finish, out = (_values(requests, c) for c in ("arrival", "first_token", "finish",
+                                                                             "output_tokens"))
+        with np.errstate(invalid="ignore"):
+            tpot = (finish - first_token) / np.where(out > 1, out - 1, np.nan)
+        return requests.with_columns(
+            ttft=first_token - arrival, queue_time=_values(requests, "first_scheduled") - arrival,
+            e2e=finish - arrival, tpot=tpot,
+        )
+    df = requests.copy()
     df["ttft"] = df["first_token"] - df["arrival"]
     df["queue_time"] = df["first_scheduled"] - df["arrival"]
     df["e2e"] = df["finish"] - df["arrival"]
@@ -123,35 +152,60 @@ def finalize_requests(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _pct(series: pd.Series, q: float) -> float:
-    s = series.dropna()
-    return float(np.percentile(s, q)) if len(s) else math.nan
+def _values(table: Frame, name: str) -> np.ndarray:
+    return np.asarray(table[name])
+
+
+def _mean(x: np.ndarray) -> float:
+    """pandas' ``Series.mean()``, bit for bit: NaN skipped (summed as 0), the sum in float64 over
+    the count of the others."""
+    if x.dtype.kind == "f":
+        nan = np.isnan(x)
+        count = len(x) - int(nan.sum())
+        if not count:
+            return math.nan
+        if count != len(x):
+            x = np.where(nan, 0.0, x)
+        return float(x.sum(dtype=np.float64) / count)
+    return float(x.sum(dtype=np.float64) / len(x)) if len(x) else math.nan
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    x = x[~np.isnan(x)] if x.dtype.kind == "f" else x
+    return float(np.percentile(x, q)) if len(x) else math.nan
 
 
 def summarize(
-    requests: pd.DataFrame,
-    steps: pd.DataFrame,
+    requests: Frame,
+    steps: Frame,
     stats: PrefixCacheStats,
     *,
     sim_time_s: float,
     num_evictions: int,
 ) -> dict[str, Any]:
-    """Headline metrics of a run (JSON-serialisable); rejected requests are only counted."""
+    """Headline metrics of a run (JSON-serialisable); rejected requests are only counted.
+    ``requests`` and ``steps`` are Tables or DataFrames (the same figures, to the bit)."""
+    keep: np.ndarray | None = None
+    num_rejected = 0
     if "status" in requests:
-        rejected = requests["status"] == "rejected"
+        rejected = _values(requests, "status") == "rejected"
         num_rejected = int(rejected.sum())
         if num_rejected:
-            requests = requests[~rejected]
-    else:
-        num_rejected = 0
-    n = len(requests)
-    prompt = int(requests["prompt_tokens"].sum()) if n else 0
-    outputs = int(requests["output_tokens"].sum()) if n else 0
-    hit_first = int(requests["hit_tokens"].sum()) if n else 0
-    with_hit = int((requests["hit_tokens"] > 0).sum()) if n else 0
+            keep = ~rejected
+    n = len(requests) - num_rejected
+
+    def col(name: str) -> np.ndarray:
+        x = _values(requests, name)
+        return x[keep] if keep is not None else x
+
+    prompt = int(col("prompt_tokens").sum()) if n else 0
+    outputs = int(col("output_tokens").sum()) if n else 0
+    hits = col("hit_tokens") if n else np.zeros(0)
+    hit_first = int(hits.sum()) if n else 0
+    with_hit = int((hits > 0).sum()) if n else 0
     prefix_rate = (stats.hits / stats.queries) if stats.queries else 0.0
     first_rate = (hit_first / prompt) if prompt else 0.0
-    span = (float(requests["finish"].max()) - float(requests["arrival"].min())) if n else 0.0
+    span = (float(np.nanmax(col("finish"))) - float(np.nanmin(col("arrival")))) if n else 0.0
     out: dict[str, Any] = {
         "num_requests": n,
         "num_rejected_requests": num_rejected,
@@ -165,17 +219,17 @@ def summarize(
         "token_hit_rate": prefix_rate,  # deprecated alias of prefix_cache_hit_rate
         "request_hit_rate": first_rate,  # deprecated alias of first_admission_token_hit_rate
         "prefix_cache": asdict(stats),
-        "num_preemptions": int(requests["num_preemptions"].sum()) if n else 0,
+        "num_preemptions": int(col("num_preemptions").sum()) if n else 0,
         "num_evictions": num_evictions,
         "sim_time_s": sim_time_s,
         "throughput_requests_per_s": n / span if span > 0 else math.nan,
         "throughput_output_tokens_per_s": outputs / span if span > 0 else math.nan,
         "throughput_total_tokens_per_s": (prompt + outputs) / span if span > 0 else math.nan,
-        "mean_batch_size": float(steps["batch_size"].mean()) if len(steps) else 0.0,
+        "mean_batch_size": _mean(_values(steps, "batch_size")) if len(steps) else 0.0,
     }
     for metric in ("ttft", "tpot", "e2e", "queue_time"):
-        col = requests[metric] if n else None
-        out[f"{metric}_mean_s"] = float(col.mean()) if col is not None else math.nan
+        x = col(metric).astype(np.float64) if n else None
+        out[f"{metric}_mean_s"] = _mean(x) if x is not None else math.nan
         for q in (50, 90, 99):
-            out[f"{metric}_p{q}_s"] = _pct(col, q) if col is not None else math.nan
+            out[f"{metric}_p{q}_s"] = _pct(x, q) if x is not None else math.nan
     return out

@@ -2,20 +2,21 @@
 
 The engine calls ``new_request`` on arrival, ``admitted`` / ``first_token`` / ``finished`` as they
 happen, ``step`` once per engine step and ``add_stats`` with each step's drained PrefixCacheStats;
-``tables`` turns the rows into the result DataFrames (columns in ``sim.replay.metrics``).
+``tables`` turns the rows into the result tables (columns in ``sim.replay.metrics``): the step
+rows go into typed columns as they come (``sim.replay.column_table``), the request rows stay rows
+(their fields are filled in as events happen).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import Request
-from sim.replay.metrics import REQUEST_COLUMNS, STEP_COLUMNS, RecordTable, finalize_requests
-
-if TYPE_CHECKING:  # pandas is imported only when the tables are built
-    import pandas as pd
+from sim.replay.column_table import ColumnTable
+from sim.replay.metrics import REQUEST_COLUMNS, STEP_COLUMNS, Frame, RecordTable, finalize_requests
+from sim.replay.table import Table
 
 _COL = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
 _FIRST_SCHEDULED, _FIRST_TOKEN, _FINISH = _COL["first_scheduled"], _COL["first_token"], _COL["finish"]
@@ -49,7 +50,7 @@ class ReplayRecorder:
     def __init__(self, progress: bool = False, total: int | Callable[[], int] | None = None) -> None:
         self._rows: dict[str, list[Any]] = {}  # request id -> its (mutable) row
         self._requests = RecordTable(REQUEST_COLUMNS)
-        self._steps = RecordTable(STEP_COLUMNS)
+        self._steps = ColumnTable(STEP_COLUMNS)
         self.stats = PrefixCacheStats()
         self._progress = _Progress(progress, total)
 
@@ -109,6 +110,8 @@ class ReplayRecorder:
     def close(self) -> None:
         self._progress.close()
 
-    def tables(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """(requests with derived latency columns, steps)."""
-        return finalize_requests(self._requests.to_frame()), self._steps.to_frame()
+    def tables(self) -> tuple[Frame, Table]:
+        """(requests with the derived latency columns, steps): Tables (the requests a DataFrame in
+        the corner case of ``finalize_requests``); ``.to_frame()`` of each, or
+        :func:`sim.replay.metrics.as_frame`, gives the DataFrames."""
+        return finalize_requests(self._requests.to_table()), self._steps.to_table()

@@ -1,0 +1,176 @@
+"""The replay's tables without pandas (``sim.replay.table``, ``sim.replay.column_table``): as an
+executable spec.
+
+* ``Table.from_rows(...).to_frame()`` is ``DataFrame.from_records`` of the same rows -- dtypes,
+  values, missing values -- for any mix of ints, floats, bools, strings, None and huge ints;
+* a ``ColumnTable`` fed the same rows one by one or window by window (as columns) gives that same
+  table, whatever the order of value types, and an extend that fails leaves it unchanged;
+* a Table written by pyarrow from its buffers reads back as the DataFrame that pandas writes for
+  it (NaN and None as null), and the summary of a Table equals the summary of its DataFrame, to
+  the bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pandas.testing import assert_frame_equal
+
+from sim.core.prefix_cache_stats import PrefixCacheStats
+from sim.replay.column_table import ColumnTable
+from sim.replay.metrics import REQUEST_COLUMNS, finalize_requests, summarize
+from sim.replay.table import Table, typed_column
+
+VALUES = {
+    "int": st.integers(-(2**40), 2**40),
+    "float": st.floats(allow_nan=True, allow_infinity=False, width=64),
+    "bool": st.booleans(),
+    "none": st.none(),
+    "str": st.text(max_size=4),
+    "huge": st.integers(2**63, 2**64 - 1),
+}
+# a column draws its values from one to three of the kinds: uniform columns and every mix
+COLUMN_KINDS = st.lists(st.sampled_from(sorted(VALUES)), min_size=1, max_size=3, unique=True)
+
+
+@st.composite
+def rows(draw: st.DrawFn, huge: bool = True) -> tuple[tuple[str, ...], list[tuple[object, ...]]]:
+    kinds = draw(st.lists(COLUMN_KINDS, min_size=1, max_size=5).filter(lambda ks: huge or all("huge" not in k
+                                                                                               for k in ks)))
+    n = draw(st.integers(0, 12))
+    cols = [[draw(st.one_of(*(VALUES[k] for k in ks))) for _ in range(n)] for ks in kinds]
+    names = tuple(f"c{i}" for i in range(len(kinds)))
+    return names, list(zip(*cols)) if n else []
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows())
+def test_a_table_is_the_frame_from_records_gives(case: tuple[tuple[str, ...], list[tuple[object, ...]]]) -> None:
+    names, data = case
+    want = pd.DataFrame.from_records(data, columns=list(names))
+    assert_frame_equal(Table.from_rows(names, data).to_frame(), want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows(huge=False), st.lists(st.integers(1, 5), max_size=6))
+def test_a_column_table_fed_rows_or_windows_is_the_same_table(case, cuts) -> None:
+    names, data = case
+    by_row, by_window = ColumnTable(names), ColumnTable(names)
+    for row in data:
+        by_row.append(*row)
+    at = 0
+    for cut in [*cuts, len(data)]:
+        window = data[at : at + cut]
+        by_window.extend(*(zip(*window) if window else [[] for _ in names]))
+        at += len(window)
+    want = pd.DataFrame.from_records(data, columns=list(names))
+    assert len(by_row) == len(by_window) == len(data)
+    assert_frame_equal(by_row.to_table().to_frame(), want)
+    assert_frame_equal(by_window.to_table().to_frame(), want)
+
+
+def test_typed_columns_are_numpy_where_pandas_infers_a_number() -> None:
+    assert typed_column([1, 2]).dtype == np.int64
+    assert typed_column([1, 2.5]).dtype == np.float64
+    assert np.isnan(typed_column([1, None])[1])
+    assert typed_column([True, False]).dtype == np.bool_
+    for mixed in ([True, 2], ["a", None], [None, None], [2**63], [np.int64(1)], []):
+        assert isinstance(typed_column(mixed), list), mixed
+
+
+def test_a_failed_extend_leaves_the_table_as_it_was() -> None:
+    t = ColumnTable(("a", "b"))
+    t.append(1, 2.0)
+    with pytest.raises(ValueError, match="unequal length"):
+        t.extend([1, 2], [3.0])
+    with pytest.raises(ValueError, match="1 columns given for 2"):
+        t.extend([1])
+    with pytest.raises(ValueError, match="beyond int64"):
+        t.extend([5, 2**63], [1.0, 2.0])
+    with pytest.raises(ValueError, match="beyond int64"):
+        t.append(1, -(2**63) - 1)
+    with pytest.raises(ValueError, match="a row of 1 values for 2 columns"):
+        t.append(1)
+    t.extend([2, 3.5], [1.0, 2.0])  # the int column widens to float: every value kept
+    assert t.to_table().to_frame().to_dict("list") == {"a": [1.0, 2.0, 3.5], "b": [2.0, 1.0, 2.0]}
+
+
+MIXED = Table({
+    "i": np.array([1, 2, 3]), "f": np.array([0.5, math.nan, 2.0]), "b": np.array([True, False, True]),
+    "s": ["x", None, "é"], "none": [None, None, None], "strs": ["", "a", "bc"], "mixed": [1, "a", None],
+})
+
+
+def test_a_table_written_by_pyarrow_reads_back_as_the_frame_pandas_writes(tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    for table in (MIXED, Table({c: MIXED[c] for c in MIXED if c != "mixed"})):
+        try:
+            arrow = table.to_arrow()
+        except Exception:  # the mixed column: results.py hands such a table to pandas
+            assert "mixed" in table
+            continue
+        pq.write_table(arrow, tmp_path / "ours.parquet")
+        table.to_frame().to_parquet(tmp_path / "pandas.parquet", index=False)
+        ours, theirs = pd.read_parquet(tmp_path / "ours.parquet"), pd.read_parquet(tmp_path / "pandas.parquet")
+        assert_frame_equal(ours, theirs)
+        assert arrow.column("f").null_count == 1 and arrow.column("s").null_count == 1  # NaN / None as null
+        assert "mixed" not in table
+
+
+def _requests(n: int, seed: int) -> list[tuple[object, ...]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        rejected = rng.random() < 0.2
+        arrival = float(rng.random() * 10)
+        t = [arrival + float(rng.random()) for _ in range(3)]
+        t.sort()
+        times = (None, None, None) if rejected else tuple(t)
+        outputs = int(rng.integers(1, 4))
+        out.append((f"r{i}", arrival, *times, int(rng.integers(1, 100)), outputs, None if rejected else
+                    int(rng.integers(0, 50)), 0, "", None, None, None, None, False,
+                    "rejected" if rejected else "finished", "never_fits_pool: x" if rejected else ""))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("n", [0, 1, 5, 40])
+def test_the_summary_of_a_table_is_the_summary_of_its_frame(seed: int, n: int) -> None:
+    data = _requests(n, seed)
+    steps = Table.from_rows(("batch_size",), [(int(b),) for b in np.random.default_rng(seed).integers(1, 9, 30)])
+    table = finalize_requests(Table.from_rows(REQUEST_COLUMNS, data))
+    frame = finalize_requests(pd.DataFrame.from_records(data, columns=list(REQUEST_COLUMNS)))
+    assert_frame_equal(table.to_frame() if isinstance(table, Table) else table, frame)
+    kw = {"sim_time_s": 1.0, "num_evictions": 0}
+    ours = summarize(table, steps, PrefixCacheStats(), **kw)
+    assert summarize(frame, steps.to_frame(), PrefixCacheStats(), **kw).keys() == ours.keys()
+    theirs = _pandas_figures(frame, steps.to_frame())
+    for k, v in theirs.items():  # to the bit (NaN equal to NaN)
+        assert ours[k] == v or (math.isnan(v) and math.isnan(ours[k])), (k, ours[k], v)
+        assert summarize(frame, steps.to_frame(), PrefixCacheStats(), **kw)[k] == ours[k] or math.isnan(v), k
+
+
+def _pandas_figures(requests: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
+    """The summary figures as pandas computes them (the summary before Tables): the reference."""
+    requests = requests[requests["status"] != "rejected"]
+    n = len(requests)
+    out = {"num_requests": n, "mean_batch_size": float(steps["batch_size"].mean()) if len(steps) else 0.0}
+    if not n:
+        return out
+    out |= {"prompt_tokens": int(requests["prompt_tokens"].sum()), "num_preemptions": 0,
+            "num_requests_with_hit": int((requests["hit_tokens"] > 0).sum())}
+    span = float(requests["finish"].max()) - float(requests["arrival"].min())
+    out["throughput_requests_per_s"] = n / span if span > 0 else math.nan
+    for metric in ("ttft", "tpot", "e2e", "queue_time"):
+        col = requests[metric]
+        out[f"{metric}_mean_s"] = float(col.mean())
+        for q in (50, 90, 99):
+            s = col.dropna()
+            out[f"{metric}_p{q}_s"] = float(np.percentile(s, q)) if len(s) else math.nan
+    return out
