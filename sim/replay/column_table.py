@@ -1,55 +1,58 @@
-"""A compact append-only table: one typed array per column (mirrors nothing in vLLM).
+"""A compact append-only table: typed numpy chunks per column (mirrors nothing in vLLM).
 
 The step table of a replay: one row per engine step, all numbers, and many rows -- a fast-forward
 window appends its steps as columns at once, and a fleet of 16 replicas records about 28 times the
 steps of one engine. A row of Python objects costs ~0.6 KB where eight bytes per cell suffice, so
-a column holds an ``array('q')`` while every value is an ``int``, an ``array('d')`` while every
-value is an ``int`` or ``float``, and falls back to a Python list otherwise (a ``bool``, a string,
-None). :meth:`ColumnTable.to_table` gives the :class:`~sim.replay.table.Table` of the same rows,
-and so the dtypes ``pandas.DataFrame.from_records`` would give them.
+values are appended to plain lists (one per column: the cheapest append there is) and every
+``CHUNK_ROWS`` rows each column's pending values become one numpy chunk where that loses nothing
+-- ``int64`` for ints only, ``float64`` for floats only, ``bool`` for bools only -- and stay a list
+otherwise. :meth:`ColumnTable.to_table` joins the chunks into the
+:class:`~sim.replay.table.Table` of the same rows, and so the dtypes
+``pandas.DataFrame.from_records`` would give them: numeric chunks are concatenated where pandas
+would make the joined column numeric too (ints and floats: float64), anything else goes back to
+Python values first and is typed as a whole (``typed_column``).
 
 Invariants: rows keep their order; every column has ``len(table)`` values; ``to_table`` equals
-``Table.from_rows`` of the same rows (a property test); an int beyond int64 is refused (a float
-array would keep it as a float, where pandas makes such a column an object one), and a refused
-row or window leaves the table as it was. Imports numpy only.
+``Table.from_rows`` of the same rows (a property test, chunk boundaries included); a refused row or
+window (wrong width, unequal columns) leaves the table as it was. Imports numpy only.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterable
+from itertools import chain
 from typing import Any
 
 import numpy as np
 
 from sim.replay.table import Column, Table, typed_column
 
-_Store = array | list[Any]
+CHUNK_ROWS = 8192  # rows of Python values a column holds before they become one numpy chunk
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def _start(v: Any) -> _Store:
-    """The store for a column whose first value is ``v``."""
-    t = type(v)
-    if t is int:
-        return array("q")
-    if t is float:
-        return array("d")
-    return []
+def _compact(values: list[Any]) -> Column:
+    """``values`` as a numpy chunk where ``tolist()`` gives them back exactly, else the list."""
+    types = set(map(type, values))
+    if types == {float}:
+        return np.array(values, dtype=np.float64)
+    if types == {int} and _INT64_MIN <= min(values) and max(values) <= _INT64_MAX:
+        return np.array(values, dtype=np.int64)
+    if types == {bool}:
+        return np.array(values, dtype=np.bool_)
+    return values
 
 
-def _check_ints(name: str, values: list[Any], types: set[type]) -> None:
-    if int in types:
-        for v in values:
-            if type(v) is int and not _INT64_MIN <= v <= _INT64_MAX:
-                raise ValueError(f"column {name!r}: {v} is beyond int64")
-
-
-def _widen(col: _Store, values: list[Any]) -> _Store:
-    """``col`` made able to hold ``values`` too: int to float when they are numbers, else a list."""
-    if isinstance(col, array) and col.typecode == "q" and set(map(type, values)) <= {int, float}:
-        return array("d", col)
-    return list(col)
+def _join(chunks: list[Column]) -> Column:
+    """One column from its chunks, typed as ``typed_column`` types all its values at once."""
+    if len(chunks) == 1 and isinstance(chunks[0], np.ndarray):
+        return chunks[0]
+    kinds = {c.dtype.kind if isinstance(c, np.ndarray) else "O" for c in chunks}
+    if kinds <= {"i"} or kinds <= {"f"} or kinds == {"i", "f"}:  # pandas: ints with floats are float64
+        return np.concatenate(chunks) if chunks else []
+    if kinds == {"b"}:
+        return np.concatenate(chunks)
+    return typed_column(list(chain.from_iterable(c.tolist() if isinstance(c, np.ndarray) else c for c in chunks)))
 
 
 class ColumnTable:
@@ -57,72 +60,45 @@ class ColumnTable:
 
     def __init__(self, columns: tuple[str, ...]) -> None:
         self.columns = columns
-        self._cols: list[_Store] | None = None
+        self._pending: list[list[Any]] = [[] for _ in columns]
+        self._chunks: list[list[Column]] = [[] for _ in columns]
         self._n = 0
 
     def append(self, *values: Any) -> None:
         """One row, in ``columns`` order."""
         if len(values) != len(self.columns):
             raise ValueError(f"a row of {len(values)} values for {len(self.columns)} columns")
-        cols = self._cols
-        if cols is None:
-            cols = self._cols = [_start(v) for v in values]
-        for i, v in enumerate(values):
-            col = cols[i]
-            if type(v) is int and not _INT64_MIN <= v <= _INT64_MAX:
-                for done in cols[:i]:  # leave the table as it was
-                    done.pop()
-                raise ValueError(f"column {self.columns[i]!r}: {v} is beyond int64")
-            if type(v) is bool and isinstance(col, array):
-                col = cols[i] = list(col)  # an array would store it as a number: pandas makes it an object
-            try:
-                col.append(v)
-            except TypeError:  # a float in an int column, or a non-number: widen
-                col = cols[i] = _widen(col, [v])
-                col.append(v)
+        any(map(list.append, self._pending, values))  # one C loop: append returns None, so any() sees all
         self._n += 1
+        if len(self._pending[0]) >= CHUNK_ROWS:
+            self._flush()
 
     def extend(self, *columns: Iterable[Any]) -> None:
         """Several rows given as columns, in ``columns`` order (a fast-forward window's steps)."""
         if len(columns) != len(self.columns):
             raise ValueError(f"{len(columns)} columns given for {len(self.columns)}")
-        values = [v if isinstance(v, list) else list(v) for v in columns]
-        n = len(values[0])
-        if any(len(v) != n for v in values):
-            raise ValueError(f"columns of unequal length: {[len(v) for v in values]}")
-        if not n:
-            return
-        types = [set(map(type, vals)) for vals in values]
-        for name, vals, ts in zip(self.columns, values, types, strict=True):
-            _check_ints(name, vals, ts)  # before any change: a refused window leaves the table as it was
-        cols = self._cols
-        if cols is None:
-            cols = self._cols = [_start(v[0]) for v in values]
-        for i, vals in enumerate(values):
-            col = cols[i]
-            if isinstance(col, array):
-                before = len(col)
-                try:
-                    if bool in types[i]:
-                        raise TypeError("a bool: an array would store it as a number, pandas as an object")
-                    col.extend(vals)
-                    continue
-                except TypeError:  # undo the part appended, then widen
-                    del col[before:]
-                    col = cols[i] = _widen(col, vals)
-            col.extend(vals)
+        pending = self._pending
+        before = len(pending[0])
+        any(map(list.extend, pending, columns))  # as in append
+        n = len(pending[0]) - before
+        if any(len(col) - before != n for col in pending):
+            lengths = [len(col) - before for col in pending]
+            for col in pending:
+                del col[before:]
+            raise ValueError(f"columns of unequal length: {lengths}")
         self._n += n
+        if before + n >= CHUNK_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        for pending, chunks in zip(self._pending, self._chunks):
+            if pending:
+                chunks.append(_compact(pending))
+        self._pending = [[] for _ in self.columns]
 
     def __len__(self) -> int:
         return self._n
 
     def to_table(self) -> Table:
-        if self._cols is None:
-            return Table({name: [] for name in self.columns})
-        out: dict[str, Column] = {}
-        for name, col in zip(self.columns, self._cols, strict=True):
-            if isinstance(col, array):
-                out[name] = np.frombuffer(col, dtype=np.int64 if col.typecode == "q" else np.float64).copy()
-            else:
-                out[name] = typed_column(col)
-        return Table(out)
+        self._flush()
+        return Table({name: _join(chunks) for name, chunks in zip(self.columns, self._chunks)})
