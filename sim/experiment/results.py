@@ -132,6 +132,7 @@ def _parquet_writer(table: Frame) -> Callable[[Path], None]:
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # a column of mixed types: pandas types it
             df = table.to_frame()
             return lambda p: df.to_parquet(p, index=False)
+
         def write(p: Path) -> None:
             with open(p, "wb") as fh:  # opened here, as pandas does: a full disk is an OSError of ours
                 pq.write_table(arrow, fh)

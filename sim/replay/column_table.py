@@ -25,10 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from sim.replay.table import Column, Table, typed_column
+from sim.replay.table import INT64_MAX, INT64_MIN, Column, Table, typed_column
 
 CHUNK_ROWS = 8192  # rows of Python values a column holds before they become one numpy chunk
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _compact(values: list[Any]) -> Column:
@@ -36,7 +35,7 @@ def _compact(values: list[Any]) -> Column:
     types = set(map(type, values))
     if types == {float}:
         return np.array(values, dtype=np.float64)
-    if types == {int} and _INT64_MIN <= min(values) and max(values) <= _INT64_MAX:
+    if types == {int} and INT64_MIN <= min(values) and max(values) <= INT64_MAX:
         return np.array(values, dtype=np.int64)
     if types == {bool}:
         return np.array(values, dtype=np.bool_)
@@ -48,10 +47,8 @@ def _join(chunks: list[Column]) -> Column:
     if len(chunks) == 1 and isinstance(chunks[0], np.ndarray):
         return chunks[0]
     kinds = {c.dtype.kind if isinstance(c, np.ndarray) else "O" for c in chunks}
-    if kinds <= {"i"} or kinds <= {"f"} or kinds == {"i", "f"}:  # pandas: ints with floats are float64
+    if kinds <= {"i", "f"} or kinds == {"b"}:  # pandas: ints with floats are float64
         return np.concatenate(chunks) if chunks else []
-    if kinds == {"b"}:
-        return np.concatenate(chunks)
     return typed_column(list(chain.from_iterable(c.tolist() if isinstance(c, np.ndarray) else c for c in chunks)))
 
 

@@ -35,7 +35,6 @@ Deprecated aliases, kept with identical values for one release (0.2 drops them):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Union
 
@@ -89,19 +88,12 @@ STEP_COLUMNS = (
 
 
 class RecordTable:
-    """Append-only rows (tuples, or mutable lists from ``append_mutable``: per-request fields are
-    filled in as events happen), turned into a :class:`~sim.replay.table.Table` at the end."""
+    """Append-only rows, mutable lists from ``append_mutable`` (per-request fields are filled in as
+    events happen), turned into a :class:`~sim.replay.table.Table` at the end."""
 
     def __init__(self, columns: tuple[str, ...]) -> None:
         self.columns = columns
-        self.rows: list[list[Any] | tuple[Any, ...]] = []
-
-    def append(self, *values: Any) -> None:
-        self.rows.append(values)
-
-    def extend(self, *columns: Iterable[Any]) -> None:
-        """Several rows given as columns, in ``columns`` order (a fast-forward window's steps)."""
-        self.rows.extend(zip(*columns, strict=True))
+        self.rows: list[list[Any]] = []
 
     def append_mutable(self, *values: Any) -> list[Any]:
         row = list(values)
@@ -109,13 +101,10 @@ class RecordTable:
         return row
 
     def __len__(self) -> int:
-        return self.rows.__len__()
+        return len(self.rows)
 
     def to_table(self) -> Table:
         return Table.from_rows(self.columns, self.rows)
-
-    def to_frame(self) -> pd.DataFrame:
-        return self.to_table().to_frame()
 
 
 def as_frame(table: Frame) -> pd.DataFrame:

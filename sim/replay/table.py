@@ -17,7 +17,7 @@ property test), and ``to_arrow()`` is the Arrow table that pandas' ``to_parquet`
 frame: NaN written as null, as ``pyarrow.Table.from_pandas`` does.
 
 Invariants: every column has ``len(table)`` values; columns keep their order; a Table is not
-changed after it is made (``with_columns`` and ``filter`` return new ones). Imports numpy only;
+changed after it is made (``with_columns`` returns a new one). Imports numpy only;
 pandas and pyarrow are imported by the methods that return their objects.
 """
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 Column = np.ndarray | list[Any]
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _NUMBER_TYPES = frozenset({int, float})
 _OPTIONAL_NUMBER_TYPES = frozenset({int, float, type(None)})
 
@@ -51,7 +52,7 @@ def typed_column(values: Sequence[Any]) -> Column:
         if types == {bool}:
             return np.array(values, dtype=np.bool_)
         if types <= _OPTIONAL_NUMBER_TYPES and types & _NUMBER_TYPES and (
-                int not in types or all(-(2**63) <= v < 2**63 for v in values if type(v) is int)):
+                int not in types or all(INT64_MIN <= v <= INT64_MAX for v in values if type(v) is int)):
             # ints with floats or None: pandas makes them float64, None as NaN
             return np.array([np.nan if v is None else v for v in values] if type(None) in types else values,
                             dtype=np.float64)
@@ -112,13 +113,6 @@ class Table:
     def with_columns(self, **columns: Column) -> Table:
         """A new table with ``columns`` added after the others (or replacing same-named ones)."""
         return Table({**self._cols, **columns})
-
-    def filter(self, keep: np.ndarray) -> Table:
-        """The rows where the boolean array ``keep`` is true, in order."""
-        out: dict[str, Column] = {}
-        for name, col in self._cols.items():
-            out[name] = col[keep] if isinstance(col, np.ndarray) else [v for v, k in zip(col, keep) if k]
-        return Table(out)
 
     # -- conversions --------------------------------------------------------------------------
     def to_frame(self) -> pd.DataFrame:
