@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from bench_results import BenchFolder, run_with_folder
+from bench_results import BenchFolder, compile_bytecode, run_with_folder
 
 
 def _one(block_size: int, gpu: str, limit: int | None, fast_forward: bool, attribution: str = "off") -> dict:
@@ -95,6 +95,7 @@ def main() -> None:
 
 
 def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
+    compile_bytecode()
     runs: list[dict] = []
     rows = []
     for bs in args.block_sizes:

@@ -195,6 +195,78 @@ def test_compiled_pool_table_rebuild_keeps_lists():
     assert pool.num_evictions == 2 * 200 - 4  # the pool keeps the last two requests' blocks
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(n_blocks=st.integers(3, 9), seed=st.integers(0, 2**32 - 1))
+def test_compiled_free_queue_ring_keeps_the_linked_list_order(n_blocks, seed):
+    """Random pops, frees (either order) and hits on free cached blocks, which leave stale entries
+    anywhere in the compiled pool's free-queue ring: after every step its free order is the Python
+    pool's linked list's (the next test makes the ring compact)."""
+    import random
+
+    rng = random.Random(seed)
+    hasher = HASHERS["fast"]
+    pools = [BlockPool(n_blocks), CompiledBlockPool(n_blocks)]
+    held: list[list[list]] = [[], []]  # per pool: the block lists requests hold
+    for step in range(300):
+        op = rng.choice(["alloc", "free", "free", "hit", "hit", "hit"])
+        k = rng.randint(1, n_blocks - 1)
+        victim = rng.random()  # which held list a free releases (the same draw for both pools)
+        r = make_request(hasher, f"q{step}", list(range(step % 7 * 4, step % 7 * 4 + 4 * k)), uid=step)
+        for pool, mine in zip(pools, held):
+            if op == "alloc" and pool.get_num_free_blocks() >= k:
+                blocks = pool.get_new_blocks(k)
+                pool.cache_full_blocks(r, blocks, 0, min(k, len(r.block_hashes)) if step % 3 else 0, BS)
+                mine.append(blocks)
+            elif op == "free" and mine:
+                pool.free_blocks(mine.pop(int(victim * len(mine)))[::-1])
+            elif op == "hit":
+                hits = pool.longest_cached_prefix(r.block_hashes, k)
+                pool.touch(hits)  # free cached blocks leave the queue from anywhere in it
+                mine.append(hits)
+            pool.check_integrity()
+        a, b = pools
+        assert a.free_block_ids() == b.free_block_ids(), step
+        assert [x.block_id for x in a.blocks if x.ref_cnt] == [x.block_id for x in b.blocks if x.ref_cnt]
+
+
+def test_compiled_free_queue_ring_compacts_in_order():
+    """Hitting the same free cached blocks again and again, with no pop in between, leaves four
+    stale ring entries per round (ring of 16): the ring compacts every few rounds, and the queue
+    keeps the Python pool's order (hashed blocks freed last-first go to the tail)."""
+    hasher = HASHERS["fast"]
+    r = make_request(hasher, "r", list(range(16)))
+    pools = [BlockPool(6), CompiledBlockPool(6)]
+    for pool in pools:
+        blocks = pool.get_new_blocks(4)
+        pool.cache_full_blocks(r, blocks, 0, 4, BS)
+        pool.free_blocks(blocks[::-1])
+    for rnd in range(40):
+        for pool in pools:
+            hits = pool.longest_cached_prefix(r.block_hashes, 2 + rnd % 3)
+            pool.touch(hits)
+            pool.free_blocks(hits[::-1] if rnd % 2 else hits)
+            pool.check_integrity()
+        assert pools[0].free_block_ids() == pools[1].free_block_ids(), rnd
+    assert [b.block_id for b in pools[1].get_new_blocks(5)] == [b.block_id for b in pools[0].get_new_blocks(5)]
+
+
+def test_compiled_pool_refusing_an_item_leaves_it_consistent():
+    """An item that is not a block stops ``cache_full_blocks`` or ``free_blocks`` with a TypeError,
+    from the list fast paths too; what was done before it stays done and counted -- blocks cached,
+    blocks released and queued (unhashed ones at the head, which the call pushes last)."""
+    pool = CompiledBlockPool(40)
+    r = make_request(HASHERS["fast"], "r", list(range(4 * 20)))
+    blocks = pool.get_new_blocks(20)
+    with pytest.raises(TypeError):  # the bad item in the second group of 16 inserts
+        pool.cache_full_blocks(r, blocks[:17] + ["not a block"] + blocks[18:], 0, 20, BS)
+    pool.check_integrity()
+    assert pool.num_cached_blocks == 17
+    with pytest.raises(TypeError):
+        pool.free_blocks([blocks[19], blocks[18], "not a block", blocks[0]])
+    pool.check_integrity()
+    assert pool.free_block_ids()[:2] == [20, 19] and blocks[0].ref_cnt == 1
+
+
 def test_make_block_pool_picks_the_implementation():
     assert type(make_block_pool(4, impl="python")) is BlockPool
     assert type(make_block_pool(4)) is CompiledBlockPool

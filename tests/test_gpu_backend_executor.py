@@ -197,7 +197,7 @@ def test_executor_samples_the_planned_tokens_and_keeps_logits(model):
     h = cases.Harness(model)
     r = h.request("r", cases._toks(1, 20), 3)  # simulator-generated output ids (2**62 | uid << 24 | j)
     h.run({0: [r]})
-    assert r.output_token_ids == [r.planned_output_token(j) for j in range(3)]
+    assert list(r.output_token_ids) == [r.planned_output_token(j) for j in range(3)]
     kept = h.executor.kept_logits["r"]
     assert [pos for pos, _ in kept] == [19, 20, 21]
     assert all(row.shape == (TINY.vocab_size,) for _, row in kept)

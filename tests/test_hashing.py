@@ -226,6 +226,54 @@ def test_incremental_equals_whole_sequence(hasher, salt, lora):
     assert r2.block_hashes == whole.block_hashes
 
 
+_append = st.one_of(
+    st.integers(0, 3).map(lambda n: ("planned", n)),  # the next n planned ids, as one range
+    st.just(("one", 0)),  # the next planned id, as an int
+    st.integers(0, 2**20).map(lambda t: ("other", t)),  # an id off the plan
+    st.just(("empty", 0)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(appends=st.lists(_append, max_size=12), algo=st.sampled_from(["sha256", "fast"]))
+def test_generated_outputs_are_a_range_until_an_id_breaks_the_run(appends, algo):
+    """``output_token_ids`` holds a request's outputs as a ``range`` while they are consecutive ids
+    (the generated ones are), and as a list from the first id that does not continue them; either
+    way it reads as the list of every id appended, in order, and (sha256) hashes as a list-fed twin."""
+    h = make_block_hasher(algo, 4, 0)
+    r = make_request(h, "r", toks(6), max_tokens=100, uid=3)
+    twin = make_request(h, "t", toks(6), max_tokens=100, uid=3, output_token_ids=list(range(100)))
+    assert r.unique_outputs and type(r.output_token_ids) is range
+    expect: list[int] = []
+    for kind, n in appends:
+        j = len(r.output_token_ids)
+        if kind == "planned":
+            ids = r.planned_output_tokens(j, n)
+            assert type(ids) is range and list(ids) == [r.planned_output_token(j + i) for i in range(n)]
+            r.append_output_token_ids(ids)
+            new = list(ids)
+        elif kind == "one":
+            new = [r.planned_output_token(j)]
+            r.append_output_token_ids(new[0])
+        elif kind == "other":
+            new = [n]
+            r.append_output_token_ids(n)
+        else:
+            new = []
+            r.append_output_token_ids([])
+        expect += new
+        twin.append_output_token_ids(new)
+        assert list(r.output_token_ids) == expect
+        consecutive = all(b == a + 1 for a, b in zip(expect, expect[1:]))
+        assert type(r.output_token_ids) is (range if consecutive else list)
+        assert r.num_tokens == 6 + len(expect)
+        assert len(r.block_hashes) == len(twin.block_hashes) == r.num_tokens // 4
+        assert r.token_slice(0, r.num_tokens).tolist() == toks(6) + expect
+        assert r.all_token_ids == toks(6) + expect
+        if algo == "sha256":  # the exact hash reads the ids themselves
+            assert r.block_hashes == twin.block_hashes
+
+
 def test_fast_unique_outputs_keys_unique_per_request_and_block():
     fast = FastBlockHasher(BS, 0)
     prompt = toks(40)

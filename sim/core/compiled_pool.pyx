@@ -27,7 +27,7 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_INCREF, PyObject
-from libc.stdint cimport int32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy
 
@@ -60,13 +60,13 @@ cdef class CompiledBlockPool(_PoolIndex):
         self.observer = None
         self.blocks = [CompiledBlock(i) for i in range(n)]
         for i in range(n):
+            self._ring[i] = i
+            self._rpos[i] = RING_BASE + i
             l = &self._link[i]
-            l.fprev = i - 1
-            l.fnext = i + 1 if i + 1 < n else NONE
-            l.in_free = 1
             l.hprev = l.hnext = l.slot = NONE
-        self._fhead = 0
-        self._ftail = n - 1
+            l.pad = 0
+        self._rhead = RING_BASE
+        self._rtail = RING_BASE + n
         self._nfree = n
         self.null_block = self._popleft()
         self.null_block.is_null = True
@@ -129,7 +129,7 @@ cdef class CompiledBlockPool(_PoolIndex):
                     if blk._key is not None:
                         raise AssertionError(f"block {blk.block_id} already cached")
                     self._insert(blk, hashes[i])
-            self.num_cached_blocks += num_full_blocks - num_cached_blocks
+                    self.num_cached_blocks += 1  # counted as it goes: a refused item stops a consistent pool
             if self.observer is not None:
                 self.observer.on_cache(request, blocks, num_cached_blocks, num_full_blocks, 0)
             return
@@ -173,10 +173,11 @@ cdef class CompiledBlockPool(_PoolIndex):
                 __builtin_prefetch(&self._slots[home[g]])
                 __builtin_prefetch(PyList_GET_ITEM(blocks, i + g))
             for g in range(m):
-                blk = <CompiledBlock?>PyList_GET_ITEM(blocks, i + g)
+                blk = <CompiledBlock?><object>PyList_GET_ITEM(blocks, i + g)  # checked: needs an object
                 if blk._key is not None:
                     raise AssertionError(f"block {blk.block_id} already cached")
                 self._insert_at(blk, <object>PyList_GET_ITEM(hashes, i + g), k0[g], k1[g], home[g])
+                self.num_cached_blocks += 1
             i += m
 
     # -- allocation ---------------------------------------------------------------------------
@@ -188,7 +189,6 @@ cdef class CompiledBlockPool(_PoolIndex):
         block object (and, for a cached one, its table slot) is fetched ``GROUP`` blocks ahead of
         its turn -- after churn the LRU order is random in memory."""
         cdef int i
-        cdef int32_t bid, slot
         cdef CompiledBlock blk
         cdef int32_t* ids = self._scratch
         if num_blocks > self._nfree:
@@ -197,26 +197,15 @@ cdef class CompiledBlockPool(_PoolIndex):
             if self.enable_caching and self.event_sink is None and self.observer is not None:
                 self.observer.on_evict([], EVICT_REUSED)  # as BlockPool does for an empty pop
             return []
-        bid = self._fhead
+        self._pop_ids(num_blocks, ids)
         for i in range(num_blocks):
-            ids[i] = bid
-            self._link[bid].in_free = 0
-            bid = self._link[bid].fnext
-        self._fhead = bid
-        if bid == NONE:
-            self._ftail = NONE
-        else:
-            self._link[bid].fprev = NONE
-        self._nfree -= num_blocks
+            __builtin_prefetch(&self._link[ids[i]])  # for the slot prefetches below
         for i in range(min(num_blocks, GROUP)):
-            __builtin_prefetch(PyList_GET_ITEM(self.blocks, ids[i]))
+            self._prefetch_pop(ids[i])
         cdef list ret = PyList_New(num_blocks)
         for i in range(num_blocks):
             if i + GROUP < num_blocks:
-                __builtin_prefetch(PyList_GET_ITEM(self.blocks, ids[i + GROUP]))
-                slot = self._link[ids[i + GROUP]].slot
-                if slot != NONE:
-                    __builtin_prefetch(&self._slots[slot])
+                self._prefetch_pop(ids[i + GROUP])
             blk = self._block(ids[i])
             Py_INCREF(blk)
             PyList_SET_ITEM(ret, i, blk)
@@ -243,6 +232,14 @@ cdef class CompiledBlockPool(_PoolIndex):
             (<CompiledBlock>PyList_GET_ITEM(ret, i)).ref_cnt = 1
         return ret
 
+    cdef inline void _prefetch_pop(self, int32_t bid) noexcept:
+        """Start fetching what popping ``bid`` touches: its block object and, when it is cached,
+        its key's table slot (for writing: the eviction unlinks the block from the slot's list)."""
+        cdef int32_t slot = self._link[bid].slot
+        __builtin_prefetch(PyList_GET_ITEM(self.blocks, bid))
+        if slot != NONE:
+            __builtin_prefetch(&self._slots[slot], 1)
+
     def touch(self, blocks):
         """Take a reference on hit blocks, unlinking free ones from the queue (they keep their hash)."""
         cdef CompiledBlock blk
@@ -256,20 +253,40 @@ cdef class CompiledBlockPool(_PoolIndex):
 
     def free_blocks(self, ordered_blocks):
         """Drop one reference each; unhashed blocks reaching 0 go to the head, hashed to the tail,
-        each in the given order."""
+        each in the given order. A list is walked with each block object fetched ``GROUP`` blocks
+        ahead (a request's blocks are freed long after they were last touched)."""
         cdef CompiledBlock blk
-        cdef int rc
-        cdef int32_t cursor = NONE  # the last unhashed block linked at the head
-        for b in ordered_blocks:
-            blk = <CompiledBlock?>b
-            rc = blk.ref_cnt - 1
-            blk.ref_cnt = rc
-            if rc == 0 and not blk.is_null:
-                if blk._key is None:
-                    self._link_after(blk.block_id, cursor)
-                    cursor = blk.block_id
-                else:
-                    self._link_tail(blk.block_id)
+        cdef Py_ssize_t i, n
+        cdef int32_t k, n_head = 0  # unhashed blocks reaching 0, bound for the head (in _scratch)
+        try:
+            if type(ordered_blocks) is list:
+                n = PyList_GET_SIZE(ordered_blocks)
+                for i in range(min(n, GROUP)):
+                    __builtin_prefetch(PyList_GET_ITEM(ordered_blocks, i), 1)
+                for i in range(n):
+                    if i + GROUP < n:
+                        __builtin_prefetch(PyList_GET_ITEM(ordered_blocks, i + GROUP), 1)
+                    n_head = self._release(<CompiledBlock?><object>PyList_GET_ITEM(ordered_blocks, i), n_head)
+            else:
+                for b in ordered_blocks:
+                    n_head = self._release(<CompiledBlock?>b, n_head)
+        finally:  # (also when an item is not a block: those released so far are queued)
+            # pushed at the head last to first, so they lead the queue in the given order (each
+            # end of the queue keeps its own order, so doing the head's pushes last changes nothing)
+            for k in range(n_head - 1, -1, -1):
+                self._link_head(self._scratch[k])
+
+    cdef inline int32_t _release(self, CompiledBlock blk, int32_t n_head) noexcept:
+        """Drop one reference of ``blk`` (see ``free_blocks``): a hashed block reaching 0 goes to
+        the tail now, an unhashed one to ``_scratch[n_head]``; returns the new ``n_head``."""
+        cdef int rc = blk.ref_cnt - 1
+        blk.ref_cnt = rc
+        if rc == 0 and not blk.is_null:
+            if blk._key is None:
+                self._scratch[n_head] = blk.block_id
+                return n_head + 1
+            self._link_tail(blk.block_id)
+        return n_head
 
     def evict_blocks(self, block_ids):
         """Drop the hashes of the given blocks, even in-use ones, without freeing them."""
@@ -311,10 +328,12 @@ cdef class CompiledBlockPool(_PoolIndex):
     def free_block_ids(self):
         """Query: free block ids, head (next reused) first."""
         out = []
-        cdef int32_t b = self._fhead
-        while b != NONE:
-            out.append(b)
-            b = self._link[b].fnext
+        cdef int64_t p
+        cdef int32_t b
+        for p in range(self._rhead, self._rtail):
+            b = self._ring[p & self._rmask]
+            if self._rpos[b] == p:
+                out.append(b)
         return out
 
 

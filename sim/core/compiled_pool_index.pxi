@@ -2,7 +2,17 @@
 owns the C arrays -- the intrusive free list and the open-addressing key table -- and their
 primitive operations; :class:`CompiledBlockPool` builds vLLM's BlockPool API on top of them.
 Invariants (checked by ``check_integrity``): a block is in the free list iff its ``ref_cnt`` is 0;
-a block with a key is linked in exactly that key's slot list, first-inserted first."""
+a block with a key is linked in exactly that key's slot list, first-inserted first.
+
+The free queue is a ring of block ids read from head to tail, with lazy removal: each free block
+records the ring position of its entry (``_rpos``), an entry whose block records another position
+is stale and skipped, and taking a block out of the middle (a prefix hit on a free cached block)
+only marks it not free. A pop of n blocks reads the ring in order, so its reads do not wait on each
+other as a linked list's would (each next id read from the last one's links, one cache miss after
+another); appending at the tail or, for freed blocks without a hash, at the head writes one entry.
+When the ring is full it is compacted in place, in order; at least half of it is stale then
+(``_ring_size``).
+"""
 
 
 cdef class _PoolIndex:
@@ -21,9 +31,12 @@ cdef class _PoolIndex:
     cdef readonly object free_block_queue
     cdef readonly object cached_block_hash_to_block
     cdef bint _grouped
+    cdef int32_t* _ring  # the free queue: block ids from position _rhead to _rtail (mod its size)
+    cdef int64_t* _rpos  # per block: the position of its live ring entry, NOT_FREE when in use
+    cdef int64_t _rhead, _rtail
+    cdef int32_t _rmask, _nfree
     cdef Link* _link
-    cdef int32_t* _scratch  # block ids of one pop
-    cdef int32_t _fhead, _ftail, _nfree
+    cdef int32_t* _scratch  # block ids of one pop, or of one free's blocks bound for the head
     cdef Slot* _slots
     cdef list _tkeys  # the key object of each slot whose key is not 16 bytes (exact compare), else None
     cdef int32_t _tcap, _tmask, _tn_used, _tlive
@@ -31,14 +44,20 @@ cdef class _PoolIndex:
     def __cinit__(self, int num_gpu_blocks, bint enable_caching=True, event_sink=None):
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be >= 2 (block 0 is the null block), got {num_gpu_blocks}")
+        cdef int32_t ring = _ring_size(num_gpu_blocks)
+        self._ring = <int32_t*>calloc(ring, sizeof(int32_t))  # zeroed: pops prefetch past the tail
+        self._rpos = <int64_t*>malloc(num_gpu_blocks * sizeof(int64_t))
+        self._rmask = ring - 1
         self._link = <Link*>malloc(num_gpu_blocks * sizeof(Link))
         self._scratch = <int32_t*>malloc(num_gpu_blocks * sizeof(int32_t))
-        if self._link == NULL or self._scratch == NULL:
+        if self._ring == NULL or self._rpos == NULL or self._link == NULL or self._scratch == NULL:
             raise MemoryError()
         self._slots = NULL
         self._alloc_table(_table_size(num_gpu_blocks))
 
     def __dealloc__(self):
+        free(self._ring)
+        free(self._rpos)
         free(self._link)
         free(self._scratch)
         free(self._slots)
@@ -193,56 +212,63 @@ cdef class _PoolIndex:
             self.event_sink(BlockRemoved(block_hashes=[external_block_hash(raw)], group_idx=blk.group_id))
 
     cdef inline void _unlink_free(self, int32_t bid) noexcept:
-        cdef Link* l = &self._link[bid]
-        if l.fprev == NONE:
-            self._fhead = l.fnext
-        else:
-            self._link[l.fprev].fnext = l.fnext
-        if l.fnext == NONE:
-            self._ftail = l.fprev
-        else:
-            self._link[l.fnext].fprev = l.fprev
-        l.in_free = 0
+        """Take a free block out of the queue (its entry goes stale)."""
+        self._rpos[bid] = NOT_FREE
         self._nfree -= 1
 
     cdef inline void _link_tail(self, int32_t bid) noexcept:
-        cdef Link* l = &self._link[bid]
-        l.fprev = self._ftail
-        l.fnext = NONE
-        if self._ftail == NONE:
-            self._fhead = bid
-        else:
-            self._link[self._ftail].fnext = bid
-        self._ftail = bid
-        l.in_free = 1
+        if self._rtail - self._rhead > self._rmask:
+            self._compact()
+        self._ring[self._rtail & self._rmask] = bid
+        self._rpos[bid] = self._rtail
+        self._rtail += 1
         self._nfree += 1
 
-    cdef inline void _link_after(self, int32_t bid, int32_t prev) noexcept:
-        """Link ``bid`` after ``prev`` (NONE: at the head)."""
-        cdef Link* l = &self._link[bid]
-        cdef int32_t nx = self._fhead if prev == NONE else self._link[prev].fnext
-        l.fprev = prev
-        l.fnext = nx
-        if prev == NONE:
-            self._fhead = bid
-        else:
-            self._link[prev].fnext = bid
-        if nx == NONE:
-            self._ftail = bid
-        else:
-            self._link[nx].fprev = bid
-        l.in_free = 1
+    cdef inline void _link_head(self, int32_t bid) noexcept:
+        if self._rtail - self._rhead > self._rmask:
+            self._compact()
+        self._rhead -= 1
+        self._ring[self._rhead & self._rmask] = bid
+        self._rpos[bid] = self._rhead
         self._nfree += 1
+
+    cdef void _compact(self) noexcept:
+        """Move the live entries together at the head, in order (in place: each goes to a position
+        at or before its own)."""
+        cdef int64_t p, w = self._rhead
+        cdef int32_t bid, mask = self._rmask
+        for p in range(self._rhead, self._rtail):
+            bid = self._ring[p & mask]
+            if self._rpos[bid] == p:
+                self._ring[w & mask] = bid
+                self._rpos[bid] = w
+                w += 1
+        self._rtail = w
+
+    cdef void _pop_ids(self, int32_t n, int32_t* ids) noexcept:
+        """Take the first ``n`` free blocks (``n <= _nfree``) into ``ids``, head first."""
+        cdef int64_t p = self._rhead
+        cdef int32_t k = 0, bid, mask = self._rmask
+        while k < n:
+            __builtin_prefetch(&self._rpos[self._ring[(p + GROUP) & mask]])
+            bid = self._ring[p & mask]
+            if self._rpos[bid] == p:
+                self._rpos[bid] = NOT_FREE
+                ids[k] = bid
+                k += 1
+            p += 1
+        self._rhead = p
+        self._nfree -= n
 
     cdef CompiledBlock _popleft(self):
         if self._nfree == 0:
             raise ValueError("No free blocks available")
-        cdef int32_t bid = self._fhead
-        self._unlink_free(bid)
+        cdef int32_t bid
+        self._pop_ids(1, &bid)
         return self._block(bid)
 
     cdef bint _is_free(self, int32_t bid) noexcept:
-        return self._link[bid].in_free != 0
+        return self._rpos[bid] != NOT_FREE
 
     cdef object _slot_key(self, int32_t s):
         """The key object of a slot with a block (its head block's key)."""
@@ -257,16 +283,20 @@ cdef class _PoolIndex:
         cdef uint64_t k0 = 0, k1 = 0
         assert self.null_block.block_id == 0 and self.null_block._key is None
         assert not self._is_free(0), "null block in free queue"
-        prev = NONE
-        b = self._fhead
-        while b != NONE:
-            assert self._link[b].fprev == prev, f"free list broken at block {b}"
-            assert self._is_free(b), f"block {b} linked but not flagged free"
-            n_free += 1
-            assert n_free <= self.num_gpu_blocks, "free list cycle"
-            prev = b
-            b = self._link[b].fnext
-        assert prev == self._ftail and n_free == self._nfree, (prev, self._ftail, n_free, self._nfree)
+        assert 0 <= self._rtail - self._rhead <= self._rmask + 1, "free-queue ring overfull"
+        cdef int64_t p
+        for p in range(self._rhead, self._rtail):
+            b = self._ring[p & self._rmask]
+            if self._rpos[b] == p:
+                assert 0 < b < self.num_gpu_blocks, f"ring entry {b} is not a block"
+                n_free += 1
+        assert n_free == self._nfree, (n_free, self._nfree)
+        for i in range(self.num_gpu_blocks):
+            if self._rpos[i] != NOT_FREE:
+                p = self._rpos[i]
+                assert self._rhead <= p < self._rtail and self._ring[p & self._rmask] == i, (
+                    f"free block {i} is not in the ring at its position"
+                )
         n_cached = 0
         for i in range(1, self.num_gpu_blocks):
             blk = self._block(i)

@@ -1,12 +1,14 @@
 """The compiled pool's C layout (included by ``compiled_pool.pyx``): the 128-bit key digest,
 the :class:`CompiledBlock` metadata object, the per-block ``Link`` and per-slot ``Slot`` records,
-and the table size rule. Invariant: a 16-byte key is its own digest; every other key is folded
+and the table and free-queue ring size rules. Invariant: a 16-byte key is its own digest; every other key is folded
 to 128 bits and compared in full on a digest match."""
 
 cdef extern from *:
-    void __builtin_prefetch(const void* addr) nogil
+    void __builtin_prefetch(const void* addr, ...) nogil
 
 cdef int32_t NONE = -1
+cdef int64_t NOT_FREE = -1  # the ring position of a block not in the free queue
+cdef int64_t RING_BASE = 1LL << 40  # the first head position (pushes at the head count down)
 cdef enum:
     GROUP = 16  # keys digested and their table slots prefetched ahead of the inserts
 cdef uint64_t M1 = 0xBF58476D1CE4E5B9
@@ -75,17 +77,16 @@ cdef class CompiledBlock:
 
 
 ctypedef struct Link:
-    # one block's links: the free queue, its key's block list, its table slot
-    int32_t fprev
-    int32_t fnext
+    # one block's key links: its key's block list and its table slot
     int32_t hprev
     int32_t hnext
     int32_t slot
-    int32_t in_free
+    int32_t pad
 
 
 ctypedef struct Slot:
-    # one table slot: the key's 128-bit digest and length (0: never used), its block list
+    # one table slot: the key's 128-bit digest and length (0: empty), its block list (empty: a
+    # tombstone, see compiled_pool_index.pxi)
     uint64_t k0
     uint64_t k1
     int32_t klen
@@ -98,5 +99,14 @@ cdef int32_t _table_size(int num_gpu_blocks):
     """A power of two at least 4x the blocks (a cached block holds one key): at most a quarter live."""
     cdef int32_t cap = 16
     while cap < 4 * num_gpu_blocks:
+        cap *= 2
+    return cap
+
+
+cdef int32_t _ring_size(int num_gpu_blocks):
+    """A power of two at least 2x the blocks: the free queue holds at most every block, so a full
+    ring is at least half stale entries, and compacting it frees at least half of it."""
+    cdef int32_t cap = 16
+    while cap < 2 * num_gpu_blocks:
         cap *= 2
     return cap

@@ -192,7 +192,7 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         blocks = self.req_to_blocks.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
         if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+            self.block_pool.free_blocks(blocks[::-1])
 
     # -- queries ------------------------------------------------------------------------------
     def get_blocks(self, request_id: str) -> list[KVCacheBlock]:

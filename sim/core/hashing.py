@@ -360,11 +360,13 @@ class FastBlockHasher(BlockHasher):
             gen_keys = []
         extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs)
         state = request.hash_state if request.block_hashes else self.initial_state
-        runs = request.token_runs(start, start + n_blocks * bs)
+        end = start + n_blocks * bs  # a prompt's first hashing takes its runs uncut (same keys)
+        runs = request.prompt_runs() if start == 0 and end <= request.num_prompt_tokens else None
+        runs = request.token_runs(start, end) if runs is None else runs
         if runs is not None:
             keys, request.hash_state = self._chain_runs(runs[0], runs[1], n_blocks, state, extras)
         else:
-            tokens = request.token_slice(start, start + n_blocks * bs)
+            tokens = request.token_slice(start, end)
             keys, request.hash_state = self._chain_blocks(tokens, state, extras)
         return keys + gen_keys if gen_keys else keys
 

@@ -11,7 +11,9 @@ Invariants:
 
 Output tokens come from the executor. Unless a trace supplies ``output_token_ids``, the simulator
 generates ids ``GENERATED_TOKEN_BASE | uid << 24 | j`` that never occur in a prompt, which is what
-lets the fast hasher key generated blocks cheaply (see ``sim.core.hashing``).
+lets the fast hasher key generated blocks cheaply (see ``sim.core.hashing``). Such consecutive ids
+are held as a ``range`` (``output_token_ids`` is a ``range`` while every appended id continues
+it, else a ``list``): a fast-forwarded decode appends a window's tokens without making an int each.
 
 Imports nothing from the project (the hasher is any :class:`RequestBlockHasher`), neither simpy nor
 torch.
@@ -29,6 +31,7 @@ import numpy as np
 GENERATED_TOKEN_BASE = 1 << 62
 """Prompt token ids must stay below this; simulator-generated output ids live above it."""
 _MAX_OUTPUTS = 1 << 24
+_NO_OUTPUTS = range(0)  # a request's outputs before its first token, when they will be generated
 
 
 def generated_token_id(uid: int, j: int) -> int:
@@ -197,7 +200,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_preemptions = 0
-        self.output_token_ids: list[int] = []
+        self.output_token_ids: list[int] | range = _NO_OUTPUTS if self.unique_outputs else []
         self._block_hashes: list[bytes] | None = None  # computed on first use (see block_hashes)
         self.hash_state: tuple[int, int] = (0, 0)
         self.num_output_placeholders = 0
@@ -228,14 +231,12 @@ class Request:
                 self._block_hashes.extend(self._hasher.hash_new_blocks(self))
         return self._block_hashes
 
-    def token_runs(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """Query: prompt tokens ``[start, end)`` as runs of consecutive ids ``(starts, lengths)``
-        while the prompt is still held as runs (never expanded), else None (use ``token_slice``).
-        The runs' ids are range-checked like an expanded prompt's."""
+    def prompt_runs(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Query: the whole prompt as runs of consecutive ids ``(starts, lengths)`` while it is
+        still held as runs (never expanded), else None. The runs' ids are range-checked like an
+        expanded prompt's. Do not mutate the arrays."""
         src = self._prompt_source
-        if src is None or not start < end <= self.num_prompt_tokens:
-            return None
-        get = getattr(src, "runs", None)
+        get = getattr(src, "runs", None) if src is not None else None
         runs = get() if get is not None else None
         if runs is None:
             return None
@@ -245,21 +246,30 @@ class Request:
             if starts.size and (int(starts.min()) < 0 or int(last.max()) >= GENERATED_TOKEN_BASE):
                 raise ValueError(f"request {self.request_id}: prompt token ids must be in [0, 2**62)")
             self._runs_checked = True
-        return slice_runs(starts, lengths, start, end)
+        return starts, lengths
+
+    def token_runs(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Query: prompt tokens ``[start, end)`` as runs of consecutive ids ``(starts, lengths)``
+        while the prompt is still held as runs (see ``prompt_runs``), else None (use ``token_slice``)."""
+        if not start < end <= self.num_prompt_tokens:
+            return None
+        runs = self.prompt_runs()
+        return None if runs is None else slice_runs(runs[0], runs[1], start, end)
 
     def token_slice(self, start: int, end: int) -> np.ndarray:
         """Tokens ``[start, end)`` of prompt + outputs as int64."""
         p = self.num_prompt_tokens
         if end <= p:
             return self.prompt_token_ids[start:end]
-        outs = np.asarray(self.output_token_ids[max(0, start - p) : end - p], dtype=np.int64)
+        sel = self.output_token_ids[max(0, start - p) : end - p]
+        outs = np.arange(sel.start, sel.stop, dtype=np.int64) if type(sel) is range else np.asarray(sel, dtype=np.int64)
         if start >= p:
             return outs
         return np.concatenate([self.prompt_token_ids[start:p], outs])
 
     @property
     def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids.tolist() + self.output_token_ids
+        return self.prompt_token_ids.tolist() + list(self.output_token_ids)
 
     # -- outputs ------------------------------------------------------------------------------
     def planned_output_token(self, j: int) -> int:
@@ -268,20 +278,36 @@ class Request:
             return int(self.output_token_plan[j])
         return generated_token_id(self.uid, j)
 
-    def planned_output_tokens(self, start: int, count: int) -> list[int]:
-        """Output tokens ``start .. start + count - 1`` of the plan (see ``planned_output_token``)."""
+    def planned_output_tokens(self, start: int, count: int) -> Sequence[int]:
+        """Output tokens ``start .. start + count - 1`` of the plan (see ``planned_output_token``):
+        a ``range`` of generated ids, a list of trace-given ones."""
         if self.output_token_plan is not None:
             return self.output_token_plan[start : start + count].tolist()
         base = GENERATED_TOKEN_BASE | (self.uid << 24)
-        return list(range(base + start, base + start + count))
+        return range(base + start, base + start + count)
 
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
-        """Append sampled tokens and hash any block they complete (vLLM ``update_block_hashes``)."""
-        if isinstance(token_ids, int):
-            self.output_token_ids.append(token_ids)
+        """Append sampled tokens and hash any block they complete (vLLM ``update_block_hashes``).
+        Ids continuing a ``range`` of outputs extend it; any other id turns it into a list."""
+        outs = self.output_token_ids
+        if type(outs) is range:
+            new: Sequence[int] = range(token_ids, token_ids + 1) if isinstance(token_ids, int) else token_ids
+            if not new:
+                pass
+            elif type(new) is not range or new.step != 1:
+                outs = [*outs, *new]
+            elif not outs:
+                outs = new
+            elif new.start == outs.stop:
+                outs = range(outs.start, new.stop)
+            else:
+                outs = [*outs, *new]
+            self.output_token_ids = outs
+        elif isinstance(token_ids, int):
+            outs.append(token_ids)
         else:
-            self.output_token_ids.extend(token_ids)
-        self.num_tokens = n = self.num_prompt_tokens + len(self.output_token_ids)
+            outs.extend(token_ids)
+        self.num_tokens = n = self.num_prompt_tokens + len(outs)
         hashes = self._block_hashes
         if hashes is not None and self._hasher is not None and n >= (len(hashes) + 1) * self._hasher.block_size:
             hashes.extend(self._hasher.hash_new_blocks(self))

@@ -217,4 +217,4 @@ class SingleTypeKVCacheManager(ABC):
         blocks = self.req_to_blocks.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
         if blocks:
-            self.pool.free_blocks(reversed(blocks))
+            self.pool.free_blocks(blocks[::-1])

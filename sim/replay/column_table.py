@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.replay.table import INT64_MAX, INT64_MIN, Column, Table, typed_column
+from sim.replay.table import Column, Table, typed_column
 
 CHUNK_ROWS = 8192  # rows of Python values a column holds before they become one numpy chunk
 
@@ -35,8 +35,11 @@ def _compact(values: list[Any]) -> Column:
     types = set(map(type, values))
     if types == {float}:
         return np.array(values, dtype=np.float64)
-    if types == {int} and INT64_MIN <= min(values) and max(values) <= INT64_MAX:
-        return np.array(values, dtype=np.int64)
+    if types == {int}:
+        try:
+            return np.array(values, dtype=np.int64)  # exact for ints alone
+        except OverflowError:  # one beyond int64
+            return values
     if types == {bool}:
         return np.array(values, dtype=np.bool_)
     return values

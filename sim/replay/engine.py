@@ -34,7 +34,6 @@ the loops ask for them. Nothing else in ``sim`` or ``workloads`` imports simpy (
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from sim.core.scheduler import Scheduler
 from sim.replay.async_loop import async_steps
 from sim.replay.attribution import MissAttribution
 from sim.replay.errors import ReplayError
+from sim.replay.gc_policy import replay_gc
 from sim.replay.intake import ARRIVAL_EPS_S, RequestIntake
 from sim.replay.metrics import Frame, as_frame, summarize
 from sim.replay.recorder import ReplayRecorder
@@ -234,11 +234,10 @@ class Replay:
         clock = self.clock
         clock.start(self._arrivals())
         self._engine = clock.start(engine_loop(self.runner))
-        gc.freeze()  # what exists before the replay (modules, configs) stays out of its GC passes
         try:
-            clock.run(until=self._engine)
+            with replay_gc():  # fewer, smaller GC passes (sim.replay.gc_policy)
+                clock.run(until=self._engine)
         finally:
-            gc.unfreeze()
             self.rec.close()
         wall = time.perf_counter() - t0
         requests, steps = self.rec.tables()
