@@ -1,7 +1,7 @@
 """The compiled pool's C layout (included by ``compiled_pool.pyx``): the 128-bit key digest,
 the :class:`CompiledBlock` metadata object, the per-block ``Link`` and per-slot ``Slot`` records,
-and the table and free-queue ring size rules. Invariant: a 16-byte key is its own digest; every other key is folded
-to 128 bits and compared in full on a digest match."""
+and the table and free-queue ring size rules. Invariant: a 16-byte key is its own digest; every
+other key is folded to 128 bits and compared in full on a digest match."""
 
 cdef extern from *:
     void __builtin_prefetch(const void* addr, ...) nogil

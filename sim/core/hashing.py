@@ -361,8 +361,8 @@ class FastBlockHasher(BlockHasher):
         extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs)
         state = request.hash_state if request.block_hashes else self.initial_state
         end = start + n_blocks * bs  # a prompt's first hashing takes its runs uncut (same keys)
-        runs = request.prompt_runs() if start == 0 and end <= request.num_prompt_tokens else None
-        runs = request.token_runs(start, end) if runs is None else runs
+        uncut = start == 0 and end <= request.num_prompt_tokens
+        runs = request.prompt_runs() if uncut else request.token_runs(start, end)
         if runs is not None:
             keys, request.hash_state = self._chain_runs(runs[0], runs[1], n_blocks, state, extras)
         else:
