@@ -159,6 +159,28 @@ def test_fast_forward_actually_skips_work():
     assert calls["n"] < 10
 
 
+def test_full_budget_chunks_are_fast_forwarded_while_requests_wait():
+    """A prefill whose chunks take the whole token budget runs steps with no lookup (schedule()'s
+    waiting loop needs budget left), so they form a window even while an admissible request
+    waits; the window ends before the step that leaves budget, and equals the plain loop."""
+    reqs = [_req("long", 0.0, 2000, out=60, base=0), _req("short", 0.0, 40, out=60, base=50_000),
+            *(_req(f"w{i}", 0.001 * i, 100, out=30, base=100_000 + 1000 * i) for i in range(6))]
+    runs = []
+    for ff in (False, True):
+        replay = Replay(_sched(max_num_batched_tokens=128, max_num_seqs=4), SimulatedExecutor(_Linear()), reqs,
+                        fast_forward=ff, integrity_check=True, record_events=True)
+        runs.append((replay.run(), replay.num_plain_steps))
+    (plain, n_plain), (fast, n_fast) = runs
+    pd.testing.assert_frame_equal(plain.requests, fast.requests)
+    pd.testing.assert_frame_equal(plain.steps, fast.steps)
+    assert [(s, repr(e)) for s, e in plain.events] == [(s, repr(e)) for s, e in fast.events]
+    # "long" runs 15 chunks of 127 tokens beside the decoding "short" while w0..w5 wait; played
+    # step by step those would be 14 more plain steps (22 when only refused heads made windows)
+    full = plain.steps[(plain.steps["scheduled_tokens"] == 128) & (plain.steps["waiting"] > 0)]
+    assert len(full) >= 14
+    assert n_plain == 106 and n_fast <= 10
+
+
 # -- asynchronous scheduling -----------------------------------------------------------------
 
 

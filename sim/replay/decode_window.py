@@ -19,7 +19,10 @@ token budget; no lookup can admit anything -- the waiting queue is empty, or ``m
 reached, or (FCFS, full-sequence gate) the head's gate fails now and cannot pass later (no block
 is freed inside a window, so the free queue only shrinks; its hit chain can only be evicted, never
 re-extended, because generated blocks hold unique tokens and each tail prefill diverges from the
-head at its first uncached block); the blocks needed fit the free queue (no preemption); no request
+head at its first uncached block) -- or else every window step's running requests use the whole
+token budget (``schedule()`` looks the waiting queue up only while budget is left: a multi-chunk
+prefill's full chunks), the window ending before the first step that leaves budget; the blocks
+needed fit the free queue (no preemption); no request
 finishes before the window's last step; no arrival becomes visible inside it unless the waiting
 queue already blocks admissions. Equality with the plain step loop is a test.
 Imports neither simpy nor torch.
@@ -132,12 +135,15 @@ def plan_window(
     running = scheduler.running
     if max_steps < 2 or not running:
         return None
-    if (
+    # budget_gate: a lookup at a step could admit the head, so the window only takes steps whose
+    # running requests use the whole token budget -- schedule()'s waiting loop runs only while
+    # budget is left, so such a step looks nothing up -- and ends before the first step that leaves
+    # budget (a multi-chunk prefill's full chunks while requests wait)
+    budget_gate = bool(
         scheduler.waiting
         and len(running) < cfg.max_num_seqs
         and (cfg.policy != "fcfs" or not cfg.scheduler_reserve_full_isl)
-    ):
-        return None  # a lookup could admit the head: no window (see _head_stays_refused)
+    )
     n_bulk = 0
     for r in running:
         if r.num_computed_tokens == r.num_tokens - 1 and r.output_token_ids:
@@ -158,9 +164,9 @@ def plan_window(
         bulk_ctx += r.num_computed_tokens
     if k_max < 2:
         return None
-    head = _head_stays_refused(scheduler, tail)
-    if head is False:
-        return None
+    head = None if budget_gate else _head_stays_refused(scheduler, tail)
+    if head is False:  # a lookup could admit the head (see _head_stays_refused)
+        budget_gate, head = True, None
     arrivals_harmless = bool(scheduler.waiting) and not observed
     free = kvm.block_pool.get_num_free_blocks()
     # a decoder at position p0 holding nb blocks allocates at step nb*bs - p0, then every bs steps;
@@ -224,6 +230,8 @@ def plan_window(
                 pf_tok += n
             if samples and (t_outs[i] + 1 >= r.max_tokens or nt + 1 >= max_len):
                 step_finishes = True
+        if budget_gate and budget > 0:
+            break  # this step would look the head up (see budget_gate)
         if used + need > free:
             break
         shape = StepShape(n_seqs, n_dec, new_tot, pf_tok, ctx, pairs)
