@@ -228,6 +228,7 @@ def test_incremental_equals_whole_sequence(hasher, salt, lora):
 
 _append = st.one_of(
     st.integers(0, 3).map(lambda n: ("planned", n)),  # the next n planned ids, as one range
+    st.integers(0, 3).map(lambda n: ("window", n)),  # the same through append_planned_outputs
     st.just(("one", 0)),  # the next planned id, as an int
     st.integers(0, 2**20).map(lambda t: ("other", t)),  # an id off the plan
     st.just(("empty", 0)),
@@ -252,6 +253,9 @@ def test_generated_outputs_are_a_range_until_an_id_breaks_the_run(appends, algo)
             assert type(ids) is range and list(ids) == [r.planned_output_token(j + i) for i in range(n)]
             r.append_output_token_ids(ids)
             new = list(ids)
+        elif kind == "window":  # the decode fast-forward's form
+            new = list(r.planned_output_tokens(j, n))
+            r.append_planned_outputs(n)
         elif kind == "one":
             new = [r.planned_output_token(j)]
             r.append_output_token_ids(new[0])

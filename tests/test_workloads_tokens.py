@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.core.request import LazyTokens, token_array
 from workloads.dists import Dist, lognormal, rng_for
@@ -63,6 +65,23 @@ def test_from_ids_compresses_consecutive_ids():
     assert r.num_runs == 1 and len(r) == 2000 * 64 - 5
     r2 = RunTokens.from_ids(np.array([5, 3]), 4, 0)
     assert r2.materialize().tolist() == [20, 21, 22, 23, 12, 13, 14, 15]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ids=st.lists(st.integers(0, 40), max_size=30),
+    tokens_per_id=st.integers(1, 9),
+    base=st.sampled_from([0, 1 << 40]),
+    cut=st.integers(-3, 12),
+)
+def test_from_id_list_equals_from_ids_then_prefix(ids, tokens_per_id, base, cut):
+    """The Mooncake loader's one-pass builder gives the runs ``from_ids(...).prefix`` gives: same
+    starts, lengths (so same run count and hashing) and length, whatever the cut."""
+    length = len(ids) * tokens_per_id - cut
+    fast = RunTokens.from_id_list(ids, tokens_per_id, base, length)
+    ref = RunTokens.from_ids(np.array(ids, dtype=np.int64), tokens_per_id, base).prefix(length)
+    assert fast.starts.tolist() == ref.starts.tolist() and fast.lengths.tolist() == ref.lengths.tolist()
+    assert len(fast) == len(ref) and fast.starts.dtype == fast.lengths.dtype == np.int64
 
 
 def test_tagged_tokens_and_space():

@@ -55,7 +55,7 @@ def _bad(path: str, lineno: int, field: str | None, problem: str) -> TraceFormat
 
 def _parse_line(
     line: bytes, path: str, lineno: int, tokens_per_id: int
-) -> tuple[float, int, int, np.ndarray]:
+) -> tuple[float, int, int, list[int]]:
     """Validate one Mooncake line: ``(timestamp_ms, input_length, output_length, hash_ids)``."""
     obj = decode_json_line(line, path, lineno)  # strict UTF-8, no duplicate keys
     if not isinstance(obj, dict):
@@ -90,19 +90,21 @@ def _parse_line(
             "hash_ids",
             f"expected ceil(input_length / {tokens_per_id}) = {want} ids, got {len(ids)}",
         )
-    arr = np.asarray(ids)
+    limit = TOKEN_ID_LIMIT // tokens_per_id
+    if all(type(v) is int for v in ids) and min(ids) >= 0 and max(ids) < limit:
+        return float(ts), n_in, n_out, ids  # the common case, without numpy's per-call cost
+    arr = np.asarray(ids)  # what is wrong, or (bools) what numpy takes as ints
     if arr.ndim != 1 or arr.dtype.kind != "i":
         for i, v in enumerate(ids):
             if not is_int(v):
                 raise _bad(path, lineno, "hash_ids", f"id at index {i}: expected int, got {v!r}")
         raise _bad(path, lineno, "hash_ids", "id out of range")  # ints too large for int64
     arr = arr.astype(np.int64, copy=False)
-    limit = TOKEN_ID_LIMIT // tokens_per_id
     bad = (arr < 0) | (arr >= limit)
     if bad.any():
         i = int(np.argmax(bad))
         raise _bad(path, lineno, "hash_ids", f"id at index {i} out of range [0, {limit}): {int(arr[i])}")
-    return float(ts), n_in, n_out, arr
+    return float(ts), n_in, n_out, arr.tolist()
 
 
 def expand_hash_ids(hash_ids: np.ndarray, length: int, tokens_per_id: int) -> np.ndarray:
@@ -194,7 +196,7 @@ def _generate(
             arrival=ts / 1000.0 * time_scale,
             # runs of consecutive ids (RunTokens): a 12k-token prompt is a few runs, hashed without
             # expanding it (sim.core.hashing), so queued requests stay cheap
-            tokens=RunTokens.from_ids(ids, tokens_per_id, 0, n_in),
+            tokens=RunTokens.from_id_list(ids, tokens_per_id, 0, n_in),
             output_tokens=n_out,
         )
         emitted += 1
@@ -222,7 +224,7 @@ def mooncake_stats(path: str | os.PathLike[str], *, tokens_per_id: int = TRACE_B
     first_ts: float | None = None
     last_ts: float | None = None
     max_in = 0
-    chunks: list[np.ndarray] = []
+    chunks: list[list[int]] = []
     for lineno, line in _lines(p):
         ts, n_in, n_out, ids = _parse_line(line, name, lineno, tokens_per_id)
         if last_ts is not None and ts < last_ts:
@@ -235,7 +237,7 @@ def mooncake_stats(path: str | os.PathLike[str], *, tokens_per_id: int = TRACE_B
         output += n_out
         max_in = max(max_in, n_in)
         chunks.append(ids)
-    all_ids = np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)
+    all_ids = np.fromiter((h for ids in chunks for h in ids), dtype=np.int64)
     total = int(all_ids.size)
     unique = int(np.unique(all_ids).size)
     return {

@@ -122,6 +122,35 @@ class RunTokens:
         out = cls(*_merge(starts, lengths))
         return out if length is None else out.prefix(length)
 
+    @classmethod
+    def from_id_list(cls, ids: Sequence[int], tokens_per_id: int, base: int, length: int) -> RunTokens:
+        """:meth:`from_ids` cut to ``length``, the same runs, for a short list of Python ints (a
+        Mooncake line's ~24 ids): built in one pass, without the dozen numpy calls whose fixed
+        cost dominated per line. Ids ``h`` with ``h == previous + 1`` extend the current run."""
+        starts: list[int] = []
+        lengths: list[int] = []
+        nxt = -1
+        for h in ids:
+            s = base + h * tokens_per_id
+            if s == nxt:
+                lengths[-1] += tokens_per_id
+            else:
+                starts.append(s)
+                lengths.append(tokens_per_id)
+            nxt = s + tokens_per_id
+        excess = len(ids) * tokens_per_id - max(length, 0)
+        while excess > 0 and lengths:  # cut to ``length`` from the end, as ``prefix``
+            if lengths[-1] > excess:
+                lengths[-1] -= excess
+                break
+            excess -= lengths.pop()
+            starts.pop()
+        out = cls.__new__(cls)
+        out.starts = np.array(starts, dtype=np.int64)
+        out.lengths = np.array(lengths, dtype=np.int64)
+        out._len = sum(lengths)
+        return out
+
     # -- views ----------------------------------------------------------------------------
     def __len__(self) -> int:
         return self._len

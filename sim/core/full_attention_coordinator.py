@@ -202,6 +202,10 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
     def get_blocks_by_group(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         return (self.get_blocks(request_id),)
 
+    def num_blocks_held(self, request_ids: Sequence[str]) -> list[int]:
+        get = self.req_to_blocks.get
+        return [len(get(rid, ())) for rid in request_ids]
+
     def get_num_cached_blocks(self, request_id: str, group_id: int = 0) -> int:
         if group_id:
             raise IndexError(f"group {group_id}: this coordinator has one group")

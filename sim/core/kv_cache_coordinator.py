@@ -115,6 +115,10 @@ class KVCacheCoordinator(ABC):
     def get_blocks_by_group(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         """Query: the request's blocks, one list per group."""
 
+    def num_blocks_held(self, request_ids: Sequence[str]) -> list[int]:
+        """Query: how many blocks of group 0 each request holds, in order (0 for none)."""
+        return [len(self.get_blocks_by_group(rid)[0]) for rid in request_ids]
+
     @abstractmethod
     def get_num_cached_blocks(self, request_id: str, group_id: int) -> int:
         """Query: how many of the request's blocks in the group are counted cached."""

@@ -26,7 +26,7 @@ Imports neither simpy nor torch.
 
 from __future__ import annotations
 
-from collections.abc import KeysView, Sequence
+from collections.abc import Iterable, KeysView, Sequence
 
 from sim.core.block_pool import BlockPool
 from sim.core.config import CacheConfig, SchedulerConfig
@@ -298,6 +298,11 @@ class KVCacheManager:
     def get_block_ids_by_group(self, request_id: str) -> tuple[list[int], ...]:
         """Query: ids of ``get_blocks_by_group``."""
         return tuple([b.block_id for b in blocks] for blocks in self.coordinator.get_blocks_by_group(request_id))
+
+    def num_blocks_held(self, requests: Iterable[Request]) -> list[int]:
+        """Query: how many blocks each request holds, in order (group 0's count; 0 if none). One
+        call for a whole batch: the decode fast-forward reads it for every running request."""
+        return self.coordinator.num_blocks_held([r.request_id for r in requests])
 
     def get_num_cached_blocks(self, request_id: str, group_id: int = 0) -> int:
         """Query: how many of the request's blocks in ``group_id`` are counted cached (0 if none)."""

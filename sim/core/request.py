@@ -286,6 +286,22 @@ class Request:
         base = GENERATED_TOKEN_BASE | (self.uid << 24)
         return range(base + start, base + start + count)
 
+    def append_planned_outputs(self, count: int) -> None:
+        """Append the next ``count`` planned output tokens (``append_output_token_ids`` of
+        ``planned_output_tokens``, as the decode fast-forward plays a window): a ``range`` of
+        generated outputs is extended in place of building one for the new ids."""
+        outs = self.output_token_ids
+        if self.output_token_plan is None and type(outs) is range and outs and count > 0:
+            stop = (GENERATED_TOKEN_BASE | (self.uid << 24)) + len(outs)
+            if outs.stop == stop and outs.step == 1:
+                self.output_token_ids = range(outs.start, stop + count)
+                self.num_tokens = n = self.num_prompt_tokens + len(outs) + count
+                hashes = self._block_hashes
+                if hashes is not None and self._hasher is not None and n >= (len(hashes) + 1) * self._hasher.block_size:
+                    hashes.extend(self._hasher.hash_new_blocks(self))
+                return
+        self.append_output_token_ids(self.planned_output_tokens(len(outs), count))
+
     def append_output_token_ids(self, token_ids: int | Sequence[int]) -> None:
         """Append sampled tokens and hash any block they complete (vLLM ``update_block_hashes``).
         Ids continuing a ``range`` of outputs extend it; any other id turns it into a list."""

@@ -144,36 +144,37 @@ def plan_window(
         and len(running) < cfg.max_num_seqs
         and (cfg.policy != "fcfs" or not cfg.scheduler_reserve_full_isl)
     )
-    n_bulk = 0
-    for r in running:
-        if r.num_computed_tokens == r.num_tokens - 1 and r.output_token_ids:
-            n_bulk += 1
-        else:
-            break
-    bulk, tail = running[:n_bulk], running[n_bulk:]
-    if n_bulk > cfg.max_num_batched_tokens:
-        return None
     kvm = scheduler.kv_cache_manager
-    bs = kvm.block_size
     max_len = cfg.max_model_len
-    # bulk: how long until one finishes; context sum
+    # bulk: how long until one finishes (k_max), its context sum; one pass over running
     k_max = max_steps
     bulk_ctx = 0
-    for r in bulk:
-        k_max = min(k_max, r.max_tokens - len(r.output_token_ids), max_len - r.num_tokens)
-        bulk_ctx += r.num_computed_tokens
-    if k_max < 2:
+    n_bulk = 0
+    for r in running:
+        c = r.num_computed_tokens
+        outs = r.output_token_ids
+        if c != r.num_tokens - 1 or not outs:
+            break
+        n_bulk += 1
+        k_max = min(k_max, r.max_tokens - len(outs), max_len - c - 1)  # max_len - num_tokens
+        bulk_ctx += c
+    bulk, tail = running[:n_bulk], running[n_bulk:]
+    if n_bulk > cfg.max_num_batched_tokens or k_max < 2:
         return None
+    if budget_gate and not tail and n_bulk < cfg.max_num_batched_tokens:
+        return None  # step 0 leaves budget, so it would look the head up (see budget_gate)
     head = None if budget_gate else _head_stays_refused(scheduler, tail)
     if head is False:  # a lookup could admit the head (see _head_stays_refused)
         budget_gate, head = True, None
+        if not tail and n_bulk < cfg.max_num_batched_tokens:
+            return None  # as above
     arrivals_harmless = bool(scheduler.waiting) and not observed
     free = kvm.block_pool.get_num_free_blocks()
     # a decoder at position p0 holding nb blocks allocates at step nb*bs - p0, then every bs steps;
     # counted per step on demand, a horizon at a time (a window usually ends at the next arrival,
     # long before k_max, which only bounds it by the first bulk request to finish)
-    get_blocks = kvm.get_blocks
-    bulk_blocks = [len(get_blocks(r.request_id)) for r in bulk]
+    bs = kvm.block_size
+    bulk_blocks = kvm.num_blocks_held(bulk)
     bulk_first = [max(0, nb * bs - r.num_computed_tokens) for r, nb in zip(bulk, bulk_blocks)]
     bulk_need: list[int] = []
 
@@ -181,7 +182,7 @@ def plan_window(
     t_comp = [r.num_computed_tokens for r in tail]
     t_tokens = [r.num_tokens for r in tail]
     t_outs = [len(r.output_token_ids) for r in tail]
-    tail_blocks = [len(get_blocks(r.request_id)) for r in tail]
+    tail_blocks = kvm.num_blocks_held(tail)
     t_blocks = list(tail_blocks)
     tail_steps: list[list[_TailStep]] = [[] for _ in tail]
     shapes: list[StepShape] = []
@@ -284,7 +285,7 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     events: dict[int, list[tuple[int, Request, int]]] = {}
     for r, nb in zip(window.bulk, window.bulk_blocks):
         p0 = r.num_computed_tokens
-        r.append_output_token_ids(r.planned_output_tokens(len(r.output_token_ids), k))
+        r.append_planned_outputs(k)
         # allocation at step nb*bs - p0 (the first position past its blocks), then every bs steps
         for j in range(max(0, nb * bs - p0), k, bs):
             events.setdefault(j, []).append((0, r, p0 + j + 1))  # one new block: step j computes position p0 + j
@@ -299,7 +300,7 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     for r, steps, n_blocks in zip(window.tail, window.tail_steps, window.tail_blocks):
         n_samples = sum(1 for s in steps if s.samples)
         if n_samples:
-            r.append_output_token_ids(r.planned_output_tokens(len(r.output_token_ids), n_samples))
+            r.append_planned_outputs(n_samples)
         for s in steps:
             ops = events.setdefault(s.step, [])
             nb = cdiv(s.computed_before + s.num_new, bs) - n_blocks
