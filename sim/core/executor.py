@@ -9,15 +9,16 @@ latency model; ``gpu_backend``'s executor runs real forward passes. Imports neit
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.core.scheduler_output import SchedulerOutput
 
 
-@dataclass(frozen=True, slots=True)
-class StepShape:
-    """Aggregate work of one engine step (all sums over the scheduled requests).
+class StepShape(NamedTuple):
+    """Aggregate work of one engine step (all sums over the scheduled requests); immutable. A
+    NamedTuple, not a frozen dataclass: the decode fast-forward builds one per window step
+    (about 120,000 in a full Mooncake replay), and a frozen dataclass's ``__init__`` costs 2.7x.
 
     * ``num_new_tokens``: tokens computed this step (prefill chunks + decodes);
     * ``context_tokens``: sum of each request's already-computed tokens (cached or earlier chunks),

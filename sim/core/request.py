@@ -34,6 +34,21 @@ _MAX_OUTPUTS = 1 << 24
 _NO_OUTPUTS = range(0)  # a request's outputs before its first token, when they will be generated
 
 
+def _extend_range(outs: range, token_ids: int | Sequence[int]) -> list[int] | range:
+    """``outs`` (a run of consecutive ids) followed by ``token_ids``: still a ``range`` when they
+    continue it (or ``outs`` is empty and they are a run), else a list."""
+    new: Sequence[int] = range(token_ids, token_ids + 1) if isinstance(token_ids, int) else token_ids
+    if not new:
+        return outs
+    if type(new) is not range or new.step != 1:
+        return [*outs, *new]
+    if not outs:
+        return new
+    if new.start == outs.stop:
+        return range(outs.start, new.stop)
+    return [*outs, *new]
+
+
 def generated_token_id(uid: int, j: int) -> int:
     """The j-th output token the simulator generates for the request with integer id ``uid``."""
     return GENERATED_TOKEN_BASE | (uid << 24) | j
@@ -307,17 +322,10 @@ class Request:
         Ids continuing a ``range`` of outputs extend it; any other id turns it into a list."""
         outs = self.output_token_ids
         if type(outs) is range:
-            new: Sequence[int] = range(token_ids, token_ids + 1) if isinstance(token_ids, int) else token_ids
-            if not new:
-                pass
-            elif type(new) is not range or new.step != 1:
-                outs = [*outs, *new]
-            elif not outs:
-                outs = new
-            elif new.start == outs.stop:
-                outs = range(outs.start, new.stop)
+            if type(token_ids) is int and outs and token_ids == outs.stop:
+                outs = range(outs.start, token_ids + 1)  # a decode step's sampled id, continuing the run
             else:
-                outs = [*outs, *new]
+                outs = _extend_range(outs, token_ids)
             self.output_token_ids = outs
         elif isinstance(token_ids, int):
             outs.append(token_ids)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from sim.core.executor import StepShape
 from sim.core.kv_cache_spec import cdiv
@@ -72,6 +73,9 @@ class Window:
         return len(self.durations)
 
 
+_unique_outputs = attrgetter("unique_outputs")
+
+
 def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | None | bool:
     """The waiting head if it is refused at every window step, None if no lookup happens, False if
     a lookup could admit something (no window then)."""
@@ -82,7 +86,7 @@ def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | 
         return None  # the waiting loop stops before any lookup
     if cfg.policy != "fcfs" or not cfg.scheduler_reserve_full_isl:
         return False
-    if not all(r.unique_outputs for r in scheduler.running):
+    if not all(map(_unique_outputs, scheduler.running)):
         return False
     head = scheduler.waiting.peek()
     kvm = scheduler.kv_cache_manager
@@ -156,7 +160,12 @@ def plan_window(
         if c != r.num_tokens - 1 or not outs:
             break
         n_bulk += 1
-        k_max = min(k_max, r.max_tokens - len(outs), max_len - c - 1)  # max_len - num_tokens
+        left = r.max_tokens - len(outs)
+        if left < k_max:
+            k_max = left
+        left = max_len - c - 1  # max_len - num_tokens
+        if left < k_max:
+            k_max = left
         bulk_ctx += c
     bulk, tail = running[:n_bulk], running[n_bulk:]
     if n_bulk > cfg.max_num_batched_tokens or k_max < 2:
