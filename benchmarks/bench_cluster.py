@@ -6,6 +6,11 @@ the same trace (``benchmarks/bench_mooncake.py``'s setting: block 16, the pool v
 for Llama-3-8B on an H100, roofline latency). Each run is a fresh process, so its peak RSS is its own.
 
     python benchmarks/bench_cluster.py [--routers dynamo llm_d] [--replicas 16] [--limit N] [--no-single]
+        [--out DIR]
+
+``--out DIR`` also keeps the figures as a results folder, replaced whole (``bench_results``):
+``rows.json`` (every run), ``table.md`` and ``meta.json`` (commit, versions, CPU model, load
+averages, the arguments).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import resource
 import subprocess
 import sys
 import time
+
+from bench_results import BenchFolder, compile_bytecode, run_with_folder
 
 
 def _one(router: str, replicas: int, limit: int | None) -> dict:
@@ -50,11 +57,17 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=16)
     ap.add_argument("--limit", type=int, default=None, help="first N requests only")
     ap.add_argument("--no-single", action="store_true", help="skip the single-engine reference run")
+    ap.add_argument("--out", default=None, help="also keep the figures as this results folder (replaced whole)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
         print(json.dumps(_one(args.child, args.replicas, args.limit)))
         return
+    run_with_folder(args.out, ("rows.json", "table.md").__contains__, lambda f: _bench(args, f))
+
+
+def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
+    compile_bytecode()
     runs = ([] if args.no_single else ["single"]) + args.routers
     rows = []
     for r in runs:
@@ -65,12 +78,17 @@ def main() -> None:
         rows.append(json.loads(out.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
     single = next((r for r in rows if r["router"] == "single"), None)
-    keys = ["router", "replicas", "wall_s", "cpu_s", "sim_s_per_wall_s", "peak_rss_mib", "token_hit_rate",
-            "ttft_p50_s", "steps", "kv_events"]
-    print("\n| " + " | ".join(keys + ["cpu / single"]) + " |\n|" + "---|" * (len(keys) + 1))
     for r in rows:
-        ratio = round(r["cpu_s"] / single["cpu_s"], 2) if single else float("nan")
-        print("| " + " | ".join(str(r[k]) for k in keys) + f" | {ratio} |")
+        r["cpu_over_single"] = round(r["cpu_s"] / single["cpu_s"], 2) if single else None
+    keys = ["router", "replicas", "wall_s", "cpu_s", "sim_s_per_wall_s", "peak_rss_mib", "token_hit_rate",
+            "ttft_p50_s", "steps", "kv_events", "cpu_over_single"]
+    table = "| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n"
+    table += "".join("| " + " | ".join(str(r[k]) for k in keys) + " |\n" for r in rows)
+    print("\n" + table, end="")
+    if folder is not None:
+        meta = {"benchmark": "bench_cluster", "routers": args.routers, "replicas": args.replicas,
+                "limit": args.limit, "single": not args.no_single}
+        print(f"results folder: {folder.write({'rows.json': rows, 'table.md': table}, meta)}")
 
 
 if __name__ == "__main__":
