@@ -39,6 +39,21 @@ from sim.core.hashing import external_block_hash
 from sim.core.kv_cache_block import make_block_key
 from sim.core.kv_events import AllBlocksCleared, BlockRemoved
 
+cdef inline object _external_hash(object raw):
+    """``external_block_hash(raw)`` (the low 64 bits of the bytes read big-endian), read from the
+    bytes' last 8 in C: a KV event is emitted per stored and per evicted block."""
+    if not PyBytes_Check(raw):
+        return external_block_hash(raw)
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(raw)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(raw)
+    cdef Py_ssize_t i = n - 8 if n > 8 else 0
+    cdef uint64_t v = 0
+    while i < n:
+        v = (v << 8) | p[i]
+        i += 1
+    return v
+
+
 # The module is one Cython compilation unit in four files (each under the 400-line house rule):
 # the C layout, the index primitives, this file's BlockPool API, and the read-only views.
 include "compiled_pool_layout.pxi"
@@ -148,7 +163,7 @@ cdef class CompiledBlockPool(_PoolIndex):
             self._insert(blk, key)
             self.num_cached_blocks += 1
             if self.event_sink is not None:
-                stored.append(external_block_hash(hashes[i]))
+                stored.append(_external_hash(hashes[i]))
                 kept.append(i)
         if self.event_sink is not None:
             emit_stored(self.event_sink, request, hashes, stored, kept, num_cached_blocks, num_full_blocks,

@@ -209,7 +209,7 @@ cdef class _PoolIndex:
         self.num_cached_blocks -= 1
         if self.event_sink is not None:
             raw = key if blk.group_id == 0 else key[:len(key) - 4]
-            self.event_sink(BlockRemoved(block_hashes=[external_block_hash(raw)], group_idx=blk.group_id))
+            self.event_sink(BlockRemoved(block_hashes=[_external_hash(raw)], group_idx=blk.group_id))
 
     cdef inline void _unlink_free(self, int32_t bid) noexcept:
         """Take a free block out of the queue (its entry goes stale)."""
