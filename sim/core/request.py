@@ -307,13 +307,10 @@ class Request:
         generated outputs is extended in place of building one for the new ids."""
         outs = self.output_token_ids
         if self.output_token_plan is None and type(outs) is range and outs and count > 0:
-            stop = (GENERATED_TOKEN_BASE | (self.uid << 24)) + len(outs)
+            stop = generated_token_id(self.uid, len(outs))
             if outs.stop == stop and outs.step == 1:
                 self.output_token_ids = range(outs.start, stop + count)
-                self.num_tokens = n = self.num_prompt_tokens + len(outs) + count
-                hashes = self._block_hashes
-                if hashes is not None and self._hasher is not None and n >= (len(hashes) + 1) * self._hasher.block_size:
-                    hashes.extend(self._hasher.hash_new_blocks(self))
+                self._outputs_grew()
                 return
         self.append_output_token_ids(self.planned_output_tokens(len(outs), count))
 
@@ -331,7 +328,11 @@ class Request:
             outs.append(token_ids)
         else:
             outs.extend(token_ids)
-        self.num_tokens = n = self.num_prompt_tokens + len(outs)
+        self._outputs_grew()
+
+    def _outputs_grew(self) -> None:
+        """After ``output_token_ids`` grew: recount ``num_tokens`` and hash the blocks completed."""
+        self.num_tokens = n = self.num_prompt_tokens + len(self.output_token_ids)
         hashes = self._block_hashes
         if hashes is not None and self._hasher is not None and n >= (len(hashes) + 1) * self._hasher.block_size:
             hashes.extend(self._hasher.hash_new_blocks(self))

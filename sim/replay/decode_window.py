@@ -170,13 +170,11 @@ def plan_window(
     bulk, tail = running[:n_bulk], running[n_bulk:]
     if n_bulk > cfg.max_num_batched_tokens or k_max < 2:
         return None
-    if budget_gate and not tail and n_bulk < cfg.max_num_batched_tokens:
-        return None  # step 0 leaves budget, so it would look the head up (see budget_gate)
     head = None if budget_gate else _head_stays_refused(scheduler, tail)
     if head is False:  # a lookup could admit the head (see _head_stays_refused)
         budget_gate, head = True, None
-        if not tail and n_bulk < cfg.max_num_batched_tokens:
-            return None  # as above
+    if budget_gate and not tail and n_bulk < cfg.max_num_batched_tokens:
+        return None  # step 0 leaves budget, so it would look the head up (see budget_gate)
     arrivals_harmless = bool(scheduler.waiting) and not observed
     free = kvm.block_pool.get_num_free_blocks()
     # a decoder at position p0 holding nb blocks allocates at step nb*bs - p0, then every bs steps;
