@@ -34,13 +34,34 @@ HEADER = ("| metric | n | MAPE (per request) | err of P50 | err of P90 | err of 
           "noise MAPE | noise err of P50 / P99 | noise r |")
 
 
+def _noise(entry: dict[str, Any]) -> dict[str, Any]:
+    """A metric's noise floor: over every pair of real runs, or run 2 vs run 1 in a report written before."""
+    noise: dict[str, Any] = entry.get("noise", entry.get("noise_real2_vs_real1", {}))
+    return noise
+
+
+def noise_pairs_table(stats: dict[str, Any]) -> list[str]:
+    """Every pair of real runs against each other (markdown lines; none with fewer than 3 runs,
+    where the one pair is the headline table's noise)."""
+    pairs = stats["ttft"].get("noise_pairs", {})
+    if len(pairs) < 2:
+        return []
+    lines = ["| pair | " + " | ".join(f"{m.upper()} MAPE / err of P50 / err of P99" for m in ("ttft", "e2e")) + " |",
+             "|---|---|---|"]
+    for name in pairs:
+        cells = [f"{_abs_pct(p.get('mape'))} / {_pct(p.get('p50_err'))} / {_pct(p.get('p99_err'))}"
+                 for p in (stats[m]["noise_pairs"][name] for m in ("ttft", "e2e"))]
+        lines.append(f"| {name.replace('_vs_', ' vs ').replace('real', 'real ')} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def validation_table(stats: dict[str, Any]) -> list[str]:
     """The headline table (markdown lines): *err of P50* is the signed error of the distribution's
     P50 (simulated P50 against real P50), never a percentile of per-request errors."""
     lines = [HEADER, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in METRICS:
         s = stats[m]["sim_vs_real"]
-        nz = stats[m].get("noise_real2_vs_real1", {})
+        nz = _noise(stats[m])
         lines.append(
             f"| {m.upper()} | {s.get('n', 0)} | {_abs_pct(s.get('mape'))} | {_pct(s.get('p50_err'))} | "
             f"{_pct(s.get('p90_err'))} | {_pct(s.get('p99_err'))} | {_pct(s.get('mean_err'))} | "
@@ -104,7 +125,7 @@ def next_step(report: dict[str, Any]) -> str:
         return (f"The model misprices {k} steps by {_pct(b)} on average in this replay (see `steps_real1.csv`): "
                 f"recalibrate {how}: {recal}.")
     t = report["stats"]["ttft"]
-    mape, noise = t["sim_vs_real"].get("mape"), t.get("noise_real2_vs_real1", {}).get("mape")
+    mape, noise = t["sim_vs_real"].get("mape"), _noise(t).get("mape", math.nan)
     if _finite(mape) and _finite(noise) and mape <= 1.5 * noise:
         return (f"The TTFT error (MAPE {_abs_pct(mape)}) is within the backend's own run-to-run noise "
                 f"({_abs_pct(noise)}): this machine cannot measure the model more precisely. For tighter figures "
@@ -115,6 +136,17 @@ def next_step(report: dict[str, Any]) -> str:
                 f"`latency: {{kind: fitted, path: {path}}}`.")
     return (f"Recalibrate on this machine and validate again ({recal}); if the error stays, compare measured and "
             f"predicted step times in `steps_real1.csv` to find the step shapes the model misprices.")
+
+
+def _noise_basis(stats: dict[str, Any]) -> str:
+    n = stats["ttft"].get("noise", {}).get("num_pairs")
+    if n is None:
+        return "real run 2 vs real run 1"
+    return "real run vs real run" + (f", the median over the {n} pairs of real runs below" if n > 1 else "")
+
+
+def _with_blank(lines: list[str]) -> list[str]:
+    return [*lines, ""] if lines else []
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -136,8 +168,8 @@ def render_markdown(report: dict[str, Any]) -> str:
              + (f", {cal['grid']} grid" if cal.get("grid") else "") + "; held-out per-step MAPE "
              f"{_abs_pct(cal.get('holdout_mape'))}, calibration noise floor median CV "
              f"{_abs_pct(cal.get('noise_median_cv'))})",
-             "", "## Per-request error (simulated vs real run 1; noise = real run 2 vs real run 1)", "",
-             *validation_table(st), "",
+             "", f"## Per-request error (simulated vs real run 1; noise = {_noise_basis(st)})", "",
+             *validation_table(st), "", *_with_blank(noise_pairs_table(st)),
              "All errors are relative and signed: (simulated - real) / real. *err of P50 / P90 / P99 / mean* compare "
              "one statistic of the two distributions (how far a headline TTFT percentile is off); *MAPE* (mean "
              "absolute per-request error) and *r* (Pearson correlation) pair each request with itself. Bands: "
