@@ -200,6 +200,48 @@ def test_block_queries_of_the_fast_path():
     assert not kvm.request_ids() and kvm.block_pool.free_block_ids() == [3, 4, 5, 6, 7, 2, 1]  # spec §6.4
 
 
+def _running(kvm: KVCacheManager, rid: str, prompt: int, start: int = 0):
+    """A request whose whole prompt is computed (and cached) and that has sampled one token."""
+    r = make_request(HASHER, rid, toks(prompt, start), max_tokens=8)
+    assert kvm.allocate_slots(r, prompt) is not None
+    r.status = RequestStatus.RUNNING
+    r.num_computed_tokens = prompt
+    r.append_output_token_ids(r.planned_output_token(0))
+    return r
+
+
+def test_num_ready_decodes_counts_the_leading_decodes_whose_slot_is_ready():
+    kvm = KVCacheManager(16, BS, 1024)
+    a = _running(kvm, "a", 20)  # position 20 lies in its second block, which stays partial
+    b = _running(kvm, "b", 20, 100)
+    c = _running(kvm, "c", 31, 200)  # position 31 fills its second block: it must be cached
+    d = _running(kvm, "d", 32, 300)  # position 32 needs a third block
+    prefill = make_request(HASHER, "p", toks(40, 400))
+    assert kvm.allocate_slots(prefill, 16) is not None
+    prefill.status, prefill.num_computed_tokens = RequestStatus.RUNNING, 16
+    free = kvm.block_pool.get_num_free_blocks()
+    assert kvm.num_ready_decodes([a, b, c], 0, 8, 1024) == 2  # stops at c
+    assert kvm.num_ready_decodes([a, b, c], 0, 1, 1024) == 1  # the token budget
+    assert kvm.num_ready_decodes([a, d, b], 0, 8, 1024) == 1
+    assert kvm.num_ready_decodes([a, prefill, b], 0, 8, 1024) == 1
+    assert kvm.num_ready_decodes([c, a, b], 1, 8, 1024) == 2  # from start
+    assert kvm.num_ready_decodes([a, b], 0, 8, 22) == 2  # position 20 < max_model_len - 1
+    assert kvm.num_ready_decodes([a, b], 0, 8, 21) == 0  # the scheduler asks for no token there
+    a.num_output_placeholders = 1  # async: a token in flight
+    assert kvm.num_ready_decodes([a, b], 0, 8, 1024) == 0
+    a.num_output_placeholders = 0
+    a.status = RequestStatus.PREEMPTED
+    assert kvm.num_ready_decodes([a, b], 0, 8, 1024) == 0
+    assert kvm.block_pool.get_num_free_blocks() == free  # a query: nothing allocated or cached
+    kvm.check_integrity()
+
+
+def test_a_coordinator_without_the_fast_path_reports_no_ready_decode():
+    kvm = KVCacheManager(16, BS, 1024, kv_groups=(FA16,))
+    a = _running(kvm, "a", 20)
+    assert kvm.num_ready_decodes([a], 0, 8, 1024) == 0
+
+
 # -- hash map, free queue, hash view, waiting queues ----------------------------------------------
 
 

@@ -206,6 +206,28 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         get = self.req_to_blocks.get
         return [len(get(rid, ())) for rid in request_ids]
 
+    def num_ready_decodes(self, running: Sequence[Request], start: int, limit: int, max_model_len: int) -> int:
+        # the conditions of allocate_slots' hot path (above) for num_new_tokens 1, plus those under
+        # which the scheduler asks for exactly one token: one token left to compute, none in flight,
+        # room before max_model_len
+        bs = self.block_size
+        cap = min(max_model_len - 1, self.max_model_len)
+        get_blocks = self.req_to_blocks.get
+        get_cached = self.num_cached_block.get
+        stop = min(len(running), start + limit)
+        i = start
+        while i < stop:
+            r = running[i]
+            n = r.num_computed_tokens + 1
+            if r.num_tokens != n or r.num_output_placeholders or n > cap or r.status != RequestStatus.RUNNING:
+                break
+            rid = r.request_id
+            blocks = get_blocks(rid)
+            if blocks is None or n > len(blocks) * bs or n // bs > get_cached(rid, 0):
+                break
+            i += 1
+        return i - start
+
     def get_num_cached_blocks(self, request_id: str, group_id: int = 0) -> int:
         if group_id:
             raise IndexError(f"group {group_id}: this coordinator has one group")

@@ -119,6 +119,12 @@ class KVCacheCoordinator(ABC):
         """Query: how many blocks of group 0 each request holds, in order (0 for none)."""
         return [len(self.get_blocks_by_group(rid)[0]) for rid in request_ids]
 
+    def num_ready_decodes(self, running: Sequence[Request], start: int, limit: int, max_model_len: int) -> int:
+        """Query: how many of ``running[start:start + limit]``, in order, are ready decodes (see
+        ``KVCacheManager.num_ready_decodes``); 0 here: a coordinator without that fast path leaves
+        every request to the scheduler's per-request path, which has the same outcome."""
+        return 0
+
     @abstractmethod
     def get_num_cached_blocks(self, request_id: str, group_id: int) -> int:
         """Query: how many of the request's blocks in the group are counted cached."""

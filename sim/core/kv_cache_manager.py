@@ -304,6 +304,14 @@ class KVCacheManager:
         call for a whole batch: the decode fast-forward reads it for every running request."""
         return self.coordinator.num_blocks_held([r.request_id for r in requests])
 
+    def num_ready_decodes(self, running: Sequence[Request], start: int, limit: int, max_model_len: int) -> int:
+        """Query: how many of ``running[start:start + limit]``, in order, are *ready decodes*: one
+        token left to compute and none in flight (so ``schedule()`` asks for exactly one while
+        ``max_model_len`` leaves room), its slot already allocated and its block not becoming full
+        -- ``allocate_slots(r, 1)`` would return ``[]`` and change nothing, not even the cache
+        observer. The scheduler schedules them in one go; 0 where the coordinator has no such path."""
+        return self.coordinator.num_ready_decodes(running, start, limit, max_model_len)
+
     def get_num_cached_blocks(self, request_id: str, group_id: int = 0) -> int:
         """Query: how many of the request's blocks in ``group_id`` are counted cached (0 if none)."""
         return self.coordinator.get_num_cached_blocks(request_id, group_id)

@@ -104,7 +104,18 @@ class Scheduler:
 
         # A. running requests
         req_index = 0
+        bulk_decodes = not cfg.async_scheduling  # (async decodes have a token in flight)
         while req_index < len(self.running) and token_budget > 0:
+            if bulk_decodes:
+                # ready decodes in one go: for each, the per-request path below would ask for one
+                # token and allocate_slots' hot path would return [] having changed nothing
+                k = kvm.num_ready_decodes(self.running, req_index, token_budget, cfg.max_model_len)
+                if k:
+                    for request in self.running[req_index : req_index + k]:
+                        scheduled_running.append(ScheduledRequest(request, 1, request.num_computed_tokens, []))
+                    token_budget -= k
+                    req_index += k
+                    continue
             request = self.running[req_index]
             placeholders = request.num_output_placeholders
             if (

@@ -105,6 +105,40 @@ def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | 
     return head
 
 
+def _step0_admits(scheduler: Scheduler, budget_gate: bool) -> bool:
+    """True when ``plan_window`` surely finds no window because step 0 leaves token budget to a
+    waiting head that its lookup may admit (``budget_gate``, or the full-sequence gate passing
+    whatever the hits: a waiting request holds no block and a hit counts at most once, as evictable,
+    where it would count once as new, so the need is at most its whole sequence's blocks plus the
+    watermark); found here without the window's per-request set-up. Step 0 leaves budget when the
+    running requests' demands -- a decoder's 1, a prefill's remaining tokens up to the long-prefill
+    threshold, an upper bound of what ``schedule()`` gives -- sum below it. Sync scheduling only."""
+    if not scheduler.waiting:
+        return False
+    cfg = scheduler.config
+    running = scheduler.running
+    if len(running) >= cfg.max_num_seqs:
+        return False
+    kvm = scheduler.kv_cache_manager
+    if not budget_gate:
+        head = scheduler.waiting.peek()
+        need = cdiv(min(head.num_tokens, cfg.max_model_len), kvm.block_size)
+        need += kvm.coordinator.watermark_for(head, True)
+        if need > kvm.block_pool.get_num_free_blocks():
+            return False
+    budget = cfg.max_num_batched_tokens
+    threshold = cfg.long_prefill_token_threshold
+    demand = 0
+    for r in running:
+        n = r.num_tokens - r.num_computed_tokens
+        if 0 < threshold < n:
+            n = threshold
+        demand += n
+        if demand >= budget:
+            return False
+    return True
+
+
 def _extend_bulk_need(need: list[int], firsts: list[int], bs: int, horizon: int) -> None:
     """Extend ``need`` (blocks the bulk allocates at each step) to ``horizon`` steps: a decoder
     whose first allocation is at step ``f`` allocates at ``f, f + bs, f + 2 bs, ...``."""
@@ -149,6 +183,8 @@ def plan_window(
         and (cfg.policy != "fcfs" or not cfg.scheduler_reserve_full_isl)
     )
     kvm = scheduler.kv_cache_manager
+    if _step0_admits(scheduler, budget_gate):
+        return None
     max_len = cfg.max_model_len
     # bulk: how long until one finishes (k_max), its context sum; one pass over running
     k_max = max_steps
@@ -166,6 +202,8 @@ def plan_window(
         left = max_len - c - 1  # max_len - num_tokens
         if left < k_max:
             k_max = left
+        if k_max < 2:
+            return None  # a bulk request finishes within one step (k_max only falls)
         bulk_ctx += c
     bulk, tail = running[:n_bulk], running[n_bulk:]
     if n_bulk > cfg.max_num_batched_tokens or k_max < 2:
