@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from sim.core.request import generated_token_id
+
 if TYPE_CHECKING:  # pragma: no cover
     from sim.core.scheduler_output import SchedulerOutput
 
@@ -108,6 +110,9 @@ def planned_samples(output: SchedulerOutput) -> dict[str, list[int]]:
             r = s.request
             # index of the token this step samples: outputs known so far, plus those still in
             # flight (async scheduling's placeholders, this step's own included)
-            j = len(r.output_token_ids) + max(0, r.num_output_placeholders - 1)
-            sampled[r.request_id] = [r.planned_output_token(j)]
+            ph = r.num_output_placeholders
+            j = len(r.output_token_ids) + (ph - 1 if ph > 1 else 0)
+            # (planned_output_token, with its common case -- no trace-given outputs -- called directly)
+            sampled[r.request_id] = [generated_token_id(r.uid, j) if r.output_token_plan is None
+                                     else r.planned_output_token(j)]
     return sampled

@@ -206,6 +206,10 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         get = self.req_to_blocks.get
         return [len(get(rid, ())) for rid in request_ids]
 
+    def num_cached_blocks_held(self, request_ids: Sequence[str]) -> list[int]:
+        get = self.num_cached_block.get
+        return [get(rid, 0) for rid in request_ids]
+
     def num_ready_decodes(self, running: Sequence[Request], start: int, limit: int, max_model_len: int) -> int:
         # the conditions of allocate_slots' hot path (above) for num_new_tokens 1, plus those under
         # which the scheduler asks for exactly one token: one token left to compute, none in flight,

@@ -119,6 +119,10 @@ class KVCacheCoordinator(ABC):
         """Query: how many blocks of group 0 each request holds, in order (0 for none)."""
         return [len(self.get_blocks_by_group(rid)[0]) for rid in request_ids]
 
+    def num_cached_blocks_held(self, request_ids: Sequence[str]) -> list[int]:
+        """Query: how many blocks of group 0 each request has counted cached, in order (0 for none)."""
+        return [self.get_num_cached_blocks(rid, 0) for rid in request_ids]
+
     def num_ready_decodes(self, running: Sequence[Request], start: int, limit: int, max_model_len: int) -> int:
         """Query: how many of ``running[start:start + limit]``, in order, are ready decodes (see
         ``KVCacheManager.num_ready_decodes``); 0 here: a coordinator without that fast path leaves

@@ -304,6 +304,10 @@ class KVCacheManager:
         call for a whole batch: the decode fast-forward reads it for every running request."""
         return self.coordinator.num_blocks_held([r.request_id for r in requests])
 
+    def num_cached_blocks_held(self, requests: Iterable[Request]) -> list[int]:
+        """Query: ``get_num_cached_blocks`` of each request, in order (group 0), in one call."""
+        return self.coordinator.num_cached_blocks_held([r.request_id for r in requests])
+
     def num_ready_decodes(self, running: Sequence[Request], start: int, limit: int, max_model_len: int) -> int:
         """Query: how many of ``running[start:start + limit]``, in order, are *ready decodes*: one
         token left to compute and none in flight (so ``schedule()`` asks for exactly one while

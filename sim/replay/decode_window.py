@@ -328,7 +328,7 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     # depend only on tokens, and caching reads only hashes step-by-step replay would already have
     # computed at that point.
     events: dict[int, list[tuple[int, Request, int]]] = {}
-    for r, nb in zip(window.bulk, window.bulk_blocks):
+    for r, nb, nc in zip(window.bulk, window.bulk_blocks, kvm.num_cached_blocks_held(window.bulk)):
         p0 = r.num_computed_tokens
         r.append_planned_outputs(k)
         # allocation at step nb*bs - p0 (the first position past its blocks), then every bs steps
@@ -337,7 +337,7 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
         # each step caches floor((p0 + j + 1) / bs) blocks; step 0 if the request lags behind
         # that (caught up where the plain path would; else the call would cache nothing: only this
         # request's own events change its cached count), then at each block boundary
-        if kvm.get_num_cached_blocks(r.request_id) < (p0 + 1) // bs:
+        if nc < (p0 + 1) // bs:
             events.setdefault(0, []).append((1, r, p0 + 1))
         first = (-(p0 + 1)) % bs
         for j in range(first if first else bs, k, bs):
