@@ -258,8 +258,10 @@ def test_validation_report_is_computed_from_its_pairs(validated):
         s = rep["stats"][m]["sim_vs_real"]
         assert s["n"] == int(ok.sum()) > 0
         assert s["mape"] == pytest.approx(np.mean(np.abs(sim[ok] - real[ok]) / real[ok]), rel=1e-6)
+        # pairs.csv keeps 9 significant digits (a relative rounding of up to 5e-9 per value), so a
+        # P99 error near zero is recomputed from it within about 1e-8, not 1e-9
         assert s["p99_err"] == pytest.approx((np.percentile(sim[ok], 99) - np.percentile(real[ok], 99))
-                                             / np.percentile(real[ok], 99), rel=1e-6, abs=1e-9)
+                                             / np.percentile(real[ok], 99), rel=1e-6, abs=5e-8)
         if s["n"] > 2:
             assert s["pearson_r"] == pytest.approx(np.corrcoef(sim[ok], real[ok])[0, 1], rel=1e-6)
         assert s["band"] == lerr.quality_band(s["mape"], s["pearson_r"])
