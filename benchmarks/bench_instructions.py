@@ -53,14 +53,6 @@ def count(tree: Path, block_size: int, limit: int) -> dict:
             "requests": row["requests"]}
 
 
-def _bytecode(tree: Path) -> None:
-    """Compile the tree's modules: an interpreter that writes no bytecode would count compiling them."""
-    import compileall
-
-    for pkg in ("sim", "workloads"):
-        compileall.compile_dir(str(tree / pkg), quiet=1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base-tree", required=True, help="checkout of the commit to compare against")
@@ -82,8 +74,8 @@ def _commit(tree: Path) -> str | None:
 
 
 def _bench(args: argparse.Namespace, base: Path, folder: BenchFolder | None) -> None:
-    compile_bytecode()
-    _bytecode(base)
+    compile_bytecode()  # both trees: an interpreter that writes no bytecode would count compiling them
+    compile_bytecode(base)
     rows = []
     with ThreadPoolExecutor(max_workers=2) as pool:
         for bs in args.block_sizes:

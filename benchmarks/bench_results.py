@@ -75,15 +75,15 @@ def run_with_folder(
             folder.close()
 
 
-def compile_bytecode() -> None:
+def compile_bytecode(root: Path = ROOT) -> None:
     """Write the bytecode of the project's packages before the timed runs, as installing a package
     does: an interpreter started with ``PYTHONDONTWRITEBYTECODE`` (this project's sandboxes set it)
     never writes it, so every timed process would compile each edited module again -- about 0.1 s
-    of CPU per run here, which is not the simulator's work."""
+    of CPU per run here, which is not the simulator's work. ``root``: another checkout's packages."""
     import compileall
 
     for pkg in ("sim", "workloads"):
-        compileall.compile_dir(str(ROOT / pkg), quiet=1)
+        compileall.compile_dir(str(root / pkg), quiet=1)
 
 
 def cpu_model() -> str | None:

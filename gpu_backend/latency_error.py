@@ -101,6 +101,13 @@ def noise_over_pairs(pair_stats: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def noise_of(entry: dict[str, Any]) -> dict[str, Any]:
+    """A metric's noise floor in a stats dict: ``noise`` (over every pair of real runs), or
+    ``noise_real2_vs_real1`` in a report written before ``noise`` existed; ``{}`` with one real run."""
+    noise: dict[str, Any] = entry.get("noise", entry.get("noise_real2_vs_real1", {}))
+    return noise
+
+
 def summarize_pairs(pairs: pd.DataFrame, num_real: int) -> dict[str, Any]:
     """Per metric: sim vs real run 1 (``sim_vs_real``; and vs every run, ``sim_vs_reals``) and, with
     2+ real runs, every pair of real runs (``noise_pairs``, ``noise_real2_vs_real1`` among them) and
@@ -138,7 +145,7 @@ def targets(stats: dict[str, Any], per_step: dict[str, Any]) -> dict[str, Any]:
         out[f"per_step_{kind}_mape"] = _target(v.get("mape"), PER_STEP_MAPE, strict=True)
     for m in ("ttft", "e2e"):
         s = stats[m]["sim_vs_real"]
-        nz = stats[m].get("noise", stats[m].get("noise_real2_vs_real1", {}))
+        nz = noise_of(stats[m])
         noise_mape = nz.get("mape")
         out[f"{m}_mape"] = _target(s.get("mape"), None if noise_mape is None else NOISE_FACTOR * noise_mape)
         for q in ("p50", "p99"):

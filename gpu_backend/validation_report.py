@@ -7,7 +7,7 @@ when a step kind is mispriced, accept the noise floor, or use the model).
 
 Invariants: renders only what ``gpu_backend.validate`` computed (the report dict also written as
 ``report.json``); a missing or non-finite figure prints ``n/a``, never a made-up number. Imports
-nothing beyond the standard library and ``latency_error``'s metric names.
+nothing beyond the standard library and ``latency_error``'s metric names and ``noise_of``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpu_backend.latency_error import METRICS
+from gpu_backend.latency_error import METRICS, noise_of
 
 
 def _pct(x: Any) -> str:
@@ -32,12 +32,6 @@ def _r(x: Any) -> str:
 
 HEADER = ("| metric | n | MAPE (per request) | err of P50 | err of P90 | err of P99 | err of mean | r | band | "
           "noise MAPE | noise err of P50 / P99 | noise r |")
-
-
-def _noise(entry: dict[str, Any]) -> dict[str, Any]:
-    """A metric's noise floor: over every pair of real runs, or run 2 vs run 1 in a report written before."""
-    noise: dict[str, Any] = entry.get("noise", entry.get("noise_real2_vs_real1", {}))
-    return noise
 
 
 def noise_pairs_table(stats: dict[str, Any]) -> list[str]:
@@ -61,7 +55,7 @@ def validation_table(stats: dict[str, Any]) -> list[str]:
     lines = [HEADER, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in METRICS:
         s = stats[m]["sim_vs_real"]
-        nz = _noise(stats[m])
+        nz = noise_of(stats[m])
         lines.append(
             f"| {m.upper()} | {s.get('n', 0)} | {_abs_pct(s.get('mape'))} | {_pct(s.get('p50_err'))} | "
             f"{_pct(s.get('p90_err'))} | {_pct(s.get('p99_err'))} | {_pct(s.get('mean_err'))} | "
@@ -125,7 +119,7 @@ def next_step(report: dict[str, Any]) -> str:
         return (f"The model misprices {k} steps by {_pct(b)} on average in this replay (see `steps_real1.csv`): "
                 f"recalibrate {how}: {recal}.")
     t = report["stats"]["ttft"]
-    mape, noise = t["sim_vs_real"].get("mape"), _noise(t).get("mape", math.nan)
+    mape, noise = t["sim_vs_real"].get("mape"), noise_of(t).get("mape", math.nan)
     if _finite(mape) and _finite(noise) and mape <= 1.5 * noise:
         return (f"The TTFT error (MAPE {_abs_pct(mape)}) is within the backend's own run-to-run noise "
                 f"({_abs_pct(noise)}): this machine cannot measure the model more precisely. For tighter figures "

@@ -11,18 +11,17 @@ flush step, so it may have exactly one more). vLLM is not needed to run this tes
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import pytest
+from vllm_oracle_check import assert_matches_vllm
 
 from sim.experiment.config import config_from_dict
 from sim.experiment.run import replay_experiment
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_oracle"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
-STAT_FIELDS = ("requests", "queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits")
 
 # Extra apcsim variants: the exact sha256 hash (vs the default "fast" one) and the plain
 # step-by-step replay (vs fast-forwarded decode windows).
@@ -77,30 +76,7 @@ def _replay(case: dict, algo: str, fast_forward: bool):
 @pytest.mark.parametrize(("name", "algo", "fast_forward"), list(_params()))
 def test_matches_vllm(name: str, algo: str, fast_forward: bool) -> None:
     case = MANIFEST["cases"][name]
-    with open(FIXTURES / case["expected_csv"], newline="") as f:
-        expected = {
-            r["id"]: (int(r["hit_tokens"]), int(r["num_preemptions"]), r["readmit_hit_tokens"])
-            for r in csv.DictReader(f)
-        }
-    stats = json.loads((FIXTURES / case["expected_stats"]).read_text())
-
     res = _replay(case, algo, fast_forward)
-
-    got = {
-        str(rid): (int(h), int(p), "" if rh is None else str(rh))
-        for rid, h, p, rh in res.requests[
-            ["request_id", "hit_tokens", "num_preemptions", "readmit_hit_tokens"]
-        ].itertuples(index=False, name=None)
-    }
-    assert set(got) == set(expected)
-    bad = {rid: {"vllm": expected[rid], "apcsim": got[rid]} for rid in expected if got[rid] != expected[rid]}
-    assert not bad, f"{len(bad)} requests differ (hit_tokens, num_preemptions, readmit_hit_tokens): {bad}"
-
-    ps = res.prefix_cache
-    assert {k: getattr(ps, k) for k in STAT_FIELDS} == {k: stats[k] for k in STAT_FIELDS}
-    assert int(res.summary["num_preemptions"]) == stats["total_preemptions"]
-    extra_steps = len(res.steps) - stats["total_steps"]
-    assert extra_steps in ((0, 1) if case["engine"]["async_scheduling"] else (0,)), (
-        len(res.steps),
-        stats["total_steps"],
+    assert_matches_vllm(
+        res, FIXTURES / case["expected_csv"], FIXTURES / case["expected_stats"], case["engine"]["async_scheduling"]
     )

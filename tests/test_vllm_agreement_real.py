@@ -18,7 +18,6 @@ fails as such (regenerate the fixtures) rather than as an engine disagreement.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import itertools
 import json
@@ -28,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from vllm_oracle_check import assert_matches_vllm
 
 from sim.core.request import token_array
 from sim.experiment.config import config_from_dict
@@ -37,7 +37,6 @@ from workloads.registry import build_workload
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_oracle" / "real"
 CONFIGS = Path(__file__).parents[1] / "configs"  # base folder of the workloads' relative paths
-STAT_FIELDS = ("requests", "queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits")
 ENGINE_KEYS = (
     "block_size",
     "num_gpu_blocks",
@@ -112,30 +111,9 @@ def test_real_trace_matches_vllm(name: str, fast_forward: bool) -> None:
             f"{name}: the loader now builds other requests than the fixture's; regenerate it with "
             "tools/vllm_oracle/real_traces.py --fixtures"
         )
-    with open(FIXTURES / f"{name}.csv", newline="") as f:
-        expected = {
-            r["id"]: (int(r["hit_tokens"]), int(r["num_preemptions"]), r["readmit_hit_tokens"])
-            for r in csv.DictReader(f)
-        }
-    stats = json.loads((FIXTURES / f"{name}.stats.json").read_text())
-
     res, _ = replay_experiment(cfg, progress=False)
-
-    got = {
-        str(rid): (int(h), int(p), "" if rh is None else str(rh))
-        for rid, h, p, rh in res.requests[
-            ["request_id", "hit_tokens", "num_preemptions", "readmit_hit_tokens"]
-        ].itertuples(index=False, name=None)
-    }
-    assert set(got) == set(expected)
-    bad = {rid: {"vllm": expected[rid], "apcsim": got[rid]} for rid in expected if got[rid] != expected[rid]}
-    assert not bad, f"{len(bad)} requests differ (hit_tokens, num_preemptions, readmit_hit_tokens): {bad}"
-    assert {k: getattr(res.prefix_cache, k) for k in STAT_FIELDS} == {k: stats[k] for k in STAT_FIELDS}
-    assert int(res.summary["num_preemptions"]) == stats["total_preemptions"]
-    extra_steps = len(res.steps) - stats["total_steps"]
-    assert extra_steps in ((0, 1) if case["engine"]["async_scheduling"] else (0,)), (
-        len(res.steps),
-        stats["total_steps"],
+    assert_matches_vllm(
+        res, FIXTURES / f"{name}.csv", FIXTURES / f"{name}.stats.json", case["engine"]["async_scheduling"]
     )
 
 

@@ -99,11 +99,42 @@ def apcsim_side(trace: Path, e: dict) -> dict[str, Any]:
         res, _ = replay_experiment(cfg, progress=False)
     except Exception as exc:  # a stall is an outcome to compare, not a crash of the fuzzer
         return {"error": f"{type(exc).__name__}: {exc}"}
+    return {**apcsim_outcome(res), "empty_steps": int((res.steps["batch_size"] == 0).sum())}
+
+
+def apcsim_outcome(res: Any) -> dict[str, Any]:
+    """A replay result's side of the comparison: per-request rows, summed stats, step count."""
     rows = {str(rid): (int(h), int(p), "" if rh is None else str(rh)) for rid, h, p, rh in
             res.requests[["request_id", "hit_tokens", "num_preemptions", "readmit_hit_tokens"]].itertuples(
                 index=False, name=None)}
-    return {"rows": rows, "stats": {k: getattr(res.prefix_cache, k) for k in STAT_FIELDS},
-            "steps": len(res.steps), "empty_steps": int((res.steps["batch_size"] == 0).sum())}
+    return {"rows": rows, "stats": {k: getattr(res.prefix_cache, k) for k in STAT_FIELDS}, "steps": len(res.steps)}
+
+
+def start_oracle(python: str) -> subprocess.Popen[str]:
+    """One warm ``oracle.py --batch -`` process of the oracle venv's ``python``."""
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
+    proc = subprocess.Popen([python, str(HERE / "oracle.py"), "--batch", "-", "--quiet"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, bufsize=1)
+    assert proc.stdin is not None and proc.stdout is not None
+    return proc
+
+
+def submit(proc: subprocess.Popen[str], name: str, argv: list[str]) -> None:
+    """Hand the oracle one job (it starts at once; read its report with ``read_report``)."""
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps({"name": name, "argv": argv}) + "\n")
+    proc.stdin.flush()
+
+
+def read_report(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    """The oracle's report line of the job submitted last (vLLM's own log lines skipped)."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    while line and not line.startswith("{"):
+        line = proc.stdout.readline()
+    if not line:
+        raise SystemExit("the oracle process died")
+    return json.loads(line)  # type: ignore[no-any-return]
 
 
 def vllm_side(out: Path, rec: dict) -> dict[str, Any]:
@@ -143,10 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
-    proc = subprocess.Popen([a.python, str(HERE / "oracle.py"), "--batch", "-", "--quiet"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, bufsize=1)
-    assert proc.stdin is not None and proc.stdout is not None
+    proc = start_oracle(a.python)
     t0 = time.time()
     counts = {"cases": 0, "async": 0, "sync": 0, "disagreements": 0, "both_refused": 0, "with_empty_steps": 0,
               "empty_steps_vllm": 0}
@@ -160,15 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         case_dir.mkdir(exist_ok=True)
         tpath = case_dir / "trace.jsonl"
         tpath.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in trace))
-        proc.stdin.write(json.dumps({"name": str(i), "argv": oracle_argv(tpath, case_dir, e, a.oracle_arg)}) + "\n")
-        proc.stdin.flush()
+        submit(proc, str(i), oracle_argv(tpath, case_dir, e, a.oracle_arg))
         a_res = apcsim_side(tpath, e)  # meanwhile vLLM runs the same case
-        line = proc.stdout.readline()
-        while line and not line.startswith("{"):
-            line = proc.stdout.readline()
-        if not line:
-            raise SystemExit("the oracle process died")
-        v_res = vllm_side(case_dir, json.loads(line))
+        v_res = vllm_side(case_dir, read_report(proc))
         diff = differences(v_res, a_res, e["async_scheduling"])
         counts["cases"] += 1
         counts["async" if e["async_scheduling"] else "sync"] += 1
@@ -187,12 +209,13 @@ def main(argv: list[str] | None = None) -> int:
         if counts["cases"] % 100 == 0:
             print(f"{counts['cases']} cases, {counts['disagreements']} disagreements, "
                   f"{time.time() - t0:.0f} s", flush=True)
+    assert proc.stdin is not None
     proc.stdin.close()
     proc.wait(timeout=60)
-    report = {**counts, "seed": a.seed, "async_share": a.async_share, "oracle_args": a.oracle_arg,
-              "seconds": round(time.time() - t0, 1), "disagreeing_cases": bad}
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k != "disagreeing_cases"}))
+    summary = {**counts, "seed": a.seed, "async_share": a.async_share, "oracle_args": a.oracle_arg,
+               "seconds": round(time.time() - t0, 1), "disagreeing_cases": bad}
+    (out / "report.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != "disagreeing_cases"}))
     return 1 if counts["disagreements"] else 0
 
 

@@ -29,9 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +37,16 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from fuzz import STAT_FIELDS, apcsim_side, differences, oracle_argv, vllm_side  # noqa: E402
+from fuzz import (  # noqa: E402
+    apcsim_outcome,
+    apcsim_side,
+    differences,
+    oracle_argv,
+    read_report,
+    start_oracle,
+    submit,
+    vllm_side,
+)
 
 # (case name, workload section, request limit, engine settings); pools are in blocks, with the
 # smallest chosen so that the largest request still fits (else both sides refuse, which agrees)
@@ -127,10 +134,7 @@ def fixture_case(name: str, workload: dict[str, Any], limit: int, e: dict[str, A
     wl = build_workload(cfg.workload, seed=cfg.seed, base_dir=CONFIGS)
     case["stream_sha256"] = stream_digest(itertools.islice(wl.requests, limit))
     res, _ = replay_experiment(cfg, progress=False)
-    direct = {"rows": {str(rid): (int(h), int(p), "" if rh is None else str(rh)) for rid, h, p, rh in
-                       res.requests[["request_id", "hit_tokens", "num_preemptions", "readmit_hit_tokens"]]
-                       .itertuples(index=False, name=None)},
-              "stats": {k: getattr(res.prefix_cache, k) for k in STAT_FIELDS}, "steps": len(res.steps)}
+    direct = apcsim_outcome(res)
     case["diff"] = [f"direct replay: {d}" for d in differences(v_res, direct, e["async_scheduling"])]
     argv = oracle_argv(Path(f"{name}.jsonl"), Path("."), e, [])
     case["oracle_command"] = " ".join(["python", "oracle.py", *argv])
@@ -186,10 +190,15 @@ def main(argv: list[str] | None = None) -> int:
         from bench_results import BenchFolder
 
         folder = BenchFolder(a.results, allowed=lambda name: name in ("report.json", "table.md"))
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
-    proc = subprocess.Popen([a.python, str(HERE / "oracle.py"), "--batch", "-", "--quiet"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, bufsize=1)
-    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        return _run(a, out, folder)
+    finally:
+        if folder is not None:
+            folder.close()  # releases the lock, drops the temporary folder if nothing was committed
+
+
+def _run(a: argparse.Namespace, out: Path, folder: Any) -> int:
+    proc = start_oracle(a.python)
     report: list[dict[str, Any]] = []
     bad = 0
     fixtures: dict[str, Any] = {}
@@ -208,15 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             e["num_gpu_blocks"] = int(factor * -(-need // e["block_size"])) + 1
         if not e["enable_chunked_prefill"]:  # vLLM refuses a budget below max_model_len without chunking
             e["max_num_batched_tokens"] = max(e["max_num_batched_tokens"], need)
-        proc.stdin.write(json.dumps({"name": name, "argv": oracle_argv(tpath, case_dir, e, [])}) + "\n")
-        proc.stdin.flush()
-        a_res = apcsim_side(tpath, e)
-        line = proc.stdout.readline()
-        while line and not line.startswith("{"):
-            line = proc.stdout.readline()
-        if not line:
-            raise SystemExit("the oracle process died")
-        v_res = vllm_side(case_dir, json.loads(line))
+        submit(proc, name, oracle_argv(tpath, case_dir, e, []))
+        a_res = apcsim_side(tpath, e)  # meanwhile vLLM runs the same case
+        v_res = vllm_side(case_dir, read_report(proc))
         diff = differences(v_res, a_res, e["async_scheduling"])
         if a.fixtures and not diff:
             fixtures[name] = fixture_case(name, workload, limit, e, case_dir, v_res)
@@ -237,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         elif not a.fixtures:
             shutil.rmtree(case_dir)
         report.append(row)
+    assert proc.stdin is not None
     proc.stdin.close()
     proc.wait(timeout=120)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -244,13 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.fixtures and not bad:
         write_fixtures(Path(a.fixtures), fixtures, out)
     if folder is not None:
-        try:
-            path = folder.write({"report.json": report, "table.md": table(report)},
-                                {"tool": "tools/vllm_oracle/real_traces.py", "vllm_version": "0.25.1",
-                                 "argv": sys.argv[1:], "cases": len(report), "disagreeing": bad})
-            print(f"results: {path}")
-        finally:
-            folder.close()
+        path = folder.write({"report.json": report, "table.md": table(report)},
+                            {"tool": "tools/vllm_oracle/real_traces.py", "vllm_version": "0.25.1",
+                             "argv": sys.argv[1:], "cases": len(report), "disagreeing": bad})
+        print(f"results: {path}")
     return 1 if bad else 0
 
 
