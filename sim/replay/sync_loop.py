@@ -20,9 +20,10 @@ import math
 from collections.abc import Iterator
 from itertools import repeat
 
-from sim.replay.decode_window import Window, apply_window
+from sim.replay.decode_window import Window
 from sim.replay.errors import ReplayError
 from sim.replay.step_runner import StepRunner, Wait
+from sim.replay.window_apply import apply_window
 
 
 def sync_steps(run: StepRunner) -> Iterator[Wait]:
