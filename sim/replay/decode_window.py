@@ -67,6 +67,7 @@ class Window:
     tail_blocks: list[int] = field(default_factory=list)  # same for the tail
     per_step: list[tuple[int, int, int]] = field(default_factory=list)  # free, cached, finished
     starts: list[float] = field(default_factory=list)  # each step's start, then the window's end
+    finished: list[Request] = field(default_factory=list)  # freed at the last step (apply_window)
 
     @property
     def k(self) -> int:
@@ -145,8 +146,10 @@ def _extend_bulk_need(need: list[int], firsts: list[int], bs: int, horizon: int)
     lo = len(need)
     need.extend([0] * (horizon - lo))
     for f in firsts:
-        for j in range(f if f >= lo else lo + (f - lo) % bs, horizon, bs):
-            need[j] += 1
+        j = f if f >= lo else lo + (f - lo) % bs
+        if j < horizon:  # tested first: with large blocks most decoders allocate nothing this far
+            for j in range(j, horizon, bs):
+                need[j] += 1
 
 
 def plan_window(

@@ -89,10 +89,9 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
         free, cached, [1.0 - f / total_blocks for f in free],
     )
     now = starts[k]
-    for r in window.bulk + window.tail:
-        if r.is_finished():
-            rec.finished(r, now)
-            r.release_tokens()
+    for r in window.finished:  # in running order, as the scan of running it replaces
+        rec.finished(r, now)
+        r.release_tokens()
     run.after_step()
 
 

@@ -28,7 +28,8 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     right after ``plan_window``, on the state it was planned on (it reuses the block counts read there).
 
     Fills ``window.per_step`` with ``(free_blocks, cached_blocks, finished)`` after each step.
-    Finished requests (last step only) are freed in ``running`` order, as ``update_from_output``.
+    Finished requests (last step only) are freed in ``running`` order, as ``update_from_output``,
+    and listed in ``window.finished``.
     """
     k = window.k
     kvm = scheduler.kv_cache_manager
@@ -45,16 +46,20 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
         p0 = r.num_computed_tokens
         r.append_planned_outputs(k)
         # allocation at step nb*bs - p0 (the first position past its blocks), then every bs steps
-        for j in range(max(0, nb * bs - p0), k, bs):
-            events.setdefault(j, []).append((0, r, p0 + j + 1))  # one new block: step j computes position p0 + j
+        # (tested before looping: with large blocks most decoders allocate nothing in a window)
+        first = nb * bs - p0
+        if first < k:
+            for j in range(max(0, first), k, bs):
+                events.setdefault(j, []).append((0, r, p0 + j + 1))  # one new block: step j computes position p0 + j
         # each step caches floor((p0 + j + 1) / bs) blocks; step 0 if the request lags behind
         # that (caught up where the plain path would; else the call would cache nothing: only this
         # request's own events change its cached count), then at each block boundary
         if nc < (p0 + 1) // bs:
             events.setdefault(0, []).append((1, r, p0 + 1))
-        first = (-(p0 + 1)) % bs
-        for j in range(first if first else bs, k, bs):
-            events.setdefault(j, []).append((1, r, p0 + j + 1))
+        first = (-(p0 + 1)) % bs or bs
+        if first < k:
+            for j in range(first, k, bs):
+                events.setdefault(j, []).append((1, r, p0 + j + 1))
     for r, steps, n_blocks in zip(window.tail, window.tail_steps, window.tail_blocks):
         n_samples = sum(1 for s in steps if s.samples)
         if n_samples:
@@ -98,7 +103,7 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
         if steps:
             r.num_computed_tokens = steps[-1].computed_before + steps[-1].num_new
         r.is_prefill_chunk = r.num_computed_tokens < r.num_tokens
-    finished: list[Request] = []
+    finished = window.finished
     max_len = scheduler.config.max_model_len
     for r in window.bulk + window.tail:
         if r.output_token_ids and (len(r.output_token_ids) >= r.max_tokens or r.num_tokens >= max_len):
