@@ -52,7 +52,7 @@ def _state(sched: Scheduler) -> dict:
 @pytest.mark.parametrize("pool_impl", ["compiled", "python"])
 @pytest.mark.parametrize(
     ("events", "planned_outputs"), [(False, False), (True, False), (False, True)],
-    ids=["batched", "event-sink", "trace-outputs"],
+    ids=["generated-outputs", "event-sink", "trace-outputs"],
 )
 def test_a_window_hands_out_the_blocks_its_steps_would(pool_impl: str, events: bool, planned_outputs: bool) -> None:
     windowed, plain = (_scheduler(pool_impl, events, planned_outputs) for _ in range(2))

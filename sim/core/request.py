@@ -310,11 +310,7 @@ class Request:
             stop = generated_token_id(self.uid, len(outs))
             if outs.stop == stop and outs.step == 1:
                 self.output_token_ids = range(outs.start, stop + count)
-                # _outputs_grew, inlined (a decode window calls this once per decoder)
-                self.num_tokens = n = self.num_prompt_tokens + len(outs) + count
-                hashes = self._block_hashes
-                if hashes is not None and self._hasher is not None and n >= (len(hashes) + 1) * self._hasher.block_size:
-                    hashes.extend(self._hasher.hash_new_blocks(self))
+                self._outputs_grew()
                 return
         self.append_output_token_ids(self.planned_output_tokens(len(outs), count))
 

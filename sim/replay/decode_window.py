@@ -146,9 +146,9 @@ def _extend_bulk_need(need: list[int], firsts: list[int], bs: int, horizon: int)
     lo = len(need)
     need.extend([0] * (horizon - lo))
     for f in firsts:
-        j = f if f >= lo else lo + (f - lo) % bs
-        if j < horizon:  # tested first: with large blocks most decoders allocate nothing this far
-            for j in range(j, horizon, bs):
+        j0 = f if f >= lo else lo + (f - lo) % bs  # its first allocation at or after step lo
+        if j0 < horizon:  # tested first: with large blocks most decoders allocate nothing this far
+            for j in range(j0, horizon, bs):
                 need[j] += 1
 
 

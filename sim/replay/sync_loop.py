@@ -89,7 +89,7 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
         free, cached, [1.0 - f / total_blocks for f in free],
     )
     now = starts[k]
-    for r in window.finished:  # in running order, as the scan of running it replaces
+    for r in window.finished:  # in running order (apply_window frees them in that order)
         rec.finished(r, now)
         r.release_tokens()
     run.after_step()

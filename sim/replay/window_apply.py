@@ -47,18 +47,18 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
         r.append_planned_outputs(k)
         # allocation at step nb*bs - p0 (the first position past its blocks), then every bs steps
         # (tested before looping: with large blocks most decoders allocate nothing in a window)
-        first = nb * bs - p0
-        if first < k:
-            for j in range(max(0, first), k, bs):
+        alloc0 = nb * bs - p0
+        if alloc0 < k:
+            for j in range(max(0, alloc0), k, bs):
                 events.setdefault(j, []).append((0, r, p0 + j + 1))  # one new block: step j computes position p0 + j
         # each step caches floor((p0 + j + 1) / bs) blocks; step 0 if the request lags behind
         # that (caught up where the plain path would; else the call would cache nothing: only this
         # request's own events change its cached count), then at each block boundary
         if nc < (p0 + 1) // bs:
             events.setdefault(0, []).append((1, r, p0 + 1))
-        first = (-(p0 + 1)) % bs or bs
-        if first < k:
-            for j in range(first, k, bs):
+        cache0 = (-(p0 + 1)) % bs or bs  # the first boundary after step 0 (step 0's is the catch-up above)
+        if cache0 < k:
+            for j in range(cache0, k, bs):
                 events.setdefault(j, []).append((1, r, p0 + j + 1))
     for r, steps, n_blocks in zip(window.tail, window.tail_steps, window.tail_blocks):
         n_samples = sum(1 for s in steps if s.samples)
