@@ -98,10 +98,17 @@ def test_slice_runs():
     assert tokens.tolist() == [13, 14, 50, 51, 52, 90, 91]
 
 
-def test_runs_are_range_checked():
-    r = Request("r", RunTokens.of((2**62 - 2, 4)), 1, hasher=FastBlockHasher(2, 0))
+@pytest.mark.parametrize("runs", [((2**62 - 2, 4),), ((5, 2), (2**62 - 2, 3)), ((-1, 2),), ((3, 1), (-4, 2))])
+def test_runs_are_range_checked(runs):
+    r = Request("r", RunTokens.of(*runs), 1, hasher=FastBlockHasher(2, 0))
     with pytest.raises(ValueError, match=r"prompt token ids must be in \[0, 2\*\*62\)"):
         assert r.block_hashes
+
+
+def test_runs_may_end_at_the_last_prompt_id():
+    """Ids up to 2**62 - 1 are prompt ids: a run ending there passes the check."""
+    r = Request("r", RunTokens.of((7, 2), (2**62 - 2, 2)), 1, hasher=FastBlockHasher(2, 0))
+    assert len(r.block_hashes) == 2
 
 
 @SETTINGS

@@ -32,7 +32,7 @@ from sim.core.kv_cache_coordinator import NO_HITS, HitBlocks, KVCacheCoordinator
 from sim.core.kv_cache_spec import KVGroupSpec, cdiv
 from sim.core.kv_events import EventSink
 from sim.core.pool_impl import DEFAULT_POOL_IMPL, make_block_pool
-from sim.core.request import Request, RequestStatus
+from sim.core.request import PREEMPTED, RUNNING, WAITING, Request
 
 _NO_BLOCKS: list[KVCacheBlock] = []  # never mutated
 
@@ -117,7 +117,7 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
             # block (so no capacity check can fail: a running request has no watermark) and
             # caches nothing.
             req_blocks = self.req_to_blocks.get(rid)
-            if req_blocks is not None and request.status == RequestStatus.RUNNING:
+            if req_blocks is not None and request.status == RUNNING:
                 n = request.num_computed_tokens + num_new_computed_tokens + 1
                 if (
                     n <= len(req_blocks) * self.block_size
@@ -129,7 +129,7 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         # KVCacheCoordinator.watermark_for, inlined
         watermark_blocks = 0
         if has_scheduled_reqs and (
-            request.status == RequestStatus.WAITING or request.status == RequestStatus.PREEMPTED
+            request.status == WAITING or request.status == PREEMPTED
         ):
             watermark_blocks = self.watermark_blocks
         total_computed = min(request.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
@@ -223,7 +223,7 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         while i < stop:
             r = running[i]
             n = r.num_computed_tokens + 1
-            if r.num_tokens != n or r.num_output_placeholders or n > cap or r.status != RequestStatus.RUNNING:
+            if r.num_tokens != n or r.num_output_placeholders or n > cap or r.status != RUNNING:
                 break
             rid = r.request_id
             blocks = get_blocks(rid)

@@ -38,7 +38,7 @@ from sim.core.hashing import BlockHasher
 from sim.core.kv_cache_manager import KVCacheManager
 from sim.core.kv_events import EventSink
 from sim.core.prefix_cache_stats import PrefixCacheStats
-from sim.core.request import Request, RequestStatus
+from sim.core.request import FINISHED_LENGTH_CAPPED, PREEMPTED, RUNNING, Request, RequestStatus
 from sim.core.request_queue import RequestQueue, create_request_queue
 from sim.core.scheduler_output import ScheduledRequest, SchedulerOutput
 
@@ -235,7 +235,7 @@ class Scheduler:
         stopped_preempted = False
         for s in output.scheduled:
             request = s.request
-            if request.status > RequestStatus.PREEMPTED:  # already finished
+            if request.status > PREEMPTED:  # already finished
                 continue
             new_ids = sampled_token_ids.get(request.request_id)
             if not new_ids:
@@ -246,20 +246,20 @@ class Scheduler:
                 request.append_output_token_ids(tok)
                 n_appended += 1
                 if request.num_tokens >= max_len or len(request.output_token_ids) >= request.max_tokens:
-                    request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+                    request.status = FINISHED_LENGTH_CAPPED
                     break
             if is_async:
                 # AsyncScheduler: the placeholder is now a real token; blocks it completes are
                 # cached now (one step later than in sync mode), unless it was preempted since.
                 request.num_output_placeholders -= n_appended
-                if status_before == RequestStatus.RUNNING:
+                if status_before == RUNNING:
                     self.kv_cache_manager.cache_blocks(
                         request, request.num_computed_tokens - request.num_output_placeholders
                     )
-            if request.status > RequestStatus.PREEMPTED:
+            if request.status > PREEMPTED:
                 self.free_request(request)
                 finished.append(request)
-                stopped_preempted |= status_before == RequestStatus.PREEMPTED
+                stopped_preempted |= status_before == PREEMPTED
         if finished:
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]

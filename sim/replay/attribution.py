@@ -74,7 +74,7 @@ from sim.core.cache_observer import EVICT_REUSED
 from sim.core.hashing import BlockHash
 from sim.core.kv_cache_block import BlockKey, KVCacheBlock, make_block_key
 from sim.core.kv_cache_spec import cdiv
-from sim.core.request import Request, RequestStatus
+from sim.core.request import PREEMPTED, WAITING, Request
 from sim.core.scheduler import Scheduler
 from sim.replay.attribution_claims import InFlightClaims
 from sim.replay.attribution_namespace import (
@@ -139,15 +139,15 @@ class MissAttribution:
         self.owner = request.request_id
         self.flight.flush()
         status = request.status
-        if status != RequestStatus.WAITING and status != RequestStatus.PREEMPTED:
+        if status != WAITING and status != PREEMPTED:
             return  # a running request's next chunk or block
         if not self.caching:
-            if request.num_preemptions == 0 and status == RequestStatus.WAITING:
+            if request.num_preemptions == 0 and status == WAITING:
                 self.records.add_request(request, 0, self.block_size, skip=True)
             return
         self.flight.sweep()
         hashes, tokens = self._chains(request)
-        if status == RequestStatus.WAITING and request.num_preemptions == 0:
+        if status == WAITING and request.num_preemptions == 0:
             self._attribute(request, num_new_computed_tokens, hashes, tokens)
         self.flight.claim(request, num_new_computed_tokens, hashes, tokens)
 

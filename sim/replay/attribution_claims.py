@@ -18,7 +18,7 @@ from collections import deque
 from itertools import repeat
 
 from sim.core.hashing import BlockHash
-from sim.core.request import Request, RequestStatus
+from sim.core.request import PREEMPTED, RUNNING, Request
 from sim.core.scheduler import Scheduler
 from sim.replay.attribution_namespace import Namespace, namespace_of
 
@@ -43,7 +43,7 @@ class InFlightClaims:
         """The running request computing the block of chain hash ``h`` whose last token is
         ``end - 1``, if it has not computed that far yet."""
         c = self.claims.get(h)
-        if c is None or c.status != RequestStatus.RUNNING:
+        if c is None or c.status != RUNNING:
             return None
         return c if c.num_computed_tokens - c.num_output_placeholders < end else None
 
@@ -81,6 +81,6 @@ class InFlightClaims:
         """Forget the claims of finished requests (they computed, or never will, their chains); at
         every admission, so the claims are those of the running requests and the one admitted."""
         pop = self.claims.pop
-        done = [rid for rid, (r, _) in self.claimants.items() if r.status > RequestStatus.PREEMPTED]
+        done = [rid for rid, (r, _) in self.claimants.items() if r.status > PREEMPTED]
         for rid in done:
             deque(map(pop, self.claimants.pop(rid)[1], repeat(None)), maxlen=0)  # a later claimer's entry too
