@@ -339,23 +339,22 @@ class FastBlockHasher(BlockHasher):
 
     def hash_new_blocks(self, request: Request) -> list[BlockHash]:
         bs = self.block_size
-        start = len(request.block_hashes) * bs
-        num_tokens = request.num_tokens
-        if start + bs > num_tokens:
+        done = len(request.block_hashes)  # blocks hashed so far
+        n_blocks = request.num_tokens // bs - done
+        if n_blocks <= 0:
             return []
-        n_blocks = (num_tokens - start) // bs
+        start = done * bs
         if request.unique_outputs:
             # Blocks holding a simulator-generated token can only ever match the same request's
             # own blocks (generated ids are unique and never appear in prompts), so a key unique
             # to (request, block index) has exactly the equality structure of the true hash.
-            n_prompt = max(0, min(n_blocks, request.num_prompt_tokens // bs - start // bs))
-            gen_keys = [
-                _GEN_TAG + request.uid.to_bytes(6, "big") + i.to_bytes(6, "big")
-                for i in range(start // bs + n_prompt, start // bs + n_blocks)
-            ]
-            if n_prompt == 0:
-                return gen_keys
-            n_blocks = n_prompt
+            n_prompt = request.num_prompt_tokens // bs - done  # blocks of prompt tokens only
+            tag = _GEN_TAG + request.uid.to_bytes(6, "big")
+            if n_prompt <= 0:  # a decode's block boundary: every new block holds a generated token
+                return [tag + i.to_bytes(6, "big") for i in range(done, done + n_blocks)]
+            gen_keys = [tag + i.to_bytes(6, "big") for i in range(done + n_prompt, done + n_blocks)]
+            if n_prompt < n_blocks:
+                n_blocks = n_prompt
         else:
             gen_keys = []
         extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs)

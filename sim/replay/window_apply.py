@@ -17,6 +17,8 @@ saved calls did. Imports neither simpy nor torch.
 
 from __future__ import annotations
 
+from itertools import chain
+
 from sim.core.kv_cache_spec import cdiv
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler import Scheduler
@@ -77,7 +79,7 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     head = window.lookup_head
     # The head's lookup (recorded in PrefixCacheStats, then refused -- see decode_window's docstring)
     # only changes when a block of its hit chain is handed out again; walk it again only then.
-    chain: set[int] = set()
+    head_chain: set[int] = set()  # ids of the blocks of the head's hit chain
     head_hits = -1
     no_ops: list[tuple[int, Request, int]] = []
     for j in range(k):
@@ -85,14 +87,14 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
         for kind, r, arg in events.get(j, no_ops):
             if kind == 0:
                 new_blocks = kvm.allocate_new_blocks(r.request_id, arg)
-                if chain and any(id(b) in chain for b in new_blocks):
+                if head_chain and not head_chain.isdisjoint(map(id, new_blocks)):
                     head_hits = -1
             else:
                 kvm.cache_blocks(r, arg)
         if head is not None and window.lookups[j]:
             if head_hits < 0:
                 hit_blocks, head_hits = kvm.get_computed_blocks(head)
-                chain = {id(b) for blocks in hit_blocks for b in blocks}
+                head_chain = set(map(id, chain.from_iterable(hit_blocks)))  # C loops: hits run to hundreds of blocks
             else:
                 kvm.repeat_lookup(head, head_hits)
         per_step.append((pool.get_num_free_blocks(), pool.num_cached_blocks, 0))
