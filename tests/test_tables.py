@@ -5,6 +5,9 @@ executable spec.
   values, missing values -- for any mix of ints, floats, bools, strings, None and huge ints;
 * a ``ColumnTable`` fed the same rows one by one or window by window (as columns) gives that same
   table, whatever the order of value types, and an extend that fails leaves it unchanged;
+* a ``NumericColumnTable`` (the step table) fed rows of ints and floats, by rows or windows, gives
+  the table a ``ColumnTable`` gives for them, and refuses a value that is no int64 or float64
+  number with the table left as it was;
 * a Table written by pyarrow from its buffers reads back as the DataFrame that pandas writes for
   it (NaN and None as null), and the summary of a Table equals the summary of its DataFrame, to
   the bit.
@@ -22,7 +25,7 @@ from hypothesis import strategies as st
 from pandas.testing import assert_frame_equal
 
 from sim.core.prefix_cache_stats import PrefixCacheStats
-from sim.replay.column_table import ColumnTable
+from sim.replay.column_table import ColumnTable, NumericColumnTable
 from sim.replay.metrics import REQUEST_COLUMNS, finalize_requests, summarize
 from sim.replay.table import Table, typed_column
 
@@ -194,3 +197,90 @@ def _pandas_figures(requests: pd.DataFrame, steps: pd.DataFrame) -> dict[str, fl
             s = col.dropna()
             out[f"{metric}_p{q}_s"] = float(np.percentile(s, q)) if len(s) else math.nan
     return out
+
+
+NUMBERS = {
+    "int": st.integers(-(2**63), 2**63 - 1),
+    "float": st.floats(allow_nan=True, allow_infinity=True, width=64),
+    "small": st.integers(0, 300),  # (CPython's cached ints)
+}
+
+
+@st.composite
+def numeric_rows(draw: st.DrawFn) -> tuple[tuple[str, ...], list[tuple[object, ...]]]:
+    kinds = draw(st.lists(st.lists(st.sampled_from(sorted(NUMBERS)), min_size=1, max_size=3, unique=True),
+                          min_size=1, max_size=5))
+    n = draw(st.integers(0, 12))
+    cols = [[draw(st.one_of(*(NUMBERS[k] for k in ks))) for _ in range(n)] for ks in kinds]
+    return tuple(f"c{i}" for i in range(len(kinds))), list(zip(*cols)) if n else []
+
+
+def _numeric_tables(names, data, cuts) -> tuple[NumericColumnTable, NumericColumnTable]:
+    by_row, by_window = NumericColumnTable(names), NumericColumnTable(names)
+    for row in data:
+        by_row.append(*row)
+    at = 0
+    for cut in [*cuts, len(data)]:
+        window = data[at : at + cut]
+        columns = [list(c) for c in zip(*window)] if window else [[] for _ in names]
+        by_window.extend(*columns)
+        at += len(window)
+    return by_row, by_window
+
+
+@settings(max_examples=300, deadline=None)
+@given(numeric_rows(), st.lists(st.integers(1, 5), max_size=6))
+def test_a_numeric_table_is_the_column_table_of_the_same_rows(case, cuts) -> None:
+    names, data = case
+    by_row, by_window = _numeric_tables(names, data, cuts)
+    generic = ColumnTable(names)
+    for row in data:
+        generic.append(*row)
+    want = generic.to_table().to_frame()
+    assert_frame_equal(want, pd.DataFrame.from_records(data, columns=list(names)))
+    assert len(by_row) == len(by_window) == len(data)
+    assert_frame_equal(by_row.to_table().to_frame(), want)
+    assert_frame_equal(by_window.to_table().to_frame(), want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(numeric_rows(), st.sampled_from([None, "1", 2**1100, [1], complex(1, 1)]), st.data())
+def test_a_numeric_table_refuses_what_is_no_number_and_stays_as_it_was(case, bad, data) -> None:
+    names, rows_ = case
+    table, _ = _numeric_tables(names, rows_, [])
+    before = table.to_table().to_frame()
+    width = len(names)
+    col = data.draw(st.integers(0, width - 1))
+    row = [data.draw(st.one_of(NUMBERS["float"], NUMBERS["small"])) for _ in range(width)]
+    row[col] = bad
+    with pytest.raises(ValueError, match=f"column 'c{col}': .* is not an int64 or float64 number"):
+        table.append(*row)
+    window = [[data.draw(st.one_of(NUMBERS["float"], NUMBERS["small"])) for _ in range(3)] for _ in range(width)]
+    window[col][data.draw(st.integers(0, 2))] = bad
+    with pytest.raises(ValueError, match=f"column 'c{col}'"):
+        table.extend(*window)
+    assert len(table) == len(rows_)
+    assert_frame_equal(table.to_table().to_frame(), before)
+
+
+def test_a_numeric_table_refuses_unequal_windows_and_wrong_widths() -> None:
+    t = NumericColumnTable(("a", "b"))
+    t.append(1, 2)
+    with pytest.raises(ValueError, match="unequal length"):
+        t.extend([1.5, 2], [3])  # (column a turned float64 on the way: restored)
+    with pytest.raises(ValueError, match="1 columns given for 2"):
+        t.extend([1])
+    with pytest.raises(ValueError, match="a row of 1 values for 2 columns"):
+        t.append(1)
+    assert len(t) == 1 and t.to_table().to_frame().dtypes.to_dict() == {"a": np.int64, "b": np.int64}
+    assert NumericColumnTable(("a",)).to_table().to_frame().equals(ColumnTable(("a",)).to_table().to_frame())
+
+
+def test_an_int64_column_refuses_a_larger_int_a_float64_column_takes_it_as_a_float() -> None:
+    t = NumericColumnTable(("i", "f"))
+    t.append(1, 0.5)
+    for big in (2**63, -(2**63) - 1):
+        with pytest.raises(ValueError, match=f"column 'i': {big} is not an int64"):
+            t.append(big, 0.5)
+    t.append(2, 2**63)
+    assert t.to_table().to_frame().to_dict("list") == {"i": [1, 2], "f": [0.5, 2.0**63]}

@@ -3,18 +3,18 @@
 The engine calls ``new_request`` on arrival, ``admitted`` / ``first_token`` / ``finished`` as they
 happen, ``step`` once per engine step and ``add_stats`` with each step's drained PrefixCacheStats;
 ``tables`` turns the rows into the result tables (columns in ``sim.replay.metrics``): the step
-rows go into typed columns as they come (``sim.replay.column_table``), the request rows stay rows
-(their fields are filled in as events happen).
+rows go into int64 / float64 columns as they come (``sim.replay.column_table.NumericColumnTable``),
+the request rows stay rows (their fields are filled in as events happen).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import Request
-from sim.replay.column_table import ColumnTable
+from sim.replay.column_table import NumericColumnTable
 from sim.replay.metrics import REQUEST_COLUMNS, STEP_COLUMNS, Frame, RecordTable, finalize_requests
 from sim.replay.table import Table
 
@@ -50,7 +50,7 @@ class ReplayRecorder:
     def __init__(self, progress: bool = False, total: int | Callable[[], int] | None = None) -> None:
         self._rows: dict[str, list[Any]] = {}  # request id -> its (mutable) row
         self._requests = RecordTable(REQUEST_COLUMNS)
-        self._steps = ColumnTable(STEP_COLUMNS)
+        self._steps = NumericColumnTable(STEP_COLUMNS)
         self.stats = PrefixCacheStats()
         self._progress = _Progress(progress, total)
 
@@ -99,7 +99,7 @@ class ReplayRecorder:
         """One step row, in ``STEP_COLUMNS`` order."""
         self._steps.append(*values)
 
-    def steps(self, *columns: Iterable[Any]) -> None:
+    def steps(self, *columns: list[Any]) -> None:
         """Several step rows given as columns, in ``STEP_COLUMNS`` order (a fast-forward window)."""
         self._steps.extend(*columns)
 

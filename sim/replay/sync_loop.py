@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from itertools import repeat
 
 from sim.replay.decode_window import Window
 from sim.replay.errors import ReplayError
@@ -80,12 +79,12 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
         for r in firsts:
             rec.first_token(r, starts[j + 1])
     total_blocks = sched.kv_cache_manager.block_pool.num_gpu_blocks - 1
-    free, cached, n_finished = zip(*window.per_step)
+    free, cached, n_finished = map(list, zip(*window.per_step))
     shapes = window.shapes
-    rec.steps(
-        range(first_step, first_step + k), starts[:k], window.durations, [s.num_seqs for s in shapes],
+    rec.steps(  # (columns as lists: sim.replay.column_table.NumericColumnTable.extend)
+        list(range(first_step, first_step + k)), starts[:k], window.durations, [s.num_seqs for s in shapes],
         [s.num_new_tokens for s in shapes], [s.num_prefill_tokens for s in shapes],
-        [s.num_decode_seqs for s in shapes], repeat(0, k), repeat(0, k), n_finished, repeat(n_running, k), waiting,
+        [s.num_decode_seqs for s in shapes], [0] * k, [0] * k, n_finished, [n_running] * k, waiting,
         free, cached, [1.0 - f / total_blocks for f in free],
     )
     now = starts[k]
