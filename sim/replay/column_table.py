@@ -126,7 +126,8 @@ class NumericColumnTable:
 
     Values are converted as they are appended, while they are fresh in the CPU's cache; a
     ``ColumnTable`` keeps them as Python objects and reads each one back to type it when its chunk
-    is compacted (cache misses: 0.32 s of a 9 s Mooncake replay at block 512). A value that is no
+    is compacted (0.32 s of a 9 s Mooncake replay at block 512: 176 ns a value, where the same
+    code takes 76 ns on values just made). A value that is no
     int or float (None, a string), or an int beyond int64 while its column is int64, is refused
     with a ``ValueError`` naming its column, and the row or window leaves the table as it was; a
     float64 column takes an int as its nearest float. A bool is taken as the number it is (pandas
