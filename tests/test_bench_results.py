@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+from bench_mooncake import target_verdicts
 from bench_results import open_bench_folder
 
 from sim.experiment.results_folder import ResultsError, require_complete
@@ -55,3 +56,15 @@ def test_an_abandoned_run_leaves_no_folder(tmp_path):
     assert folder is not None
     folder.close()  # the benchmark failed before writing
     assert not (tmp_path / "bench").exists()
+
+
+def test_the_mooncake_benchmark_says_whether_the_full_trace_targets_are_met():
+    rows = [{"block_size": 16, "attribution": "off", "cpu_s": 5.9, "wall_s": 6.2},
+            {"block_size": 512, "attribution": "off", "cpu_s": 2.9, "wall_s": 2.95},
+            {"block_size": 512, "attribution": "full", "cpu_s": 9.0, "wall_s": 9.0},
+            {"block_size": 64, "attribution": "off", "cpu_s": 1.0, "wall_s": 1.0}]
+    assert target_verdicts(rows, full_trace=True) == [
+        "block 16: 5.9 s CPU, 6.2 s wall (target: under 6 s: missed)",
+        "block 512: 2.9 s CPU, 2.95 s wall (target: under 3 s: met)",
+    ]
+    assert target_verdicts(rows, full_trace=False) == []  # a --limit run, another GPU, no fast-forward
