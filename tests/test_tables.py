@@ -71,16 +71,23 @@ def test_a_column_table_fed_rows_or_windows_is_the_same_table(case, cuts, chunk)
         ct.CHUNK_ROWS = saved
 
 
-def _check_fed_rows_or_windows(case, cuts) -> None:
-    names, data = case
-    by_row, by_window = ColumnTable(names), ColumnTable(names)
+def _fed_rows_and_windows(table, names, data, cuts, column=tuple):
+    """Two ``table(names)``: one fed ``data`` row by row, one window by window (``cuts`` rows
+    each, then the rest), a window's columns given as ``column(values)``."""
+    by_row, by_window = table(names), table(names)
     for row in data:
         by_row.append(*row)
     at = 0
     for cut in [*cuts, len(data)]:
         window = data[at : at + cut]
-        by_window.extend(*(zip(*window) if window else [[] for _ in names]))
+        by_window.extend(*(map(column, zip(*window)) if window else [column() for _ in names]))
         at += len(window)
+    return by_row, by_window
+
+
+def _check_fed_rows_or_windows(case, cuts) -> None:
+    names, data = case
+    by_row, by_window = _fed_rows_and_windows(ColumnTable, names, data, cuts)
     want = pd.DataFrame.from_records(data, columns=list(names))
     assert len(by_row) == len(by_window) == len(data)
     assert_frame_equal(by_row.to_table().to_frame(), want)
@@ -216,16 +223,7 @@ def numeric_rows(draw: st.DrawFn) -> tuple[tuple[str, ...], list[tuple[object, .
 
 
 def _numeric_tables(names, data, cuts) -> tuple[NumericColumnTable, NumericColumnTable]:
-    by_row, by_window = NumericColumnTable(names), NumericColumnTable(names)
-    for row in data:
-        by_row.append(*row)
-    at = 0
-    for cut in [*cuts, len(data)]:
-        window = data[at : at + cut]
-        columns = [list(c) for c in zip(*window)] if window else [[] for _ in names]
-        by_window.extend(*columns)
-        at += len(window)
-    return by_row, by_window
+    return _fed_rows_and_windows(NumericColumnTable, names, data, cuts, column=list)  # (extend takes lists)
 
 
 @settings(max_examples=300, deadline=None)

@@ -145,14 +145,9 @@ class NumericColumnTable:
         try:
             any(map(array.append, self._cols, values))  # one C loop, as ColumnTable.append
         except (TypeError, OverflowError):  # a float in an int64 column, or no number
-            saved = self._cols[:]
-            try:
-                self._truncate(self._n)  # what the C loop appended before it stopped
-                for i, v in enumerate(values):
-                    self._add(i, [v])
-            except ValueError:
-                self._restore(saved, self._n)
-                raise
+            self._truncate(self._n)  # what the C loop appended before it stopped
+            self.extend(*([v] for v in values))  # the row as a one-step window: extend's slow path
+            return
         self._n += 1
 
     def extend(self, *columns: list[Any]) -> None:
@@ -175,13 +170,10 @@ class NumericColumnTable:
             if lengths and lengths.count(lengths[0]) != len(lengths):
                 raise ValueError(f"columns of unequal length: {lengths}")
         except ValueError:
-            self._restore(saved, before)
+            self._cols = saved
+            self._truncate(before)
             raise
         self._n += lengths[0] if lengths else 0
-
-    def _restore(self, saved: list[array[Any]], n: int) -> None:
-        self._cols = saved
-        self._truncate(n)
 
     def _truncate(self, n: int) -> None:
         for col in self._cols:
