@@ -195,6 +195,25 @@ def test_compiled_pool_table_rebuild_keeps_lists():
     assert pool.num_evictions == 2 * 200 - 4  # the pool keeps the last two requests' blocks
 
 
+def test_compiled_pool_table_churn_with_both_key_lengths():
+    """Keys of 16 bytes (group 0) and 20 bytes (group 1, compared in full) churning through a pool
+    of 3 blocks (a 16-slot table, rebuilt every few inserts): each step must leave the same pool
+    as the Python one, a consistent table, and its first block found under its key."""
+    hasher = HASHERS["fast"]
+    pools = (BlockPool(3), CompiledBlockPool(3))
+    for i in range(300):
+        r = make_request(hasher, f"x{i}", list(range(i * 8, i * 8 + 8)))
+        group = (i // 3) % 2
+        for p in pools:
+            blocks = p.get_new_blocks(2)
+            p.cache_full_blocks(r, blocks, 0, 2 - i % 2, BS, group)
+            p.free_blocks(reversed(blocks))
+            p.check_integrity()
+        assert _state(pools[0]) == _state(pools[1]), i
+        found = [_ids(p.get_cached_block(r.block_hashes[0], [group])) for p in pools]
+        assert found[0] == found[1] and found[0] is not None, i
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(n_blocks=st.integers(3, 9), seed=st.integers(0, 2**32 - 1))
 def test_compiled_free_queue_ring_keeps_the_linked_list_order(n_blocks, seed):
