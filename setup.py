@@ -1,18 +1,32 @@
 """Build hook for the optional compiled modules (everything else is in ``pyproject.toml``).
 
-``sim/core/compiled_pool.pyx`` (the compiled block pool), ``sim/core/compiled_hash.pyx`` (the fast
-hash chain over runs), ``workloads/trace_scan.pyx`` (the trace line scanner) and
-``workloads/bounds_scan.pyx`` (the policy loops of the offline references) are compiled with
-Cython and the system C compiler by ``pip install -e .``. All are optional: if Cython or the
-compiler fails, the install still succeeds; ``sim.core.pool_impl`` then says once that it falls
-back to the Python pool, the hash uses its numpy code, traces the stdlib ``json`` path and the
-offline references their Python loops (same results, slower).
-In a checkout, ``python setup.py build_ext --inplace`` builds it next to its source.
+Two kinds, both built by ``pip install -e .`` with the system C compiler, both optional: if a
+build fails the install still succeeds and the same code runs interpreted (same results, slower).
+
+* **Cython** (``.pyx`` sources): ``sim/core/compiled_pool.pyx`` (the compiled block pool),
+  ``sim/core/compiled_hash.pyx`` (the fast hash chain over runs), ``workloads/trace_scan.pyx``
+  (the trace line scanner) and ``workloads/bounds_scan.pyx`` (the policy loops of the offline
+  references). Without them ``sim.core.pool_impl`` says once that it falls back to the Python
+  pool, the hash uses its numpy code, traces the stdlib ``json`` path and the offline references
+  their Python loops.
+* **mypyc** (``_MYPYC_MODULES``): the engine's per-step modules -- the request, scheduler, KV
+  manager and coordinator, the executor interface and the replay's step loop and decode window --
+  compiled from their own typed ``.py`` source, which stays the code that runs without the build.
+  mypyc makes their classes native (attributes in fixed slots instead of a ``__dict__``), which is
+  where an interpreted step spends its time. They are one group with one shared library
+  (``sim/_engine__mypyc``), so they are built all or none (``_AllOrNone``): a half-built group
+  would not import. Compiled, the annotations are enforced at run time (an ``int`` argument must
+  be an int), and instances take no attributes their class does not declare.
+
+In a checkout, ``python setup.py build_ext --inplace`` builds them next to their sources.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 _MODULES = {
     "sim.core.compiled_pool": "sim/core/compiled_pool.pyx",
@@ -21,12 +35,26 @@ _MODULES = {
     "workloads.bounds_scan": "workloads/bounds_scan.pyx",
 }
 
+# compiled by mypyc as one group; each stays importable as plain Python when the group is not built
+_MYPYC_MODULES = [
+    "sim/core/request.py",
+    "sim/core/scheduler.py",
+    "sim/core/kv_cache_manager.py",
+    "sim/core/full_attention_coordinator.py",
+    "sim/core/executor.py",
+    "sim/replay/step_runner.py",
+    "sim/replay/sync_loop.py",
+    "sim/replay/decode_window.py",
+    "sim/replay/window_apply.py",
+]
+_MYPYC_GROUP = "sim._engine"  # its shared library is the module sim._engine__mypyc
 
-def _extensions() -> list[Extension]:
+
+def _cython_extensions() -> list[Extension]:
     try:
         from Cython.Build import cythonize
     except ImportError:  # no Cython: the pure-Python fallbacks are used
-        print("apcsim: Cython is not available; building without the compiled modules")
+        print("apcsim: Cython is not available; building without the Cython modules")
         return []
     import numpy
 
@@ -36,8 +64,51 @@ def _extensions() -> list[Extension]:
     try:
         return cythonize(exts, compiler_directives={"language_level": "3"}, quiet=True)
     except Exception as exc:  # a Cython error must not fail the install either
-        print(f"apcsim: Cython failed ({exc}); building without the compiled modules")
+        print(f"apcsim: Cython failed ({exc}); building without the Cython modules")
         return []
 
 
-setup(ext_modules=_extensions())
+def _mypyc_extensions() -> list[Extension]:
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        print("apcsim: mypyc is not available; the engine modules stay interpreted")
+        return []
+    try:
+        # the build environment has only the build requirements: an import without them (pandas,
+        # pydantic, ...) is typed Any, and the modules the group imports are not re-checked here
+        # (the guards run mypy on the whole tree)
+        exts = mypycify(["--ignore-missing-imports", "--follow-imports=silent", *_MYPYC_MODULES],
+                        opt_level="3", group_name=_MYPYC_GROUP)
+    except (Exception, SystemExit) as exc:  # mypyc exits on a type error: the install goes on
+        print(f"apcsim: mypyc failed ({exc!r}); the engine modules stay interpreted")
+        return []
+    for ext in exts:
+        ext.optional = True
+        ext._apcsim_mypyc = True  # type: ignore[attr-defined]
+    return exts
+
+
+class _AllOrNone(build_ext):
+    """``build_ext`` that removes every module of the mypyc group when one of them failed to
+    build (an optional extension's failure is otherwise only a warning), so the group's modules
+    are all compiled or all interpreted."""
+
+    def run(self) -> None:
+        self._mypyc_failed = False
+        super().run()
+        if self._mypyc_failed:
+            for ext in self.extensions:
+                if getattr(ext, "_apcsim_mypyc", False):
+                    Path(self.get_ext_fullpath(ext.name)).unlink(missing_ok=True)
+            print("apcsim: the mypyc group did not build; the engine modules stay interpreted")
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception:  # an optional one's error is then caught and warned about by build_ext
+            if getattr(ext, "_apcsim_mypyc", False):
+                self._mypyc_failed = True
+            raise
+
+setup(ext_modules=_cython_extensions() + _mypyc_extensions(), cmdclass={"build_ext": _AllOrNone})

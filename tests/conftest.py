@@ -65,7 +65,7 @@ def make_scheduler(
     ``num_blocks - 1`` are usable). ``kwargs`` go to :class:`SchedulerConfig`, except
     ``enable_prefix_caching`` / ``use_eagle`` / ``kv_groups`` / ``pool_impl`` which go to
     :class:`CacheConfig`. With ``events=True`` the scheduler gets an :class:`EventLog` sink,
-    reachable as ``scheduler.event_log``."""
+    reachable as ``scheduler.event_sink``."""
     cache_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _CACHE_KEYS}
     hasher = make_block_hasher(algo, block_size, hash_seed)
     sink = EventLog() if events else None
@@ -76,7 +76,6 @@ def make_scheduler(
         log_stats=log_stats,
         event_sink=sink,
     )
-    sched.event_log = sink  # type: ignore[attr-defined]
     return sched
 
 

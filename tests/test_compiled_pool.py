@@ -314,5 +314,5 @@ def test_compiled_pool_gives_the_same_simulation_as_the_python_pool(sc, algo):
             y.scheduled, y.admitted, y.preempted, y.finished, y.free_block_ids, y.stats
         )
         assert [s.new_block_ids for s in x.output.scheduled] == [s.new_block_ids for s in y.output.scheduled]
-    assert [event_to_dict(e) for e in sa.event_log] == [event_to_dict(e) for e in sb.event_log]
+    assert [event_to_dict(e) for e in sa.event_sink] == [event_to_dict(e) for e in sb.event_sink]
     assert sa.kv_cache_manager.block_pool.num_evictions == sb.kv_cache_manager.block_pool.num_evictions

@@ -70,7 +70,6 @@ def hybrid_scheduler(
         make_block_hasher(algo, hash_bs, 0),
         event_sink=sink,
     )
-    s.event_log = sink  # type: ignore[attr-defined]
     return s
 
 
@@ -344,7 +343,7 @@ def test_coarse_alignment_caches_only_reachable_swa_blocks():
     fa, swa = held[0]  # after the prefill step
     assert [b.block_hash is not None for b in fa] == [True, True, True, False]  # 96 aligned tokens
     assert [b.block_hash is not None for b in swa] == [False, True] * 3 + [False]  # odd blocks only
-    stored = [e for e in s.event_log.of(BlockStored) if e.group_idx == 1]
+    stored = [e for e in s.event_sink.of(BlockStored) if e.group_idx == 1]
     assert len(stored) == 1 and len(stored[0].block_hashes) == 3
     assert stored[0].kv_cache_spec_kind == "sliding_window" and stored[0].kv_cache_spec_sliding_window == 16
     assert len(stored[0].token_ids) == 96  # the masked blocks' tokens are still in the event
@@ -407,7 +406,7 @@ def test_single_full_group_through_the_hybrid_manager_equals_the_fast_manager(se
             arr[i // 3].append(make_request(s, f"r{i}", p, max_tokens=1 + i % 7, uid=i + 1))
         res = drive(s, arr)
         events = [(type(e).__name__, getattr(e, "block_hashes", None), getattr(e, "token_ids", None))
-                  for e in s.event_log]
+                  for e in s.event_sink]
         logs.append((res.admissions, [st.free_block_ids for st in res.steps], res.stats, events,
                      [(st.scheduled, st.preempted) for st in res.steps]))
     assert logs[0] == logs[1]

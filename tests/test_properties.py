@@ -250,8 +250,8 @@ def test_fast_path_and_generic_coordinator_emit_identical_kv_events(sc, pool_imp
     fast, _ = run(sc, events=True, pool_impl=pool_impl)
     generic, _ = run(sc, events=True, pool_impl=pool_impl, kv_groups=(KVGroupSpec("full", sc.block_size),))
     assert fast.kv_cache_manager.is_unitary_full_attention and not generic.kv_cache_manager.is_unitary_full_attention
-    assert list(fast.event_log) == list(generic.event_log)
-    assert all(e.kv_cache_spec_kind == "full_attention" for e in fast.event_log.of(BlockStored))
+    assert list(fast.event_sink) == list(generic.event_sink)
+    assert all(e.kv_cache_spec_kind == "full_attention" for e in fast.event_sink.of(BlockStored))
 
 
 # -- the block pool against a plain list model of the free queue ------------------------------

@@ -140,7 +140,7 @@ def test_row11_six_block_pool_evicts_the_chain_tail_first():
     res_b = drive(s, [b])
     # B takes the one never-used block plus A's 5th block (its chain tail)
     assert res_b.steps[0].output.scheduled[0].new_block_ids == [6, 5]
-    removed = s.event_log.of(BlockRemoved)
+    removed = s.event_sink.of(BlockRemoved)
     assert [e.block_hashes for e in removed] == [[external_block_hash(a.block_hashes[4])]]
     a2 = make_request(s, "A2", toks(80))
     res = drive(s, [a2])
@@ -179,7 +179,7 @@ def test_row19_tiny_pool_duplicate_survives_eviction_of_original():
     assert res.first_hits == {"b": 16}
     assert res.steps[0].scheduled == {"b": 16}  # recomputes block 1 (into a duplicate, see below)
     # b's decode popped block 2 (a's original copy): one BlockRemoved, hash still cached in 3
-    removed = s.event_log.of(BlockRemoved)
+    removed = s.event_sink.of(BlockRemoved)
     assert [e.block_hashes for e in removed] == [[external_block_hash(key1)]]
     assert pool.cached_block_hash_to_block.block_ids(key1) == [3]
     assert pool.get_cached_block(key1, [0])[0].block_id == 3
@@ -380,7 +380,7 @@ def test_row18_reset_prefix_cache():
     drive(s, [a], after_step=after)
     assert results == [False]
     assert s.reset_prefix_cache() is True
-    assert len(s.event_log.of(AllBlocksCleared)) == 1
+    assert len(s.event_sink.of(AllBlocksCleared)) == 1
     st = s.make_stats()
     assert st.reset is True
     res = drive(s, [make_request(s, "B", toks(64))])

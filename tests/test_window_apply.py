@@ -74,4 +74,4 @@ def test_a_window_hands_out_the_blocks_its_steps_would(pool_impl: str, events: b
     assert window.per_step[-1][:2] == b["gauges"]
     windowed.check_integrity()
     if events:
-        assert list(windowed.event_log) == list(plain.event_log)
+        assert list(windowed.event_sink) == list(plain.event_sink)

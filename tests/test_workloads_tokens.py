@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.core.request import LazyTokens, token_array
+from sim.core.lazy_tokens import LazyTokens
+from sim.core.request import token_array
 from workloads.dists import Dist, lognormal, rng_for
 from workloads.tokens import (
     K_AZURE,

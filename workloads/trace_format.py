@@ -55,7 +55,8 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from sim.core.errors import ApcsimError
-from sim.core.request import LazyTokens, token_array
+from sim.core.lazy_tokens import LazyTokens
+from sim.core.request import token_array
 from workloads.tokens import RunTokens
 from workloads.trace_json import FieldProblem as _FieldError
 from workloads.trace_json import decode_line, exact_number

@@ -15,8 +15,8 @@ lets the fast hasher key generated blocks cheaply (see ``sim.core.hashing``). Su
 are held as a ``range`` (``output_token_ids`` is a ``range`` while every appended id continues
 it, else a ``list``): a fast-forwarded decode appends a window's tokens without making an int each.
 
-Imports nothing from the project (the hasher is any :class:`RequestBlockHasher`), neither simpy nor
-torch.
+Imports only ``sim.core.lazy_tokens`` from the project (the hasher is any
+:class:`RequestBlockHasher`), neither simpy nor torch.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import add
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import numpy as np
+
+from sim.core.lazy_tokens import LazyTokens
 
 GENERATED_TOKEN_BASE = 1 << 62
 """Prompt token ids must stay below this; simulator-generated output ids live above it."""
@@ -72,18 +74,6 @@ class RequestBlockHasher(Protocol):
     def hash_new_blocks(self, request: Request) -> list[bytes]:
         """The hashes of the request's full blocks not hashed yet (changes no state of the request)."""
         ...
-
-
-@runtime_checkable
-class LazyTokens(Protocol):
-    """A compact prompt (e.g. runs of trace block ids) expanded to token ids only when needed.
-
-    It may also offer ``runs() -> (starts, lengths) | None``: the prompt as runs of consecutive
-    ids, which the fast hasher digests without expanding (``Request.token_runs``)."""
-
-    def __len__(self) -> int: ...
-
-    def materialize(self) -> np.ndarray: ...
 
 
 def slice_runs(starts: np.ndarray, lengths: np.ndarray, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:

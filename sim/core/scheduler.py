@@ -57,6 +57,7 @@ class Scheduler:
     ) -> None:
         self.config = scheduler_config
         self.cache_config = cache_config
+        self.event_sink = event_sink  # where the pools' KV events go (None: not recorded)
         self.kv_cache_manager = KVCacheManager.from_configs(
             scheduler_config, cache_config, log_stats=log_stats, event_sink=event_sink
         )

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from sim.core.executor import Executor
+from sim.core.native_build import warn_if_interpreted
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.scheduler import Scheduler
 from sim.replay.async_loop import async_steps
@@ -198,6 +199,7 @@ class Replay:
     ) -> None:
         if attribution not in ("off", "summary", "full"):
             raise ValueError(f"attribution must be off, summary or full, got {attribution!r}")
+        warn_if_interpreted()  # once per process, when the mypyc build is missing (sim.core.native_build)
         self.scheduler = scheduler
         self.rec = ReplayRecorder(progress, total)
         self.clock = SimClock()

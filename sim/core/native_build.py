@@ -1,0 +1,54 @@
+"""Which engine modules run compiled: the mypyc group of ``setup.py`` (mirrors nothing in vLLM).
+
+``pip install -e .`` compiles the engine's per-step modules with mypyc from their own ``.py``
+source, as one group whose shared library is ``sim._engine__mypyc``; an extension module then
+shadows each ``.py``. When the build is missing (no C compiler, a mypyc failure) the same source
+runs interpreted: same results, about 1.2-1.5x slower. :func:`warn_if_interpreted` says so once
+per process.
+
+Invariant: compiled or not changes speed only, never a result (the same source; the tests run on
+whichever is installed). Imports nothing from the project, neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from functools import cache
+
+ENGINE_MODULES = (
+    "sim.core.request",
+    "sim.core.scheduler",
+    "sim.core.kv_cache_manager",
+    "sim.core.full_attention_coordinator",
+    "sim.core.executor",
+    "sim.replay.step_runner",
+    "sim.replay.sync_loop",
+    "sim.replay.decode_window",
+    "sim.replay.window_apply",
+)
+"""The modules ``setup.py`` compiles (its ``_MYPYC_MODULES``; a test keeps the two equal)."""
+
+
+def interpreted_engine_modules() -> list[str]:
+    """Query: the :data:`ENGINE_MODULES` that were imported from ``.py`` source (all of them
+    without the build, none with it)."""
+    interpreted = []
+    for name in ENGINE_MODULES:
+        path = getattr(importlib.import_module(name), "__file__", "") or ""
+        if path.endswith(".py"):
+            interpreted.append(name)
+    return interpreted
+
+
+@cache
+def warn_if_interpreted() -> None:
+    """One message on stderr, once per process, when the engine modules run interpreted."""
+    interpreted = interpreted_engine_modules()
+    if interpreted:
+        print(
+            f"apcsim: {len(interpreted)} of {len(ENGINE_MODULES)} engine modules are not compiled "
+            f"({', '.join(interpreted)}); they run interpreted (same results, slower). Build them "
+            "with `pip install -e .` (needs a C compiler).",
+            file=sys.stderr,
+        )
