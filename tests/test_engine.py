@@ -217,3 +217,15 @@ def test_async_timing_and_integrity():
     assert res.summary["num_preemptions"] > 0  # the small pool exercises preemption while steps are in flight
     single = _replay([_req("x", 0.0, 40, out=4)], _async_sched(), step=0.1).requests.iloc[0]
     assert single["ttft"] == pytest.approx(0.1) and single["finish"] == pytest.approx(0.4)
+
+
+def test_numpy_scalars_in_a_trace_request_replay_as_python_ints():
+    """A generator may hand numpy scalars (np.int64 output_tokens / priority, np.bool_
+    prompt_logprobs): the replay takes them as the ints and bools they stand for (the compiled
+    Request takes only those); a float output count is refused, naming the request and field."""
+    reqs = [_req("a", 0.0, 40, out=5, base=0), _req("b", 0.01, 40, out=3, base=0, priority=1, prompt_logprobs=True)]
+    as_numpy = [_req("a", 0.0, 40, out=np.int64(5), base=0),
+                _req("b", 0.01, 40, out=np.int64(3), base=0, priority=np.int64(1), prompt_logprobs=np.bool_(True))]
+    pd.testing.assert_frame_equal(_replay(reqs).requests, _replay(as_numpy).requests)
+    with pytest.raises(ReplayError, match="request a: field 'output_tokens': expected an int, got 5.0"):
+        _replay([_req("a", 0.0, 40, out=5.0)])

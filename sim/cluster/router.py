@@ -25,6 +25,7 @@ arrival time, with at least one replica up. Imports neither simpy nor torch.
 
 from __future__ import annotations
 
+import operator
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -122,8 +123,9 @@ class RouterRequest:
     def probe(self, hasher: BlockHasher) -> Request:
         """A throwaway engine ``Request`` of this prompt (for hashing and the oracle's lookups)."""
         tr = self.trace
-        return Request(tr.id, self.tokens(), tr.output_tokens, cache_salt=tr.salt, lora_name=tr.lora,
-                       prompt_logprobs=tr.prompt_logprobs, hasher=hasher)
+        # Python ints and bools: the compiled Request takes no numpy scalars (sim.core.native_build)
+        return Request(tr.id, self.tokens(), operator.index(tr.output_tokens), cache_salt=tr.salt,
+                       lora_name=tr.lora, prompt_logprobs=bool(tr.prompt_logprobs), hasher=hasher)
 
 
 class ClusterView(ABC):

@@ -22,6 +22,7 @@ Pure Python: imports neither simpy nor torch.
 from __future__ import annotations
 
 import math
+import operator
 from bisect import bisect_right
 from collections.abc import Iterable
 
@@ -118,14 +119,24 @@ class RequestIntake:
         return Request(
             tr.id,
             tr.tokens,
-            tr.output_tokens,
+            _as_int(tr, "output_tokens", tr.output_tokens),
             uid=self._uid - 1,
             arrival_time=tr.arrival,
             cache_salt=tr.salt,
             lora_name=tr.lora,
             lora_int_id=0,
-            priority=tr.priority,
-            prompt_logprobs=tr.prompt_logprobs,
+            priority=_as_int(tr, "priority", tr.priority),
+            prompt_logprobs=bool(tr.prompt_logprobs),
             output_token_ids=tr.output_token_ids,
             hasher=sched.hasher if sched.cache_config.enable_prefix_caching else None,
         )
+
+
+def _as_int(tr: TraceRequest, name: str, value: object) -> int:
+    """``value`` as a Python int (a numpy integer from a generator included): the compiled
+    ``Request`` (``sim.core.native_build``) takes only ints there. Anything else, a float
+    included, is refused naming the request and field."""
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ReplayError(f"request {tr.id}: field {name!r}: expected an int, got {value!r}") from None
