@@ -3,11 +3,14 @@
 ``pip install -e .`` compiles the engine's per-step modules with mypyc from their own ``.py``
 source, as one group whose shared library is ``sim._engine__mypyc``; an extension module then
 shadows each ``.py``. When the build is missing (no C compiler, a mypyc failure) the same source
-runs interpreted: same results, about 1.2-1.5x slower. :func:`warn_if_interpreted` says so once
-per process.
+runs interpreted: same results, about 1.4-1.6x slower (the full Mooncake replay, README).
+:func:`warn_if_interpreted` says so once per process.
 
 Invariant: compiled or not changes speed only, never a result (the same source; the tests run on
-whichever is installed). Imports nothing from the project, neither simpy nor torch.
+whichever is installed). Compiled, annotations are also enforced at run time: an argument of the
+wrong type (a numpy integer for an ``int``) raises TypeError where the interpreter would run on,
+so the callers that take outside data (``sim.replay.intake``, the router) convert it first.
+Imports nothing from the project, neither simpy nor torch.
 """
 
 from __future__ import annotations
