@@ -9,7 +9,7 @@ build fails the install still succeeds and the same code runs interpreted (same 
   references). Without them ``sim.core.pool_impl`` says once that it falls back to the Python
   pool, the hash uses its numpy code, traces the stdlib ``json`` path and the offline references
   their Python loops.
-* **mypyc** (``_MYPYC_MODULES``): the engine's per-step modules -- the request, scheduler, KV
+* **mypyc** (``sim.core.native_build.ENGINE_MODULES``): the engine's per-step modules -- the request, scheduler, KV
   manager and coordinator, the executor interface and the replay's step loop and decode window --
   compiled from their own typed ``.py`` source, which stays the code that runs without the build.
   mypyc makes their classes native (attributes in fixed slots instead of a ``__dict__``), which is
@@ -23,6 +23,7 @@ In a checkout, ``python setup.py build_ext --inplace`` builds them next to their
 
 from __future__ import annotations
 
+import runpy
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -35,18 +36,15 @@ _MODULES = {
     "workloads.bounds_scan": "workloads/bounds_scan.pyx",
 }
 
-# compiled by mypyc as one group; each stays importable as plain Python when the group is not built
-_MYPYC_MODULES = [
-    "sim/core/request.py",
-    "sim/core/scheduler.py",
-    "sim/core/kv_cache_manager.py",
-    "sim/core/full_attention_coordinator.py",
-    "sim/core/executor.py",
-    "sim/replay/step_runner.py",
-    "sim/replay/sync_loop.py",
-    "sim/replay/decode_window.py",
-    "sim/replay/window_apply.py",
-]
+
+def _mypyc_modules() -> list[str]:
+    """The source paths of ``sim.core.native_build.ENGINE_MODULES``, the one list of the group
+    (the file is run on its own, stdlib only: the build environment lacks the project's
+    dependencies)."""
+    names = runpy.run_path(str(Path(__file__).parent / "sim/core/native_build.py"))["ENGINE_MODULES"]
+    return [name.replace(".", "/") + ".py" for name in names]
+
+
 _MYPYC_GROUP = "sim._engine"  # its shared library is the module sim._engine__mypyc
 
 
@@ -78,7 +76,7 @@ def _mypyc_extensions() -> list[Extension]:
         # the build environment has only the build requirements: an import without them (pandas,
         # pydantic, ...) is typed Any, and the modules the group imports are not re-checked here
         # (the guards run mypy on the whole tree)
-        exts = mypycify(["--ignore-missing-imports", "--follow-imports=silent", *_MYPYC_MODULES],
+        exts = mypycify(["--ignore-missing-imports", "--follow-imports=silent", *_mypyc_modules()],
                         opt_level="3", group_name=_MYPYC_GROUP)
     except (Exception, SystemExit) as exc:  # mypyc exits on a type error: the install goes on
         print(f"apcsim: mypyc failed ({exc!r}); the engine modules stay interpreted")
@@ -110,5 +108,6 @@ class _AllOrNone(build_ext):
             if getattr(ext, "_apcsim_mypyc", False):
                 self._mypyc_failed = True
             raise
+
 
 setup(ext_modules=_cython_extensions() + _mypyc_extensions(), cmdclass={"build_ext": _AllOrNone})

@@ -25,7 +25,6 @@ arrival time, with at least one replica up. Imports neither simpy nor torch.
 
 from __future__ import annotations
 
-import operator
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from sim.core.hashing import BlockHasher, external_block_hash
 from sim.core.request import Request, token_array
+from sim.replay.intake import trace_int
 from workloads.trace_format import TraceRequest
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -124,7 +124,7 @@ class RouterRequest:
         """A throwaway engine ``Request`` of this prompt (for hashing and the oracle's lookups)."""
         tr = self.trace
         # Python ints and bools: the compiled Request takes no numpy scalars (sim.core.native_build)
-        return Request(tr.id, self.tokens(), operator.index(tr.output_tokens), cache_salt=tr.salt,
+        return Request(tr.id, self.tokens(), trace_int(tr, "output_tokens", tr.output_tokens), cache_salt=tr.salt,
                        lora_name=tr.lora, prompt_logprobs=bool(tr.prompt_logprobs), hasher=hasher)
 
 

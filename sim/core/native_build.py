@@ -30,7 +30,8 @@ ENGINE_MODULES = (
     "sim.replay.decode_window",
     "sim.replay.window_apply",
 )
-"""The modules ``setup.py`` compiles (its ``_MYPYC_MODULES``; a test keeps the two equal)."""
+"""The modules ``setup.py`` compiles: the one list of the group (``setup.py`` runs this file on its
+own to read it, so the module imports nothing beyond the stdlib)."""
 
 
 def interpreted_engine_modules() -> list[str]:

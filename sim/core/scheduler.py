@@ -57,7 +57,6 @@ class Scheduler:
     ) -> None:
         self.config = scheduler_config
         self.cache_config = cache_config
-        self.event_sink = event_sink  # where the pools' KV events go (None: not recorded)
         self.kv_cache_manager = KVCacheManager.from_configs(
             scheduler_config, cache_config, log_stats=log_stats, event_sink=event_sink
         )
@@ -71,6 +70,12 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.step_index = 0
         self.num_preemptions = 0
+
+    @property
+    def event_sink(self) -> EventSink | None:
+        """Query: where the pool's KV events go now (None: not recorded); the pool's own attribute,
+        so a sink set on the pool later (``Replay(record_events=True)``) is the one read here."""
+        return self.kv_cache_manager.block_pool.event_sink
 
     # -- requests -----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:

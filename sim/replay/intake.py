@@ -119,23 +119,24 @@ class RequestIntake:
         return Request(
             tr.id,
             tr.tokens,
-            _as_int(tr, "output_tokens", tr.output_tokens),
+            trace_int(tr, "output_tokens", tr.output_tokens),
             uid=self._uid - 1,
             arrival_time=tr.arrival,
             cache_salt=tr.salt,
             lora_name=tr.lora,
             lora_int_id=0,
-            priority=_as_int(tr, "priority", tr.priority),
+            priority=trace_int(tr, "priority", tr.priority),
             prompt_logprobs=bool(tr.prompt_logprobs),
             output_token_ids=tr.output_token_ids,
             hasher=sched.hasher if sched.cache_config.enable_prefix_caching else None,
         )
 
 
-def _as_int(tr: TraceRequest, name: str, value: object) -> int:
-    """``value`` as a Python int (a numpy integer from a generator included): the compiled
-    ``Request`` (``sim.core.native_build``) takes only ints there. Anything else, a float
-    included, is refused naming the request and field."""
+def trace_int(tr: TraceRequest, name: str, value: object) -> int:
+    """A trace request's integer field ``name`` as a Python int (a numpy integer from a generator
+    included), for the compiled ``Request`` (``sim.core.native_build``), which takes only ints
+    there; anything else, a float included, is refused naming the request and field. Used by
+    every caller that makes a ``Request`` of a ``TraceRequest`` (here and the cluster's router)."""
     try:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
