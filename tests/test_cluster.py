@@ -206,6 +206,41 @@ def test_pipeline_delivers_per_step_batches_in_order_after_delay() -> None:
     assert got == [(0, [a])]
 
 
+def test_window_rows_in_bulk_equal_step_ends_row_by_row() -> None:
+    """A fast-forward window's rows reach the cluster as columns (``step_ends``): the scraped
+    gauges and the KV-event batches, random delays included, are those of ``step_end`` per row."""
+    import random
+
+    cfg = _small_cfg({"kind": "llm_d", "prefix": "precise"}, replicas=1)
+    specs, _ = replica_specs(cfg, simulated_executor, build_latency)
+    from sim.experiment.cluster_run import build_router
+
+    class S:
+        step_index = 0
+
+    rows = [(3 + i, 0.013 * i, 0.011 + 0.001 * (i % 3), 1, 1, 0, 1, 0, 0, 0, 2, i % 4, 50 - i, i, 0.1 * i)
+            for i in range(9)]
+    got = []
+    for bulk in (False, True):
+        router, _ = build_router(cfg)
+        rng = random.Random(7)
+        replay = ClusterReplay(specs, router, [], kv_delay=lambda: rng.uniform(0.0, 0.05))
+        assert replay.pipeline is not None and router.needs_metrics
+        s = S()
+        sink = replay.pipeline.sink(0, s)
+        for step in (3, 3, 5, 6, 6, 6, 9):  # events of steps 3..9 of the window, none of 4, 7, 8 or 11
+            s.step_index = step
+            sink(BlockRemoved([step]))
+        if bulk:
+            replay.step_ends(0, tuple(map(list, zip(*rows))))
+        else:
+            for row in rows:
+                replay.step_end(0, row)
+        got.append((list(replay._metrics[0]), sorted(replay.pipeline._in_flight), replay.pipeline._last_due))
+    assert got[0] == got[1]
+    assert len(got[1][1]) == 4 and len(got[1][0]) == 10  # batches of steps 3, 5, 6 and 9; 9 rows + the initial
+
+
 def test_metrics_are_what_the_last_scrape_saw() -> None:
     cfg = _small_cfg({"kind": "llm_d", "prefix": "none"}, replicas=1)
     specs, _ = replica_specs(cfg, simulated_executor, build_latency)

@@ -263,3 +263,19 @@ def test_fixed_latency_unchanged() -> None:
     assert FixedLatency(0.01).step_time(_shape()) == 0.01
     with pytest.raises(ValueError):
         FixedLatency(0)
+
+
+def test_step_shape_is_a_value() -> None:
+    """StepShape compares, hashes, prints and pickles by its six fields, as the NamedTuple it
+    replaced (``sim.core.executor``: a plain class, compiled natively with the step modules)."""
+    import copy
+    import pickle
+
+    s = _shape()
+    same = StepShape(*s.fields())
+    assert s == same and hash(s) == hash(same) and s != StepShape(4, 3, 53, 50, 1600, 1)
+    assert s != s.fields() and (s == s.fields()) is False  # not a tuple
+    assert pickle.loads(pickle.dumps(s)) == s and copy.deepcopy(s) == s
+    assert repr(s) == ("StepShape(num_seqs=4, num_decode_seqs=3, num_new_tokens=53, num_prefill_tokens=50, "
+                       f"context_tokens={s.context_tokens}, attention_pairs={s.attention_pairs})")
+    assert len({s, same}) == 1

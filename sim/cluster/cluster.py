@@ -39,7 +39,7 @@ import pandas as pd
 
 from sim.cluster.cluster_summary import cluster_block
 from sim.cluster.kv_event_pipeline import DelaySampler, KVEventPipeline
-from sim.cluster.replica import ClusterHooks, Replica, ReplicaSpec, row_metrics
+from sim.cluster.replica import ClusterHooks, Replica, ReplicaSpec, row_metrics, step_end_times, window_metrics
 from sim.cluster.router import ClusterView, ReplicaMetrics, Router, RouterRequest
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.scheduler import Scheduler
@@ -180,6 +180,15 @@ class ClusterReplay(ClusterHooks, ClusterView):
             self._metrics[replica].append(row_metrics(row))
         if self.pipeline is not None:
             self.pipeline.publish(replica, row[0], row[1] + row[2])
+
+    def step_ends(self, replica: int, columns: tuple[list[Any], ...]) -> None:
+        # a window's rows in bulk: the metrics history and the KV-event batches are separate
+        # structures, so filling one for every row and then the other is step_end row by row
+        ends = step_end_times(columns)
+        if self._keep_metrics:
+            self._metrics[replica].extend(window_metrics(columns, ends))
+        if self.pipeline is not None:
+            self.pipeline.publish_rows(replica, columns[0], ends)
 
     # -- the dispatcher ------------------------------------------------------------------------
     def _peek(self) -> TraceRequest | None:

@@ -75,8 +75,9 @@ class DynamoRouter(Router):
             overlap = overlaps.get(w, 0)
             raw_prefill = (self._prefill_tokens[w] + isl) / bs
             prefill = self.prefill_load_scale * max(raw_prefill - self.overlap_credit * overlap, 0.0)
-            # the prompt's blocks not already active there (the partial last block always is new)
-            new_blocks = -(-isl // bs) - len(hs) + len(hs - refs.keys())
+            # the prompt's blocks not already active there (the partial last block always is new);
+            # `&` with the keys view walks the smaller side, where `hs - keys` walked every key
+            new_blocks = -(-isl // bs) - len(refs.keys() & hs)
             logits[w] = prefill + len(refs) + new_blocks
         choice = self._pick(logits)
         hashes = request.hashes(self.events.group_of[choice])

@@ -100,6 +100,16 @@ class KVEventPipeline:
         self._seq += 1
         heapq.heappush(self._in_flight, (due, self._seq, replica, self._epoch[replica], batch))
 
+    def publish_rows(self, replica: int, steps: list[int], ends: list[float]) -> None:
+        """Changes state: :meth:`publish` for each of a window's steps, in step order (the events
+        were all collected before: the window's engine work is done when its rows are recorded)."""
+        collected = self._collected[replica]
+        for step, end in zip(steps, ends, strict=True):
+            if not collected:
+                return  # no event left to batch: the later steps publish nothing
+            if collected[0][0] <= step:
+                self.publish(replica, step, end)
+
     def deliver_until(self, now: float) -> None:
         """Changes state: hand the router every batch due by ``now``, in due order."""
         heap = self._in_flight

@@ -23,7 +23,8 @@ its tables equal ``Replay``'s exactly (tested). Imports neither simpy nor torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import operator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +39,6 @@ from sim.replay.step_runner import StepRunner
 from workloads.trace_format import TraceRequest
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections.abc import Iterator
-
     from sim.replay.step_runner import Wait
 
 _RUNNING, _WAITING, _KV_USAGE = 10, 11, 14  # indexes in sim.replay.metrics.STEP_COLUMNS
@@ -73,10 +72,26 @@ class ClusterHooks:
         """A step row was recorded (``sim.replay.metrics.STEP_COLUMNS`` order; see
         :func:`row_metrics`)."""
 
+    def step_ends(self, replica: int, columns: tuple[list[Any], ...]) -> None:
+        """A fast-forward window's rows were recorded, given as columns in ``STEP_COLUMNS`` order:
+        the same as :meth:`step_end` on each row in step order (an override does it in bulk)."""
+        for row in zip(*columns, strict=True):
+            self.step_end(replica, row)
+
 
 def row_metrics(row: tuple[Any, ...]) -> ReplicaMetrics:
     """The gauges a step row publishes, as of the step's end."""
     return ReplicaMetrics(row[1] + row[2], row[_WAITING], row[_RUNNING], row[_KV_USAGE])
+
+
+def step_end_times(columns: tuple[list[Any], ...]) -> list[float]:
+    """Each row's end (start + duration, the same float :func:`row_metrics` computes)."""
+    return list(map(operator.add, columns[1], columns[2]))
+
+
+def window_metrics(columns: tuple[list[Any], ...], ends: list[float]) -> Iterator[ReplicaMetrics]:
+    """:func:`row_metrics` of every row given as columns, in row order."""
+    return map(ReplicaMetrics, ends, columns[_WAITING], columns[_RUNNING], columns[_KV_USAGE])
 
 
 class RoutedIntake(RequestIntake):
@@ -140,11 +155,12 @@ class ReplicaRecorder(ReplayRecorder):
         super().step(*values)
         self._hooks.step_end(self.index, values)
 
-    def steps(self, *columns: Iterable[Any]) -> None:
-        """A fast-forward window's rows: each one reported as its own step end, in step order (the
-        router's gauges and the KV-event batches are per step, as in the plain loop)."""
-        for row in zip(*columns, strict=True):
-            self.step(*row)
+    def steps(self, *columns: list[Any]) -> None:
+        """A fast-forward window's rows: appended in one go, then reported to the cluster as step
+        ends in step order (the router's gauges and the KV-event batches are per step, as in the
+        plain loop; nothing else runs between a window's rows, so the order of the two is free)."""
+        super().steps(*columns)
+        self._hooks.step_ends(self.index, columns)
 
 
 class Replica:

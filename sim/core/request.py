@@ -285,6 +285,19 @@ class Request:
             return outs
         return np.concatenate([self.prompt_token_ids[start:p], outs])
 
+    def token_list(self, start: int, end: int) -> list[int]:
+        """Tokens ``[start, end)`` of prompt + outputs as Python ints: ``token_slice(start,
+        end).tolist()``, without an int64 array for generated outputs (a ``range``: a decode's
+        ``BlockStored`` lists its block's 16 ids in about a tenth of the time)."""
+        p = self.num_prompt_tokens
+        if end <= p:
+            return self.prompt_token_ids[start:end].tolist()
+        sel = self.output_token_ids[max(0, start - p) : end - p]
+        outs: list[int] = list(sel) if type(sel) is range else np.asarray(sel, dtype=np.int64).tolist()
+        if start >= p:
+            return outs
+        return self.prompt_token_ids[start:p].tolist() + outs
+
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids.tolist() + list(self.output_token_ids)
