@@ -68,3 +68,37 @@ def test_the_mooncake_benchmark_says_whether_the_full_trace_targets_are_met():
         "block 512: 2.9 s CPU, 2.95 s wall (target: under 3 s: met)",
     ]
     assert target_verdicts(rows, full_trace=False) == []  # a --limit run, another GPU, no fast-forward
+
+
+def test_the_blis_benchmark_says_whether_loading_is_under_a_quarter_of_blis_load_phase():
+    from bench_vs_blis import _table
+
+    row = {"blocks": 52001, "blis_cpu_s": 5.0, "apcsim_cpu_s": 1.8, "cpu_ratio": 0.36, "blis_wall_s": 4.9,
+           "apcsim_wall_s": 1.8, "blis_rss_mib": 545.0, "apcsim_rss_mib": 157.0, "hits_equal": 4000, "common": 4000,
+           "blis_load_wall_s": 1.5, "apcsim_load_wall_s": 0.32, "apcsim_load_cpu_s": 0.31, "load_ratio": 0.32 / 1.5}
+    assert "| 52,001 | 1.50 | 0.32 | 0.21 (< 0.25: met) | 0.31 |" in _table([row], 3)
+    slow = {**row, "apcsim_load_wall_s": 0.4, "load_ratio": 0.4 / 1.5}
+    assert "| 52,001 | 1.50 | 0.40 | 0.27 (NOT < 0.25: missed) | 0.31 |" in _table([slow], 3)
+    no_load = {k: v for k, v in row.items() if "load" not in k}  # a harness without a load phase: no loading table
+    assert "loading the same input" not in _table([no_load], 3)
+
+
+def test_load_time_reads_the_configs_whole_request_stream(tmp_path):
+    import subprocess
+
+    import numpy as np
+
+    from workloads.trace_format import TraceRequest, write_trace
+
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, [TraceRequest(f"r{i}", float(i), np.arange(10 + i, dtype=np.int64), 4) for i in range(5)])
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"name": "lt", "engine": {"block_size": 16, "num_gpu_blocks": 64, "max_model_len": 512},
+                               "latency": {"kind": "fixed", "step_time_s": 0.02},
+                               "workload": {"kind": "trace", "path": str(trace)}}))
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "load_time.py"), str(cfg)],
+                         capture_output=True, text=True, check=True, cwd=tmp_path)
+    got = json.loads(out.stdout)
+    assert (got["requests"], got["prompt_tokens"]) == (5, sum(10 + i for i in range(5)))
+    assert got["load_cpu_s"] >= 0 and got["load_wall_s"] >= 0 and got["import_cpu_s"] > 0
