@@ -102,3 +102,14 @@ def test_load_time_reads_the_configs_whole_request_stream(tmp_path):
     got = json.loads(out.stdout)
     assert (got["requests"], got["prompt_tokens"]) == (5, sum(10 + i for i in range(5)))
     assert got["load_cpu_s"] >= 0 and got["load_wall_s"] >= 0 and got["import_cpu_s"] > 0
+
+
+def test_the_sweep_benchmark_says_whether_the_48_points_ran_under_45_s():
+    from bench_sweep import DEFAULT_SWEEP, target_verdict
+
+    assert target_verdict(DEFAULT_SWEEP, 48, 48, 2000, 2, True, 15.5) == "target: under 45 s on 2 workers: met (15.5 s)"
+    assert target_verdict(DEFAULT_SWEEP, 48, 48, 2000, 2, True, 45.2).endswith("missed (45.2 s)")
+    assert target_verdict(DEFAULT_SWEEP, 48, 47, 2000, 2, True, 15.5).endswith("missed (1 of 48 points failed)")
+    for other in [(DEFAULT_SWEEP, 48, 48, 0, 2, True), (DEFAULT_SWEEP, 48, 48, 2000, 4, True),
+                  (DEFAULT_SWEEP, 48, 48, 2000, 2, False), (Path("other.yaml"), 48, 48, 2000, 2, True)]:
+        assert target_verdict(*other, 15.5).endswith("not this run's setting")
