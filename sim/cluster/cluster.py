@@ -46,6 +46,7 @@ from sim.core.scheduler import Scheduler
 from sim.replay.arrival_stream import ArrivalStream
 from sim.replay.engine import ReplayResult, SimClock
 from sim.replay.errors import ReplayError
+from sim.replay.gc_policy import replay_gc
 from sim.replay.intake import ARRIVAL_EPS_S
 from sim.replay.metrics import as_frame, finalize_requests, summarize
 from sim.replay.step_runner import Wait
@@ -274,7 +275,8 @@ class ClusterReplay(ClusterHooks, ClusterView):
             r.start()
         if self.faults:
             clock.start(self._fault_events())
-        clock.run()
+        with replay_gc():  # fewer, smaller GC passes, as the single engine's (sim.replay.gc_policy)
+            clock.run()
         left = sum(len(o) for o in self._outstanding)
         if left or self._finished != len(self._trace):
             raise ReplayError(f"cluster replay ended with {left} unfinished requests")
