@@ -275,8 +275,10 @@ def test_generated_outputs_are_a_range_until_an_id_breaks_the_run(appends, algo)
         assert r.token_slice(0, r.num_tokens).tolist() == toks(6) + expect
         for a in range(0, r.num_tokens + 1, 3):  # every cut: prompt only, across the boundary, outputs only
             for b in range(a, r.num_tokens + 1, 2):
-                got = r.token_list(a, b)
-                assert got == r.token_slice(a, b).tolist() == (toks(6) + expect)[a:b]
+                span = r.token_span(a, b)  # a BlockStored's ids, read later
+                assert len(span) == b - a
+                got = span.tolist()
+                assert got == r.token_slice(a, b).tolist() == (toks(6) + expect)[a:b] == span
                 assert all(type(x) is int for x in got)
         assert r.all_token_ids == toks(6) + expect
         if algo == "sha256":  # the exact hash reads the ids themselves

@@ -288,7 +288,7 @@ def emit_stored(
         BlockStored(
             block_hashes=stored,
             parent_block_hash=external_block_hash(hashes[num_cached_blocks - 1]) if num_cached_blocks else None,
-            token_ids=request.token_list(num_cached_blocks * block_size, num_full_blocks * block_size),
+            token_ids=request.token_span(num_cached_blocks * block_size, num_full_blocks * block_size),
             block_size=block_size,
             lora_id=request.lora_int_id if request.lora_name is not None else None,
             lora_name=request.lora_name,

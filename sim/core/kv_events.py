@@ -8,7 +8,7 @@ project.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ class BlockStored:
 
     block_hashes: list[int]
     parent_block_hash: int | None
-    token_ids: list[int]
+    token_ids: Sequence[int]  # a list, or the pool's TokenSpan: equal to the list, ints made on read
     block_size: int
     lora_id: int | None
     medium: str | None = MEDIUM_GPU

@@ -15,7 +15,7 @@ lets the fast hasher key generated blocks cheaply (see ``sim.core.hashing``). Su
 are held as a ``range`` (``output_token_ids`` is a ``range`` while every appended id continues
 it, else a ``list``): a fast-forwarded decode appends a window's tokens without making an int each.
 
-Imports only ``sim.core.lazy_tokens`` from the project (the hasher is any
+Imports only ``sim.core.lazy_tokens`` and ``sim.core.token_span`` from the project (the hasher is any
 :class:`RequestBlockHasher`), neither simpy nor torch.
 """
 
@@ -30,6 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from sim.core.lazy_tokens import LazyTokens
+from sim.core.token_span import TokenSpan
 
 GENERATED_TOKEN_BASE = 1 << 62
 """Prompt token ids must stay below this; simulator-generated output ids live above it."""
@@ -285,18 +286,15 @@ class Request:
             return outs
         return np.concatenate([self.prompt_token_ids[start:p], outs])
 
-    def token_list(self, start: int, end: int) -> list[int]:
-        """Tokens ``[start, end)`` of prompt + outputs as Python ints: ``token_slice(start,
-        end).tolist()``, without an int64 array for generated outputs (a ``range``: a decode's
-        ``BlockStored`` lists its block's 16 ids in about a tenth of the time)."""
+    def token_span(self, start: int, end: int) -> TokenSpan:
+        """Tokens ``[start, end)`` of prompt + outputs as a ``BlockStored`` carries them: equal to
+        ``token_slice(start, end).tolist()``, made into ints only when read (``sim.core.token_span``);
+        a view of the prompt array and a slice of the outputs (a ``range`` for generated ids)."""
         p = self.num_prompt_tokens
+        prompt = self.prompt_token_ids[min(start, p) : min(end, p)]
         if end <= p:
-            return self.prompt_token_ids[start:end].tolist()
-        sel = self.output_token_ids[max(0, start - p) : end - p]
-        outs: list[int] = list(sel) if type(sel) is range else np.asarray(sel, dtype=np.int64).tolist()
-        if start >= p:
-            return outs
-        return self.prompt_token_ids[start:p].tolist() + outs
+            return TokenSpan(prompt, _NO_OUTPUTS)
+        return TokenSpan(prompt, self.output_token_ids[max(0, start - p) : end - p])
 
     @property
     def all_token_ids(self) -> list[int]:
