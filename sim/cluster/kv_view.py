@@ -1,5 +1,5 @@
-"""A router's precise cache view: a :class:`~sim.cluster.prefix_index.KVEventIndex` fed by KV
-events, matched with the engines' own hashing (mirrors what llm-d-kv-cache-manager's
+"""A router's precise cache view: a KV-event index (``sim.cluster.prefix_index``, compiled where
+built) fed by KV events, matched with the engines' own hashing (mirrors what llm-d-kv-cache-manager's
 ``kvcache.Indexer`` and Dynamo's ``KvIndexer`` do: recompute vLLM's block hashes of the prompt --
 same algorithm, block size and seed -- and look them up among the hashes the events announced).
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sim.cluster.prefix_index import KVEventIndex
+from sim.cluster.prefix_index import make_kv_event_index
 from sim.cluster.router import ReplicaFacts, RouterRequest
 from sim.core.hashing import BlockHasher, make_block_hasher
 from sim.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
@@ -24,7 +24,7 @@ class EventCacheView:
 
     def __init__(self, facts: Sequence[ReplicaFacts]) -> None:
         self.facts = facts
-        self.index = KVEventIndex(len(facts))
+        self.index = make_kv_event_index(len(facts))
         self._hashers: dict[tuple[str, int, int], BlockHasher] = {}
         self.group_of = [self._hasher(f) for f in facts]
 

@@ -15,13 +15,17 @@ Both answer :meth:`match`: per replica, the number of leading hashes of a reques
 counted contiguously from block 0 (a replica missing block i holds no prefix past it). Hashes are
 chained, so a map from hash to replicas is the radix tree: one hash names its whole prefix.
 
-Cost: O(blocks matched + replicas) per match, O(1) per event hash. Imports nothing but stdlib.
+Cost: O(blocks matched + replicas) per match, O(1) per event hash. :func:`make_kv_event_index`
+gives the compiled :class:`KVEventIndex` (``sim.cluster.compiled_index``, same answers, its state
+in C) where it is built and the fleet has at most 64 replicas, else this one. Imports nothing but
+stdlib (and that optional extension).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 
 def _match(forward: dict[int, int], hashes: Sequence[int], candidates: int) -> dict[int, int]:
@@ -55,8 +59,41 @@ def mask_of(replicas: Iterable[int]) -> int:
     return m
 
 
+class EventIndex(Protocol):
+    """What the routers' cache views use of a KV-event index (Python or compiled)."""
+
+    def store(self, replica: int, hashes: Iterable[int]) -> None:
+        """Changes state: ``BlockStored`` (hashes: vLLM's unsigned 64-bit event form)."""
+
+    def remove(self, replica: int, hashes: Iterable[int]) -> None:
+        """Changes state: ``BlockRemoved``."""
+
+    def clear(self, replica: int) -> None:
+        """Changes state: ``AllBlocksCleared`` or the replica left the pool."""
+
+    def match(self, hashes: Sequence[int], candidates: Iterable[int]) -> dict[int, int]:
+        """Query: leading hashes held per candidate replica (only those holding block 0), in
+        the order their runs end, lowest replica first within one block."""
+
+    def num_entries(self, replica: int) -> int:
+        """Query: how many hashes ``replica`` holds."""
+
+
+def make_kv_event_index(num_replicas: int, *, compiled: bool = True) -> EventIndex:
+    """The compiled index when ``compiled``, built and ``num_replicas <= 64`` (one bit each), else
+    :class:`KVEventIndex`; both give the same answers (a property test drives them side by side)."""
+    if compiled and num_replicas <= 64:
+        try:
+            from sim.cluster.compiled_index import CompiledKVEventIndex
+        except ImportError:  # not built (no C compiler): the Python index, same answers
+            return KVEventIndex(num_replicas)
+        return CompiledKVEventIndex(num_replicas)
+    return KVEventIndex(num_replicas)
+
+
 class KVEventIndex:
-    """Hash -> replicas holding it, from KV events (see the module docstring)."""
+    """Hash -> replicas holding it, from KV events (see the module docstring); the oracle of
+    the compiled one."""
 
     def __init__(self, num_replicas: int) -> None:
         self.forward: dict[int, int] = {}  # hash -> bitmask of replicas

@@ -1,0 +1,80 @@
+"""The compiled KV-event index (``sim.cluster.compiled_index``) answers as the Python one, its
+oracle: the same random calls to both give the same matches (keys, values and order) and entry
+counts after every call, through growth, tombstones and rebuilds."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.cluster.prefix_index import KVEventIndex, make_kv_event_index
+
+compiled_index = pytest.importorskip("sim.cluster.compiled_index", reason="the Cython extension is not built")
+CompiledKVEventIndex = compiled_index.CompiledKVEventIndex
+
+# a small universe makes hashes collide across replicas and calls; a few 64-bit ones test the width
+WIDE = [2**64 - 1, 2**63, 2**63 - 1, 0x9E3779B97F4A7C15]
+HASHES = st.one_of(st.integers(0, 40), st.sampled_from(WIDE))
+UNIVERSE = [*range(41), *WIDE]
+N = 20
+
+
+def _holders(idx: object, h: int) -> dict[int, int]:
+    """Which replicas hold ``h`` (a one-hash match over all of them): the index's whole state, hash
+    by hash."""
+    return idx.match([h], range(N))  # type: ignore[attr-defined]
+
+
+@st.composite
+def calls(draw: st.DrawFn) -> list[tuple]:
+    out = []
+    for _ in range(draw(st.integers(1, 60))):
+        kind = draw(st.sampled_from(["store", "store", "remove", "clear", "match"]))
+        if kind == "clear":
+            out.append((kind, draw(st.integers(0, N - 1))))
+        elif kind == "match":
+            out.append((kind, draw(st.lists(HASHES, max_size=12)),
+                        draw(st.lists(st.integers(0, N - 1), max_size=N))))
+        else:
+            out.append((kind, draw(st.integers(0, N - 1)), draw(st.lists(HASHES, max_size=30))))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(calls())
+def test_the_compiled_index_answers_as_the_python_one(seq: list[tuple]) -> None:
+    py, c = KVEventIndex(N), CompiledKVEventIndex(N, initial_slots=8)  # small: probes collide at once
+    for call in seq:
+        if call[0] == "match":
+            got, want = c.match(call[1], call[2]), py.match(call[1], call[2])
+            assert got == want and list(got.items()) == list(want.items())
+        else:
+            getattr(py, call[0])(*call[1:])
+            getattr(c, call[0])(*call[1:])
+        assert [c.num_entries(r) for r in range(N)] == [py.num_entries(r) for r in range(N)]
+        assert [_holders(c, h) for h in UNIVERSE] == [_holders(py, h) for h in UNIVERSE]
+
+
+def test_it_grows_rebuilds_and_reuses_tombstones_like_the_oracle() -> None:
+    py, c = KVEventIndex(3), CompiledKVEventIndex(3)
+    for idx in (py, c):  # 10,000 hashes stored, half removed, stored again: tables rebuilt many times
+        idx.store(0, range(10_000))
+        idx.store(1, range(5_000, 15_000))
+        idx.remove(0, range(0, 10_000, 2))
+        idx.clear(1)
+        idx.store(2, range(0, 20_000, 3))
+    probe = list(range(0, 30))
+    assert c.match(probe, [0, 1, 2]) == py.match(probe, [0, 1, 2])
+    assert [c.num_entries(r) for r in range(3)] == [py.num_entries(r) for r in range(3)] == [5_000, 0, 6_667]
+
+
+def test_replica_numbers_are_checked_and_large_fleets_get_the_python_index() -> None:
+    c = CompiledKVEventIndex(4)
+    with pytest.raises(IndexError, match="replica 4"):
+        c.store(4, [1])
+    with pytest.raises(ValueError, match="0 to 64 replicas"):
+        CompiledKVEventIndex(65)
+    assert type(make_kv_event_index(64)) is CompiledKVEventIndex
+    assert type(make_kv_event_index(65)) is KVEventIndex
+    assert type(make_kv_event_index(4, compiled=False)) is KVEventIndex
