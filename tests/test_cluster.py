@@ -339,3 +339,14 @@ def test_fleet_bound_is_the_single_engine_infinite_cache_and_the_summary_names_t
     assert "diagnosis   routing -- on 8 replicas the sglang router" in out
     assert "round_robin" in out.split("diagnosis", 1)[1]
 
+
+
+@pytest.mark.parametrize("widths", [[16] * 40, [32] * 7, [8], [12] * 5, [16, 8, 24], []])
+def test_a_prompts_event_hashes_are_read_in_one_pass_as_one_by_one(widths: list[int]) -> None:
+    from sim.cluster.router import external_block_hashes
+    from sim.core.hashing import external_block_hash
+
+    rng = np.random.default_rng(len(widths))
+    hashes = [rng.bytes(w) for w in widths]
+    got = external_block_hashes(hashes)
+    assert got == [external_block_hash(h) for h in hashes] and all(type(x) is int for x in got)

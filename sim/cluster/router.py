@@ -31,17 +31,31 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from sim.core.hashing import BlockHasher, external_block_hash
 from sim.core.request import Request, token_array
 from sim.replay.intake import trace_int
 from workloads.trace_format import TraceRequest
 
 if TYPE_CHECKING:  # pragma: no cover
-    import numpy as np
-
     from sim.core.kv_events import KVCacheEvent
     from sim.core.scheduler import Scheduler
     from sim.timing.latency import LatencyModel
+
+
+def external_block_hashes(hashes: Sequence[bytes]) -> list[int]:
+    """``[external_block_hash(h) for h in hashes]`` (the low 64 bits of each read big-endian, vLLM's
+    event form), in one numpy pass when every hash has one length that is a multiple of 8 -- one
+    hasher's digests always do -- else hash by hash. A prompt of 13.7 k tokens has 856 blocks."""
+    if not hashes:
+        return []
+    widths = set(map(len, hashes))  # (a loop in C, as the join)
+    width = widths.pop()
+    if widths or width % 8:
+        return [external_block_hash(h) for h in hashes]
+    words = width // 8
+    return np.frombuffer(b"".join(hashes), dtype=">u8")[words - 1 :: words].tolist()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +130,7 @@ class RouterRequest:
         out = self._hashes.get(key)
         if out is None:
             probe = self.probe(hasher)
-            out = [external_block_hash(h) for h in probe.block_hashes]
+            out = external_block_hashes(probe.block_hashes)
             self._hashes[key] = out
         return out
 
