@@ -16,8 +16,8 @@ counted contiguously from block 0 (a replica missing block i holds no prefix pas
 chained, so a map from hash to replicas is the radix tree: one hash names its whole prefix.
 
 Cost: O(blocks matched + replicas) per match, O(1) per event hash. :func:`make_kv_event_index`
-gives the compiled :class:`KVEventIndex` (``sim.cluster.compiled_index``, same answers, its state
-in C) where it is built and the fleet has at most 64 replicas, else this one. Imports nothing but
+gives a compiled twin of :class:`KVEventIndex` (``sim.cluster.compiled_index``: same answers, its
+state in C) where it is built and the fleet has at most 64 replicas, else this one. Imports nothing but
 stdlib (and that optional extension).
 """
 
