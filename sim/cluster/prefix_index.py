@@ -24,8 +24,14 @@ stdlib (and that optional extension).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
+
+_Compiled: Callable[[int], EventIndex] | None
+try:
+    from sim.cluster.compiled_index import CompiledKVEventIndex as _Compiled
+except ImportError:  # pragma: no cover - not built (no C compiler): the Python index, same answers
+    _Compiled = None
 
 
 def _match(forward: dict[int, int], hashes: Sequence[int], candidates: int) -> dict[int, int]:
@@ -82,12 +88,8 @@ class EventIndex(Protocol):
 def make_kv_event_index(num_replicas: int, *, compiled: bool = True) -> EventIndex:
     """The compiled index when ``compiled``, built and ``num_replicas <= 64`` (one bit each), else
     :class:`KVEventIndex`; both give the same answers (a property test drives them side by side)."""
-    if compiled and num_replicas <= 64:
-        try:
-            from sim.cluster.compiled_index import CompiledKVEventIndex
-        except ImportError:  # not built (no C compiler): the Python index, same answers
-            return KVEventIndex(num_replicas)
-        return CompiledKVEventIndex(num_replicas)
+    if compiled and _Compiled is not None and num_replicas <= 64:
+        return _Compiled(num_replicas)
     return KVEventIndex(num_replicas)
 
 
