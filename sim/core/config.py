@@ -30,6 +30,23 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class OffloadConfig:
+    """vLLM 0.33.0's native CPU offload tier (``--kv-offloading-size``: the OffloadingConnector over a
+    ``CPUOffloadingManager``; ``vllm/v1/kv_offload/cpu/spec.py`` and ``.../offloading/config.py``).
+
+    ``num_cpu_chunks`` is the tier's capacity in chunks of ``blocks_per_chunk`` GPU blocks (resolved
+    above the core from GiB or given directly); ``policy`` is the manager's ``eviction_policy``;
+    ``offload_prompt_only`` and ``store_threshold`` are the connector's extra-config keys of the same
+    names (defaults: vLLM's)."""
+
+    num_cpu_chunks: int
+    blocks_per_chunk: int = 1
+    policy: Literal["lru", "arc"] = "lru"
+    offload_prompt_only: bool = True
+    store_threshold: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class CacheConfig:
     """KV cache knobs: pool size in blocks (block 0 is the null block) and prefix caching."""
 
@@ -44,3 +61,5 @@ class CacheConfig:
     kv_groups: tuple[KVGroupSpec, ...] = ()
     hash_block_size: int | None = None
     pool_impl: str = "compiled"  # sim.core.pool_impl: the compiled block pool, or "python" (its oracle)
+    # vLLM 0.33.0's CPU offload tier behind the KV connector (None: no connector, the untiered engine)
+    offload: OffloadConfig | None = None
