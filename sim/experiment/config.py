@@ -38,6 +38,7 @@ from sim.core.kv_cache_spec import KVGroupSpec, check_groups
 from sim.experiment.block_size_rule import check_block_size
 from sim.experiment.cluster_config import ROUTER_TAGS, ClusterConfig
 from sim.experiment.config_error import ConfigError
+from sim.experiment.offload_tier import check_offload_keys, check_offload_size
 from sim.experiment.overrides import (  # noqa: F401  (re-exported: callers import them from here)
     apply_overrides,
     blame_override,
@@ -104,6 +105,10 @@ class KVCacheGroupConfig(_Strict):
         return self
 
 
+def _unset(value: Any) -> bool:
+    return value is None
+
+
 class EngineConfig(_Strict):
     """vLLM engine knobs (defaults: vLLM 0.25.1's LLM-class defaults on a >=70 GiB GPU, but
     ``max_num_batched_tokens`` 8192 / ``max_num_seqs`` 256, the API-server-like H100 setting)."""
@@ -132,6 +137,22 @@ class EngineConfig(_Strict):
     # pool sizing is not modelled).
     kv_cache_groups: tuple[KVCacheGroupConfig, ...] | None = None
     hash_block_size: Annotated[int, Field(gt=0)] | None = None  # hybrid only; default: GCD of group sizes
+    # vLLM 0.33.0's native CPU offload tier (sim.experiment.offload_tier, which says what each key mirrors);
+    # left out of the resolved config when unset, so untiered configs keep their point keys
+    kv_offloading_size: float | None = Field(default=None, exclude_if=_unset)  # GiB
+    num_cpu_blocks: Annotated[int, Field(gt=0)] | None = Field(default=None, exclude_if=_unset)  # chunks
+    kv_offloading_policy: Literal["lru", "arc"] | None = Field(default=None, exclude_if=_unset)  # default lru
+    kv_offloading_block_size: Annotated[int, Field(gt=0)] | None = Field(default=None, exclude_if=_unset)
+    offload_prompt_only: bool | None = Field(default=None, exclude_if=_unset)  # default true
+    store_threshold: Annotated[int, Field(ge=0)] | None = Field(default=None, exclude_if=_unset)  # default 0
+    offload_bandwidth_gb_s: Annotated[float, Field(gt=0)] | None = Field(default=None, exclude_if=_unset)
+
+    _offload_size = field_validator("kv_offloading_size")(check_offload_size)
+
+    @model_validator(mode="after")
+    def _offload_valid(self) -> EngineConfig:
+        check_offload_keys(self)
+        return self
 
     @model_validator(mode="after")
     def _kv_cache_groups_valid(self) -> EngineConfig:
@@ -171,10 +192,6 @@ class StepNoiseConfig(_Strict):
     kind: Literal["lognormal"] = "lognormal"
     sigma: Annotated[float, Field(ge=0, le=2)] = DEFAULT_SIGMA
     seed: int | None = None
-
-
-def _unset(value: Any) -> bool:
-    return value is None
 
 
 class _Latency(_Strict):

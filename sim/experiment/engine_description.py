@@ -26,10 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
-from sim.core.config import CacheConfig, SchedulerConfig
+from sim.core.config import CacheConfig, OffloadConfig, SchedulerConfig
 from sim.core.hashing import BlockHasher, make_block_hasher
 from sim.core.kv_cache_spec import KVGroupSpec, blocks_for_one_sequence, cdiv, resolve_block_sizes
 from sim.experiment.config import ConfigError, ExperimentConfig
+from sim.experiment.offload_tier import offload_bandwidth_gb_s, resolve_offload
 from sim.timing.roofline import GIB, GPUSpec, ModelSpec, kv_cache_blocks, load_gpu_spec, load_model_spec
 
 
@@ -60,6 +61,15 @@ class EngineDescription:
     hash_seed: int
     scheduler_config: SchedulerConfig
     cache_config: CacheConfig
+    # the CPU offload tier (None: none): its chunks are cache_config.offload; a transfer moves
+    # kv_bytes_per_block bytes per GPU block over a link of offload_bandwidth_gb_s (GB/s per direction)
+    kv_bytes_per_block: int = 0
+    offload_bandwidth_gb_s: float = 0.0
+
+    @property
+    def offload(self) -> OffloadConfig | None:
+        """The CPU offload tier (``sim.experiment.offload_tier``), or None."""
+        return self.cache_config.offload
 
     @property
     def single_full_group(self) -> bool:
@@ -170,9 +180,10 @@ def resolve(cfg: ExperimentConfig) -> EngineDescription:
         watermark=e.watermark,
         async_scheduling=e.async_scheduling,
     )
+    offload = resolve_offload(e, cfg.source, cfg.model, model, block_size)
     cache_config = CacheConfig(block_size, num_blocks, e.enable_prefix_caching, e.use_eagle,
                                kv_groups=groups if hybrid else (), hash_block_size=e.hash_block_size,
-                               pool_impl=e.pool_impl)
+                               pool_impl=e.pool_impl, offload=offload)
     return EngineDescription(
         kv_groups=groups,
         hybrid=hybrid,
@@ -186,4 +197,7 @@ def resolve(cfg: ExperimentConfig) -> EngineDescription:
         hash_seed=e.hash_seed,
         scheduler_config=scheduler_config,
         cache_config=cache_config,
+        kv_bytes_per_block=0 if offload is None else model().kv_bytes_per_block(block_size),
+        offload_bandwidth_gb_s=0.0 if offload is None else offload_bandwidth_gb_s(
+            e, lambda: gpu_spec(cfg).host_link_gb_s),
     )

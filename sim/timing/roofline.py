@@ -117,9 +117,10 @@ class GPUSpec:
     mfu_prefill: float = 0.6
     mbu_decode: float = 0.8
     step_overhead_s: float = 0.004
+    host_link_gb_s: float = 55.0  # GPU<->CPU copy bandwidth per direction, GB/s (gpus.yaml says where from)
 
     def __post_init__(self) -> None:
-        for f in ("memory_gib", "hbm_bandwidth_tbps", "bf16_tflops"):
+        for f in ("memory_gib", "hbm_bandwidth_tbps", "bf16_tflops", "host_link_gb_s"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"GPU spec {self.name!r}: {f} must be > 0")
         for f in ("mfu_prefill", "mbu_decode"):
