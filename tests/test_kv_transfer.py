@@ -1,0 +1,96 @@
+"""The offload tier's worker on the clock (``sim.replay.kv_transfer``) and its link
+(``sim.timing.transfer_link``), as an executable spec of vLLM 0.33.0's OffloadingConnectorWorker
+order: flushed and deferred stores at the step's start, then loads, then this step's stores
+deferred to the next step; nothing reported before the next step's output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from sim.replay.kv_transfer import LinkKVWorker
+from sim.timing.transfer_link import TransferLink
+
+MB = 10**6
+
+
+@dataclass(frozen=True)
+class Job:
+    request_id: str
+    num_blocks: int
+
+
+@dataclass
+class Meta:
+    load_jobs: dict[int, Job] = field(default_factory=dict)
+    store_jobs: dict[int, Job] = field(default_factory=dict)
+    jobs_to_flush: set[int] = field(default_factory=set)
+
+
+def _worker(gb_s: float = 1.0, latency_s: float = 0.0) -> LinkKVWorker:
+    return LinkKVWorker(TransferLink(gb_s, latency_s), bytes_per_block=MB)  # 1 ms per block at 1 GB/s
+
+
+def test_link_is_fifo_and_charges_bytes_over_bandwidth_plus_latency() -> None:
+    link = TransferLink(2.0, latency_s=0.001)
+    assert link.submit(0.0, 2 * 10**9) == pytest.approx(1.001)
+    assert link.submit(0.5, 0) == pytest.approx(1.002)  # waits behind the first
+    assert link.submit(5.0, 10**9) == pytest.approx(5.501)
+    assert link.bytes_moved == 3 * 10**9
+    with pytest.raises(ValueError, match="bandwidth must be > 0"):
+        TransferLink(0.0)
+
+
+def test_fast_link_reports_every_job_exactly_one_step_later() -> None:
+    w = _worker(gb_s=1e9)
+    assert w.start_step(0, 0.0, Meta(load_jobs={1: Job("a", 4)}, store_jobs={2: Job("b", 2)})) == 0.0
+    assert w.finish_step(0, 0.01).completed_jobs == set()  # never in the carrying step's own output
+    w.start_step(1, 0.01, None)  # the deferred store goes on the link now
+    rep = w.finish_step(1, 0.02)
+    assert rep.completed_jobs == {1, 2} and rep.finished_recving == {"a"}
+    assert not w.has_pending()
+
+
+def test_stores_are_submitted_at_the_next_steps_start_behind_nothing_of_their_own_step() -> None:
+    w = _worker()
+    w.start_step(0, 0.0, Meta(store_jobs={7: Job("a", 10)}))  # 10 ms of store, deferred
+    assert w.in_flight == {} and w.has_pending()
+    w.start_step(1, 1.0, Meta())
+    assert w.in_flight[7].done_at == pytest.approx(1.010)
+    assert w.finish_step(1, 1.005).completed_jobs == set()  # still on the link at the step's end
+    assert w.finish_step(2, 1.020).completed_jobs == {7}
+
+
+def test_a_load_waits_behind_stores_already_on_the_link() -> None:
+    w = _worker()
+    w.start_step(0, 0.0, Meta(store_jobs={1: Job("a", 100)}))
+    w.start_step(1, 0.0, Meta(load_jobs={2: Job("b", 1)}))  # the store (100 ms) goes first
+    assert w.in_flight[2].done_at == pytest.approx(0.101)
+    assert w.finish_step(1, 0.05).completed_jobs == set()
+    rep = w.finish_step(2, 0.2)
+    assert rep.completed_jobs == {1, 2} and rep.finished_recving == {"b"}
+
+
+def test_flushed_jobs_delay_the_forward_and_complete_in_their_own_step() -> None:
+    w = _worker()
+    meta = Meta(store_jobs={3: Job("p", 20), 4: Job("q", 5)}, jobs_to_flush={3})
+    wait = w.start_step(0, 0.0, meta)
+    assert wait == pytest.approx(0.020)  # the preempted request's store, waited for before the forward
+    assert w.flush_wait_s == pytest.approx(0.020)
+    rep = w.finish_step(0, wait + 0.01)
+    assert rep.completed_jobs == {3}  # job 4 is deferred to the next step's start
+    w.start_step(1, 0.03, None)
+    assert w.finish_step(1, 0.04).completed_jobs == {4}
+
+
+def test_an_empty_step_polls_until_the_first_job_it_may_report() -> None:
+    w = _worker()
+    w.start_step(0, 0.0, Meta(load_jobs={1: Job("a", 50)}))
+    assert w.idle_until(0, 0.0) == 0.0  # a load is never reported in its own step: no wait
+    w.start_step(1, 0.0, None)
+    end = w.idle_until(1, 0.0)
+    assert end == pytest.approx(0.050)
+    assert w.finish_step(1, end).finished_recving == {"a"}
+    assert w.idle_until(2, end) == end and not w.has_pending()
+    assert (w.num_loads, w.load_bytes, w.num_stores, w.store_bytes) == (1, 50 * MB, 0, 0)
