@@ -5,27 +5,27 @@ deferred to the next step; nothing reported before the next step's output."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 
+from sim.core.offload.transfer import KVConnectorMetadata, TransferJob
 from sim.replay.kv_transfer import LinkKVWorker
 from sim.timing.transfer_link import TransferLink
 
 MB = 10**6
 
 
-@dataclass(frozen=True)
-class Job:
-    request_id: str
-    num_blocks: int
+def meta(load_jobs: dict[int, tuple[str, int]] | None = None, store_jobs: dict[int, tuple[str, int]] | None = None,
+         jobs_to_flush: set[int] | None = None) -> KVConnectorMetadata:
+    """A step's metadata from ``{job_id: (request_id, num_blocks)}`` maps."""
+    return KVConnectorMetadata(
+        [TransferJob(j, r, "load", n) for j, (r, n) in (load_jobs or {}).items()],
+        [TransferJob(j, r, "store", n, j in (jobs_to_flush or set())) for j, (r, n) in (store_jobs or {}).items()],
+        set(jobs_to_flush or ()),
+    )
 
 
-@dataclass
-class Meta:
-    load_jobs: dict[int, Job] = field(default_factory=dict)
-    store_jobs: dict[int, Job] = field(default_factory=dict)
-    jobs_to_flush: set[int] = field(default_factory=set)
+def job(request_id: str, num_blocks: int) -> tuple[str, int]:
+    return (request_id, num_blocks)
 
 
 def _worker(gb_s: float = 1.0, latency_s: float = 0.0) -> LinkKVWorker:
@@ -44,7 +44,7 @@ def test_link_is_fifo_and_charges_bytes_over_bandwidth_plus_latency() -> None:
 
 def test_fast_link_reports_every_job_exactly_one_step_later() -> None:
     w = _worker(gb_s=1e9)
-    assert w.start_step(0, 0.0, Meta(load_jobs={1: Job("a", 4)}, store_jobs={2: Job("b", 2)})) == 0.0
+    assert w.start_step(0, 0.0, meta(load_jobs={1: job("a", 4)}, store_jobs={2: job("b", 2)})) == 0.0
     assert w.finish_step(0, 0.01).completed_jobs == set()  # never in the carrying step's own output
     w.start_step(1, 0.01, None)  # the deferred store goes on the link now
     rep = w.finish_step(1, 0.02)
@@ -54,9 +54,9 @@ def test_fast_link_reports_every_job_exactly_one_step_later() -> None:
 
 def test_stores_are_submitted_at_the_next_steps_start_behind_nothing_of_their_own_step() -> None:
     w = _worker()
-    w.start_step(0, 0.0, Meta(store_jobs={7: Job("a", 10)}))  # 10 ms of store, deferred
+    w.start_step(0, 0.0, meta(store_jobs={7: job("a", 10)}))  # 10 ms of store, deferred
     assert w.in_flight == {} and w.has_pending()
-    w.start_step(1, 1.0, Meta())
+    w.start_step(1, 1.0, meta())
     assert w.in_flight[7].done_at == pytest.approx(1.010)
     assert w.finish_step(1, 1.005).completed_jobs == set()  # still on the link at the step's end
     assert w.finish_step(2, 1.020).completed_jobs == {7}
@@ -64,8 +64,8 @@ def test_stores_are_submitted_at_the_next_steps_start_behind_nothing_of_their_ow
 
 def test_a_load_waits_behind_stores_already_on_the_link() -> None:
     w = _worker()
-    w.start_step(0, 0.0, Meta(store_jobs={1: Job("a", 100)}))
-    w.start_step(1, 0.0, Meta(load_jobs={2: Job("b", 1)}))  # the store (100 ms) goes first
+    w.start_step(0, 0.0, meta(store_jobs={1: job("a", 100)}))
+    w.start_step(1, 0.0, meta(load_jobs={2: job("b", 1)}))  # the store (100 ms) goes first
     assert w.in_flight[2].done_at == pytest.approx(0.101)
     assert w.finish_step(1, 0.05).completed_jobs == set()
     rep = w.finish_step(2, 0.2)
@@ -74,7 +74,7 @@ def test_a_load_waits_behind_stores_already_on_the_link() -> None:
 
 def test_flushed_jobs_delay_the_forward_and_complete_in_their_own_step() -> None:
     w = _worker()
-    meta = Meta(store_jobs={3: Job("p", 20), 4: Job("q", 5)}, jobs_to_flush={3})
+    meta = meta(store_jobs={3: job("p", 20), 4: job("q", 5)}, jobs_to_flush={3})
     wait = w.start_step(0, 0.0, meta)
     assert wait == pytest.approx(0.020)  # the preempted request's store, waited for before the forward
     assert w.flush_wait_s == pytest.approx(0.020)
@@ -86,7 +86,7 @@ def test_flushed_jobs_delay_the_forward_and_complete_in_their_own_step() -> None
 
 def test_an_empty_step_polls_until_the_first_job_it_may_report() -> None:
     w = _worker()
-    w.start_step(0, 0.0, Meta(load_jobs={1: Job("a", 50)}))
+    w.start_step(0, 0.0, meta(load_jobs={1: job("a", 50)}))
     assert w.idle_until(0, 0.0) == 0.0  # a load is never reported in its own step: no wait
     w.start_step(1, 0.0, None)
     end = w.idle_until(1, 0.0)

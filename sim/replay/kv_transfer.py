@@ -30,7 +30,7 @@ Imports neither simpy nor torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,8 +38,11 @@ from sim.timing.transfer_link import TransferLink
 
 
 class TransferJobLike(Protocol):
-    """One planned transfer (``sim.core.offload``'s job): the request and the GPU blocks it moves."""
+    """One planned transfer (``sim.core.offload.transfer.TransferJob``): its id, request and the GPU
+    blocks it moves."""
 
+    @property
+    def job_id(self) -> int: ...
     @property
     def request_id(self) -> str: ...
     @property
@@ -47,12 +50,13 @@ class TransferJobLike(Protocol):
 
 
 class ConnectorMetadataLike(Protocol):
-    """One step's connector metadata: vLLM's ``OffloadingConnectorMetadata`` fields."""
+    """One step's connector metadata: vLLM's ``OffloadingConnectorMetadata`` fields
+    (``sim.core.offload.transfer.KVConnectorMetadata``)."""
 
     @property
-    def load_jobs(self) -> Mapping[int, TransferJobLike]: ...
+    def load_jobs(self) -> Sequence[TransferJobLike]: ...
     @property
-    def store_jobs(self) -> Mapping[int, TransferJobLike]: ...
+    def store_jobs(self) -> Sequence[TransferJobLike]: ...
     @property
     def jobs_to_flush(self) -> set[int] | frozenset[int]: ...
 
@@ -107,9 +111,10 @@ class LinkKVWorker:
         step's forward waits for its flushed jobs."""
         flush = meta.jobs_to_flush if meta is not None else ()
         # 1. handle_preemptions: this step's flushed stores join the deferred ones, all submitted now
-        for job_id in flush:
-            if meta is not None and job_id in meta.store_jobs:
-                self._deferred_stores.append((job_id, meta.store_jobs[job_id], step))
+        if meta is not None and flush:
+            for job in meta.store_jobs:
+                if job.job_id in flush:
+                    self._deferred_stores.append((job.job_id, job, step))
         for job_id, job, first_report in self._deferred_stores:
             self._submit(job_id, job, now, first_report, load=False)
         self._deferred_stores.clear()
@@ -122,12 +127,12 @@ class LinkKVWorker:
         self.flush_wait_s += wait
         if meta is not None:
             # 2. start_kv_transfers: loads go on the link after the flush (reported from the next step on)
-            for job_id, job in meta.load_jobs.items():
-                self._submit(job_id, job, now + wait, step + 1, load=True)
+            for job in meta.load_jobs:
+                self._submit(job.job_id, job, now + wait, step + 1, load=True)
             # 4. prepare_store_kv: the other stores wait for the next step's start
-            for job_id, job in meta.store_jobs.items():
-                if job_id not in flush:
-                    self._deferred_stores.append((job_id, job, step + 1))
+            for job in meta.store_jobs:
+                if job.job_id not in flush:
+                    self._deferred_stores.append((job.job_id, job, step + 1))
         return wait
 
     def idle_until(self, step: int, now: float) -> float:
