@@ -74,8 +74,8 @@ def test_a_load_waits_behind_stores_already_on_the_link() -> None:
 
 def test_flushed_jobs_delay_the_forward_and_complete_in_their_own_step() -> None:
     w = _worker()
-    meta = meta(store_jobs={3: job("p", 20), 4: job("q", 5)}, jobs_to_flush={3})
-    wait = w.start_step(0, 0.0, meta)
+    step_meta = meta(store_jobs={3: job("p", 20), 4: job("q", 5)}, jobs_to_flush={3})
+    wait = w.start_step(0, 0.0, step_meta)
     assert wait == pytest.approx(0.020)  # the preempted request's store, waited for before the forward
     assert w.flush_wait_s == pytest.approx(0.020)
     rep = w.finish_step(0, wait + 0.01)
