@@ -164,6 +164,58 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
             self.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
         return new_blocks
 
+    def allocate_for_load(
+        self,
+        request: Request,
+        num_local_computed_tokens: int,
+        new_computed_blocks: HitBlocks,
+        num_external_computed_tokens: int,
+        full_sequence_must_fit: bool,
+        reserved_blocks: int,
+        has_scheduled_reqs: bool,
+    ) -> bool:
+        """Changes state: vLLM 0.33.0's ``allocate_slots(request, 0, local, hits,
+        num_external_computed_tokens=ext, delay_cache_blocks=True, reserved_blocks=...)`` for a
+        waiting request whose CPU hit loads asynchronously: the hits are touched and appended, then
+        fresh blocks for the external tokens are popped, and nothing is cached (the caller caches
+        them once the load lands). The allocation must leave ``reserved_blocks`` free (the
+        remaining blocks of in-flight prefills). False (nothing touched) if it does not fit."""
+        rid = request.request_id
+        hits = new_computed_blocks[0] if new_computed_blocks else _NO_BLOCKS
+        watermark_blocks = 0
+        if has_scheduled_reqs and (request.status == WAITING or request.status == PREEMPTED):
+            watermark_blocks = self.watermark_blocks
+        num_total = num_local_computed_tokens + num_external_computed_tokens
+        num_need_slot = min(request.num_computed_tokens + num_total, self.max_model_len)
+        num_free = self.block_pool.get_num_free_blocks()
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            if self._num_blocks_to_allocate(rid, full, hits) + watermark_blocks > num_free:
+                return False
+        if self._num_blocks_to_allocate(rid, num_need_slot, hits) + watermark_blocks > num_free - reserved_blocks:
+            return False
+        obs = self.block_pool.observer
+        if obs is not None:
+            obs.on_allocate(request, num_local_computed_tokens)
+        req_blocks = self.req_to_blocks.setdefault(rid, [])
+        if self.enable_caching and hits:
+            self.block_pool.touch(hits)
+        req_blocks.extend(hits)
+        self.num_cached_block[rid] = len(req_blocks)
+        # vLLM allocate_external_computed_blocks, then allocate_new_blocks (nothing left for a
+        # load: the external blocks cover every computed token)
+        n = max(cdiv(num_total, self.block_size), cdiv(num_need_slot, self.block_size)) - len(req_blocks)
+        if n > 0:
+            req_blocks.extend(self.block_pool.get_new_blocks(n))
+        return True
+
+    def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
+        """Changes state: forget the request's blocks without returning them to the pool (vLLM
+        0.33.0 ``pop_blocks_for_free``, async scheduling's deferred free); the caller frees them
+        later in reverse order. The blocks in allocation order."""
+        self.num_cached_block.pop(request_id, None)
+        return self.req_to_blocks.pop(request_id, [])
+
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
         req_blocks = self.req_to_blocks.setdefault(request_id, [])
         n = -(-num_tokens // self.block_size) - len(req_blocks)  # cdiv, inlined (decode fast-forward)

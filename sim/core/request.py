@@ -106,8 +106,11 @@ def _checked_prompt(request_id: str, prompt: np.ndarray) -> np.ndarray:
 
 
 class RequestStatus(enum.IntEnum):
-    """vLLM's ``RequestStatus`` subset; anything after ``PREEMPTED`` is finished."""
+    """vLLM's ``RequestStatus`` subset; anything after ``PREEMPTED`` is finished.
+    ``WAITING_FOR_REMOTE_KVS`` (a waiting request whose CPU-tier load is in flight, vLLM 0.33.0's
+    offload connector) is numbered 0 so the other members keep their values."""
 
+    WAITING_FOR_REMOTE_KVS = 0
     WAITING = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
@@ -128,6 +131,8 @@ WAITING = RequestStatus.WAITING
 RUNNING = RequestStatus.RUNNING
 PREEMPTED = RequestStatus.PREEMPTED
 FINISHED_LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED
+FINISHED_ABORTED = RequestStatus.FINISHED_ABORTED
+WAITING_FOR_REMOTE_KVS = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
 class Request:
@@ -161,6 +166,9 @@ class Request:
         "is_prefill_chunk",
         "_hasher",
         "_runs_checked",
+        "num_external_computed_tokens",
+        "num_steps_waiting_for_kv",
+        "last_sched_seq",
     )
 
     def __init__(
@@ -224,6 +232,12 @@ class Request:
         self.is_prefill_chunk = False
         self._hasher = hasher
         self._runs_checked = False
+        # the CPU offload tier (vLLM 0.33.0's connector path; 0 without one): the CPU-hit tokens
+        # of the first admission, the schedule() steps spent in WAITING_FOR_REMOTE_KVS over all
+        # loads, and the last step that scheduled it (async scheduling's deferred block frees)
+        self.num_external_computed_tokens = 0
+        self.num_steps_waiting_for_kv = 0
+        self.last_sched_seq = 0
 
     # -- token views --------------------------------------------------------------------------
     @property

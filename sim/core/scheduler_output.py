@@ -3,7 +3,8 @@ vLLM 0.25.1's ``vllm/v1/core/sched/output.py``, reduced to what prefix caching a
 
 Invariants: ``scheduled`` is in vLLM's ``num_scheduled_tokens`` order (running requests, then
 admissions); ``total_num_scheduled_tokens`` is the sum of their ``num_new_tokens``; an admitted
-request's ``new_blocks`` are all its blocks (hits included), a running one's only the new ones.
+request's ``new_blocks`` are all its blocks (hits included), a running one's only the new ones;
+``kv_connector_metadata`` is None exactly when the scheduler has no offload connector.
 Imports neither simpy nor torch.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.kv_cache_block import KVCacheBlock
+from sim.core.offload.transfer import KVConnectorMetadata
 from sim.core.request import Request
 
 
@@ -25,7 +27,8 @@ class ScheduledRequest:
     num_computed_before: int
     new_blocks: list[KVCacheBlock]  # admitted: all its blocks (hits included); running: new ones
     admitted: bool = False  # moved from waiting to running in this step
-    hit_tokens: int = 0  # prefix-cache hit granted at this admission
+    hit_tokens: int = 0  # prefix-cache hit granted at this admission (the GPU hit)
+    external_hit_tokens: int = 0  # CPU-tier hit (offload connector) loaded for this admission
     samples: bool = False  # this step completes the prefill, so the model samples a token
 
     @property
@@ -44,6 +47,8 @@ class SchedulerOutput:
     finished_req_ids: set[str]
     total_num_scheduled_tokens: int
     shape: Any = None  # the step's StepShape, memoised by sim.core.executor.step_shape
+    # the offload connector's loads, stores and flushes of this step (None: no connector)
+    kv_connector_metadata: KVConnectorMetadata | None = None
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:

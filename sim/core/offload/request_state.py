@@ -1,0 +1,65 @@
+"""The connector's per-request state (mirrors vLLM 0.33.0's ``RequestOffloadState`` /
+``RequestGroupState`` / ``TransferJobStatus`` of ``distributed/kv_transfer/kv_connector/v1/
+offloading/scheduler.py``, for one full-attention KV group).
+
+Invariants: ``keys[i]`` is the hash of the request's GPU block ``(i + 1) * blocks_per_chunk - 1``
+(full chunks only) and its position is ``(i + 1) * tokens_per_chunk``; ``block_ids`` is the
+request's GPU block table as the scheduler reported it (cleared at every lookup, whole on admission,
+extended by each step's new blocks); ``next_stored_chunk_idx`` only grows between lookups; at any
+time ``transfer_jobs`` holds either one load or any number of stores. Imports nothing from the
+project beyond ``sim.core.request`` and this package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.core.offload.policy import OffloadKey, ReqContext
+from sim.core.request import Request
+
+
+@dataclass(slots=True)
+class JobStatus:
+    """One in-flight job: its request, its keys (for complete_store/complete_load) and, for a store,
+    its source GPU blocks (watched for re-allocation once the request has finished)."""
+
+    req_id: str
+    keys: list[OffloadKey]
+    is_store: bool
+    source_block_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RequestOffloadState:
+    """What the connector tracks for one request, from ``add_request`` until it finished and its
+    jobs completed."""
+
+    req: Request
+    ctx: ReqContext
+    keys: list[OffloadKey] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    next_stored_chunk_idx: int = 0
+    num_locally_computed_tokens: int = 0  # the GPU hit of the last lookup
+    num_loaded_tokens: int = 0  # the CPU hit of the last load (0: none)
+    load_step: int = -1  # the schedule() step that started the last load
+    transfer_jobs: set[int] = field(default_factory=set)
+    finished_signaled: bool = False
+
+    def update_offload_keys(self, hashes_per_chunk: int, tokens_per_chunk: int) -> None:
+        """Extend ``keys`` with the request's newly full chunks (vLLM ``update_offload_keys``)."""
+        keys = self.keys
+        positions = self.ctx.key_positions
+        hashes = self.req.block_hashes
+        for h in hashes[hashes_per_chunk * (len(keys) + 1) - 1 :: hashes_per_chunk]:
+            keys.append(h)
+            positions[h] = len(keys) * tokens_per_chunk
+
+    def storable_chunks(self, num_offloadable_tokens: int, tokens_per_chunk: int, blocks_per_chunk: int) -> int:
+        """Query: leading chunks that are computed, allocated and keyed (vLLM ``storable_chunks``)."""
+        return min(num_offloadable_tokens // tokens_per_chunk, len(self.block_ids) // blocks_per_chunk, len(self.keys))
+
+    def advance_stored_idx(self, num_offloadable_tokens: int, tokens_per_chunk: int, blocks_per_chunk: int) -> None:
+        """Skip the chunks nothing needs to store (vLLM ``advance_stored_idx``; never backwards)."""
+        self.next_stored_chunk_idx = max(
+            self.next_stored_chunk_idx, self.storable_chunks(num_offloadable_tokens, tokens_per_chunk, blocks_per_chunk)
+        )
