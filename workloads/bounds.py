@@ -158,7 +158,9 @@ class BlockReferences:
     """The block reference string of a request stream at one block size.
 
     ``ids[start[r]:start[r] + length[r]]`` are request ``r``'s block keys (dense ints, chain order);
-    its first ``lookup[r]`` of them are looked up; ``prompt_tokens`` is the sum of prompt lengths.
+    its first ``lookup[r]`` of them are looked up; ``prompt_tokens`` is the sum of prompt lengths;
+    ``prompt_blocks[r]`` of its keys are full prompt blocks and ``reads_cache[r]`` is False for a
+    ``prompt_logprobs`` request (both for ``workloads.tier_bounds``; None when built by hand).
     """
 
     block_size: int
@@ -167,6 +169,8 @@ class BlockReferences:
     length: np.ndarray  # int64, per request
     lookup: np.ndarray  # int64, per request
     prompt_tokens: int
+    prompt_blocks: np.ndarray | None = None  # int64, per request
+    reads_cache: np.ndarray | None = None  # bool, per request
 
     @property
     def num_requests(self) -> int:
@@ -220,6 +224,8 @@ def block_references(
     chunks: list[np.ndarray] = []
     lengths: list[int] = []
     lookups: list[int] = []
+    prompt_blocks: list[int] = []
+    reads: list[bool] = []
     prompt_tokens = 0
     for req in requests:
         prompt = token_array(req.tokens)
@@ -227,6 +233,8 @@ def block_references(
         keys, lookup = request_block_keys(req, hasher, prompt, include_outputs)
         lengths.append(len(keys))
         lookups.append(lookup)
+        prompt_blocks.append(min(len(keys), int(prompt.size) // block_size))
+        reads.append(not req.prompt_logprobs)
         if keys:
             chunks.append(np.frombuffer(b"".join(keys), dtype=f"S{_KEY_BYTES}"))
     raw = np.concatenate(chunks) if chunks else np.zeros(0, dtype=f"S{_KEY_BYTES}")
@@ -235,7 +243,8 @@ def block_references(
     start = np.zeros(length.size, dtype=np.int64)
     if length.size:
         start[1:] = np.cumsum(length)[:-1]
-    return BlockReferences(block_size, ids, start, length, np.asarray(lookups, dtype=np.int64), prompt_tokens)
+    return BlockReferences(block_size, ids, start, length, np.asarray(lookups, dtype=np.int64), prompt_tokens,
+                           np.asarray(prompt_blocks, dtype=np.int64), np.asarray(reads, dtype=bool))
 
 
 def _dense_ids(raw: np.ndarray) -> np.ndarray:

@@ -9,7 +9,12 @@ block size and pool of the point's :class:`~sim.experiment.engine_description.En
   sliding-window and hybrid pools); ``belady_hit_rate`` and ``lru_sequential_hit_rate`` at capacity
   ``num_gpu_blocks - 1`` only when the pool holds one full-attention group, NaN otherwise (their
   model is one pool of equal blocks, which several groups competing for it, or a window freeing
-  blocks, break). Sweep rows and ``apcsim run``'s ``summary.json`` carry these.
+  blocks, break). With a CPU offload tier (``engine.offload``) also the two-tier references of
+  ``workloads.tier_bounds``, each with its GPU and CPU parts: ``two_tier_infinite_hit_rate``
+  (``_gpu_hit_rate``, ``_cpu_hit_rate``: both tiers never evict) and
+  ``two_tier_<policy>_sequential_hit_rate`` (with its parts; the sequential LRU GPU pool plus the
+  CPU tier under its ``lru`` or ``arc`` policy; NaN without one full-attention group). Sweep rows and
+  ``apcsim run``'s ``summary.json`` carry these.
 * :func:`limit_references` -- what the diagnosis of ``apcsim run`` (``sim.analysis.diagnosis``)
   needs to tell isolation and block granularity apart from the workload:
   ``infinite_cache_hit_rate_shared`` (the infinite cache with every ``cache_salt`` and LoRA name
@@ -42,6 +47,7 @@ from sim.experiment.config import ExperimentConfig
 from sim.experiment.engine_description import EngineDescription
 from sim.experiment.workload import build_workload, stream_key
 from workloads.bounds import BlockReferences, HitBound, block_references, infinite_hit_rate, offline_bounds
+from workloads.tier_bounds import tier_references
 from workloads.trace_format import TraceRequest
 
 FINE_BLOCK_SIZE = 16
@@ -95,11 +101,14 @@ def run_references(cfg: ExperimentConfig, engine: EngineDescription, shared: Sha
 
 def reference_hit_rates(cfg: ExperimentConfig, engine: EngineDescription,
                         shared: Shared | None = None) -> dict[str, float]:
-    """``infinite_cache_hit_rate``, ``belady_hit_rate`` and ``lru_sequential_hit_rate`` (see the
-    module docstring)."""
+    """``infinite_cache_hit_rate``, ``belady_hit_rate`` and ``lru_sequential_hit_rate`` and, with a
+    CPU offload tier, the two-tier references (see the module docstring)."""
     capacity = max(0, engine.num_gpu_blocks - 1) if engine.single_full_group else None
     entry = _references(cfg, engine, shared)
-    return offline_bounds(entry[0], capacity, infinite=_infinite(entry))
+    out = offline_bounds(entry[0], capacity, infinite=_infinite(entry))
+    if engine.offload is not None:  # a CPU offload tier: the two-tier references too
+        out.update(tier_references(entry[0], capacity, engine.offload))
+    return out
 
 
 def limit_references(cfg: ExperimentConfig, engine: EngineDescription, infinite: float) -> dict[str, Any]:
