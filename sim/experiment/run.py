@@ -28,11 +28,13 @@ from sim.experiment.results import run_metadata, write_results
 from sim.experiment.results_folder import ResultsFolder
 from sim.experiment.workload import build_workload
 from sim.replay.engine import Replay, ReplayResult
+from sim.replay.kv_transfer import LinkKVWorker
 from sim.timing.fitted_latency import FittedLatency
 from sim.timing.latency import FixedLatency, LatencyModel
 from sim.timing.roofline import RooflineLatency
 from sim.timing.simulated_executor import SimulatedExecutor
 from sim.timing.step_noise import StepNoise
+from sim.timing.transfer_link import TransferLink
 from workloads.registry import Workload
 from workloads.trace_format import TraceRequest
 
@@ -41,6 +43,14 @@ def build_scheduler(cfg: ExperimentConfig | EngineDescription) -> Scheduler:
     """The scheduler of a resolved engine (a config is resolved first)."""
     engine = cfg if isinstance(cfg, EngineDescription) else resolve(cfg)
     return Scheduler(engine.scheduler_config, engine.cache_config, engine.block_hasher())
+
+
+def build_kv_worker(engine: EngineDescription) -> LinkKVWorker | None:
+    """The CPU offload tier's worker on the clock (``sim.replay.kv_transfer``): its transfers cross
+    one link of the engine's ``offload_bandwidth_gb_s``; None without a tier."""
+    if engine.offload is None:
+        return None
+    return LinkKVWorker(TransferLink(engine.offload_bandwidth_gb_s), engine.kv_bytes_per_block)
 
 
 def build_latency(cfg: ExperimentConfig) -> LatencyModel:
@@ -103,6 +113,7 @@ def replay_experiment(
                               "nor a side-channel stream (one engine only)")
         fleet, workload = replay_cluster(cfg, executor_factory or simulated_executor, build_latency, **replay_kwargs)
         fleet.summary["skipped_bad_lines"] = workload.reader.skipped if workload.reader is not None else 0
+        fleet.summary["vllm_version"] = cfg.engine.vllm_version
         return fleet, workload
     engine = engine if engine is not None else resolve(cfg)
     scheduler = build_scheduler(engine)
@@ -118,6 +129,7 @@ def replay_experiment(
         record_events=cfg.replay.record_events,
         reject_invalid=cfg.replay.on_invalid_request == "reject",
         attribution=cfg.replay.attribution,
+        kv_worker=build_kv_worker(engine),
         **replay_kwargs,
     )
     result = replay.run()
@@ -126,6 +138,8 @@ def replay_experiment(
         workload.executor_info = describe()
     # what the loaders skipped (skip_bad_lines) is part of the result: summary.json, sweep rows
     result.summary["skipped_bad_lines"] = workload.reader.skipped if workload.reader is not None else 0
+    # whose metric semantics the summary follows (prefix_cache: every lookup, or each admission)
+    result.summary["vllm_version"] = cfg.engine.vllm_version
     return result, workload
 
 
@@ -137,6 +151,7 @@ def engine_facts(cfg: ExperimentConfig, engine: EngineDescription) -> dict[str, 
         "kv_pool_gib": engine.kv_pool_gib, "max_model_len": engine.max_model_len,
         "num_kv_groups": len(engine.kv_groups),
         "enable_prefix_caching": engine.cache_config.enable_prefix_caching,
+        "vllm_version": engine.profile.version,
     }
 
 
@@ -166,7 +181,7 @@ def run_experiment(
     with ResultsFolder(Path(out) if out is not None else cfg.results_dir()) as target:
         result, workload = replay_experiment(cfg, progress=progress, executor_factory=executor_factory, engine=engine)
         result.summary["engine"] = engine_facts(cfg, engine)
-        extra: dict[str, Any] = {"workload": workload.description}
+        extra: dict[str, Any] = {"workload": workload.description, "vllm_version": engine.profile.version}
         if bounds:
             from sim.experiment.bounds import limit_references, run_references
 

@@ -32,14 +32,14 @@ def async_steps(run: StepRunner) -> Iterator[Wait]:
     while True:
         run.intake.admit_due(run.clock.now)
         new: Launched | None = None
-        if sched.has_requests():
+        if run.has_requests():
             new = run.launch()
-            if new.out.is_empty() and sched.waiting and not sched.running and all(
+            if run.stalled(new) and sched.waiting and not sched.running and all(
                 launched.out.is_empty() for launched in in_flight
             ):
                 raise ReplayError(run.stall_message())
             in_flight.appendleft(new)
-            if len(in_flight) < 2 and sched.has_requests():
+            if len(in_flight) < 2 and run.has_requests():
                 yield new.result.duration_s  # don't wait for the in-flight batch
                 run.record_step(new, 0)
                 continue
@@ -49,7 +49,7 @@ def async_steps(run: StepRunner) -> Iterator[Wait]:
             yield None
             continue
         oldest = in_flight.pop()
-        finished = run.apply(oldest.out, oldest.result)
+        finished = run.apply(oldest.out, oldest.result, oldest.kv_output)
         if new is not None:
             yield new.result.duration_s
             run.record_step(new, finished)

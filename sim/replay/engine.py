@@ -50,10 +50,12 @@ from sim.replay.attribution import MissAttribution
 from sim.replay.errors import ReplayError
 from sim.replay.gc_policy import replay_gc
 from sim.replay.intake import ARRIVAL_EPS_S, RequestIntake
+from sim.replay.kv_transfer import LinkKVWorker
 from sim.replay.metrics import Frame, as_frame, summarize
 from sim.replay.recorder import ReplayRecorder
 from sim.replay.step_runner import StepRunner, Wait
 from sim.replay.sync_loop import sync_steps
+from sim.replay.tier_metrics import tier_summary
 from workloads.trace_format import TraceRequest
 
 if TYPE_CHECKING:  # pandas is imported only when a DataFrame is asked for (sim.replay.table)
@@ -196,6 +198,7 @@ class Replay:
         on_step: Callable[[Scheduler], None] | None = None,
         reject_invalid: bool = True,
         attribution: str = "off",
+        kv_worker: LinkKVWorker | None = None,
     ) -> None:
         if attribution not in ("off", "summary", "full"):
             raise ValueError(f"attribution must be off, summary or full, got {attribution!r}")
@@ -208,7 +211,13 @@ class Replay:
         self.runner = StepRunner(
             scheduler, executor, self.intake, self.rec, self.env, fast_forward=fast_forward,
             integrity_check=integrity_check, max_window_steps=max_window_steps, on_step=on_step,
+            kv_worker=kv_worker,
         )
+        if scheduler.tier is not None:  # the CPU offload tier: its request columns and summary keys
+            if kv_worker is None:
+                raise ValueError("a scheduler with a CPU offload tier needs a kv_worker (sim.replay.kv_transfer)")
+            self.rec.enable_tier()
+        self.kv_worker = kv_worker
         self._engine: LoopProcess | None = None
         self.events: list[tuple[int, Any]] = []
         if record_events:
@@ -245,6 +254,8 @@ class Replay:
         requests, steps = self.rec.tables()
         pool = self.scheduler.kv_cache_manager.block_pool
         summary = summarize(requests, steps, self.rec.stats, sim_time_s=self.env.now, num_evictions=pool.num_evictions)
+        if self.scheduler.tier is not None:
+            summary.update(tier_summary(self.scheduler.tier, self.kv_worker))
         blocks = None
         if self.attribution is not None:
             requests, blocks = self.attribution.tables(as_frame(requests), check=self.integrity_check)

@@ -16,7 +16,12 @@ from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import Request
 from sim.replay.column_table import NumericColumnTable
 from sim.replay.metrics import REQUEST_COLUMNS, STEP_COLUMNS, Frame, RecordTable, finalize_requests
-from sim.replay.table import Table
+from sim.replay.table import Table, typed_column
+
+TIER_COLUMNS = ("external_hit_tokens", "readmit_external_hit_tokens", "kv_wait_steps")
+"""The request columns of a replay with a CPU offload tier: the CPU tier's hit at first admission
+(``hit_tokens`` is the GPU's), the re-admissions' CPU hits (``;``-joined, like
+``readmit_hit_tokens``), and the steps the request spent in ``WAITING_FOR_REMOTE_KVS``."""
 
 _COL = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
 _FIRST_SCHEDULED, _FIRST_TOKEN, _FINISH = _COL["first_scheduled"], _COL["first_token"], _COL["finish"]
@@ -53,6 +58,13 @@ class ReplayRecorder:
         self._steps = NumericColumnTable(STEP_COLUMNS)
         self.stats = PrefixCacheStats()
         self._progress = _Progress(progress, total)
+        # with a CPU offload tier: request id -> [external_hit_tokens, readmit_external_hit_tokens,
+        # kv_wait_steps], the columns TIER_COLUMNS adds (None: no tier, no such columns)
+        self._tier: dict[str, list[Any]] | None = None
+
+    def enable_tier(self) -> None:
+        """Changes state: the request table gets the CPU tier's columns (``TIER_COLUMNS``)."""
+        self._tier = {}
 
     def new_request(
         self, request_id: str, arrival: float, prompt_tokens: int, output_tokens: int, salt: str | None,
@@ -68,16 +80,24 @@ class ReplayRecorder:
             salt, lora, tenant, session, prompt_logprobs, "rejected" if reject_reason else "", reject_reason or "",
         )
 
-    def admitted(self, request: Request, hit_tokens: int, now: float) -> None:
-        """First admission sets ``first_scheduled``/``hit_tokens``; later ones add a re-admission hit."""
+    def admitted(self, request: Request, hit_tokens: int, now: float, external_hit_tokens: int = 0) -> None:
+        """First admission sets ``first_scheduled``/``hit_tokens`` (and, with a tier, the CPU hit
+        ``external_hit_tokens``); later ones add a re-admission hit."""
         row = self._rows[request.request_id]
-        if row[_FIRST_SCHEDULED] is None:
+        first = row[_FIRST_SCHEDULED] is None
+        if first:
             row[_FIRST_SCHEDULED] = now
             row[_HIT_TOKENS] = hit_tokens
         else:
             prev = row[_READMIT]
             row[_READMIT] = f"{prev};{hit_tokens}" if prev else str(hit_tokens)
             row[_PREEMPTIONS] = request.num_preemptions
+        if self._tier is not None:
+            t = self._tier.setdefault(request.request_id, [0, "", 0])
+            if first:
+                t[0] = external_hit_tokens
+            else:
+                t[1] = f"{t[1]};{external_hit_tokens}" if t[1] else str(external_hit_tokens)
 
     def forget(self, request_id: str) -> None:
         """Drop an unfinished request's row (a replica that went down hands it to another one)."""
@@ -93,6 +113,8 @@ class ReplayRecorder:
         row[_STATUS] = "finished"
         row[_PREEMPTIONS] = request.num_preemptions
         row[_OUTPUT_TOKENS] = len(request.output_token_ids)
+        if self._tier is not None:
+            self._tier.setdefault(request.request_id, [0, "", 0])[2] = request.num_steps_waiting_for_kv
         self._progress.update(1)
 
     def step(self, *values: Any) -> None:
@@ -114,4 +136,14 @@ class ReplayRecorder:
         """(requests with the derived latency columns, steps): Tables (the requests a DataFrame in
         the corner case of ``finalize_requests``); ``.to_frame()`` of each, or
         :func:`sim.replay.metrics.as_frame`, gives the DataFrames."""
-        return finalize_requests(self._requests.to_table()), self._steps.to_table()
+        requests = finalize_requests(self._requests.to_table())
+        if self._tier is not None:
+            cols = list(zip(*(self._tier.get(row[0], (0, "", 0)) for row in self._requests.rows), strict=True))
+            values = dict(zip(TIER_COLUMNS, (list(c) for c in cols), strict=True)) if cols else {
+                name: [] for name in TIER_COLUMNS}
+            if isinstance(requests, Table):
+                requests = requests.with_columns(**{k: typed_column(v) for k, v in values.items()})
+            else:
+                for k, v in values.items():
+                    requests[k] = v
+        return requests, self._steps.to_table()

@@ -22,11 +22,13 @@ from typing import Protocol
 
 from sim.core.executor import Executor, StepResult, step_shape
 from sim.core.kv_cache_spec import cdiv
+from sim.core.offload.transfer import KVConnectorOutput
 from sim.core.scheduler import Scheduler
 from sim.core.scheduler_output import SchedulerOutput
 from sim.replay.decode_window import Window, plan_window
 from sim.replay.errors import ReplayError
 from sim.replay.intake import ARRIVAL_EPS_S, RequestIntake
+from sim.replay.kv_transfer import LinkKVWorker
 from sim.replay.recorder import ReplayRecorder
 
 Wait = float | None
@@ -50,6 +52,7 @@ class Launched:
     start: float
     n_running: int
     n_waiting: int
+    kv_output: KVConnectorOutput | None = None  # the offload tier's report of this step (None: no tier)
 
 
 class StepRunner:
@@ -67,6 +70,7 @@ class StepRunner:
         integrity_check: bool,
         max_window_steps: int,
         on_step: Callable[[Scheduler], None] | None,
+        kv_worker: LinkKVWorker | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.executor = executor
@@ -75,7 +79,10 @@ class StepRunner:
         self.clock = clock
         # the fast-forward needs an executor that prices a shape without running it, and the
         # synchronous scheduler (sim.replay.decode_window's precondition)
-        self.fast_forward = fast_forward and hasattr(executor, "price") and not scheduler.config.async_scheduling
+        # (and no offload tier: its transfers and connector bookkeeping run step by step)
+        self.fast_forward = (fast_forward and hasattr(executor, "price") and not scheduler.config.async_scheduling
+                             and kv_worker is None)
+        self.kv_worker = kv_worker
         self.integrity_check = integrity_check
         self.max_window_steps = max_window_steps
         self.on_step = on_step
@@ -95,16 +102,35 @@ class StepRunner:
             result = StepResult(0.0, result.sampled_token_ids)
         elif not result.duration_s > 0:
             raise ReplayError(f"executor returned a non-positive step time {result.duration_s}")
+        kv_output = None
+        if self.kv_worker is not None:
+            result, kv_output = self._transfers(out, result, start)
         for s in out.scheduled:
             if s.admitted:
-                self.rec.admitted(s.request, s.hit_tokens, start)
-        return Launched(out, result, start, len(sched.running), len(sched.waiting))
+                self.rec.admitted(s.request, s.hit_tokens, start, s.external_hit_tokens)
+        return Launched(out, result, start, len(sched.running), len(sched.waiting), kv_output)
 
-    def apply(self, out: SchedulerOutput, result: StepResult) -> int:
-        """``update_from_output`` at the current time; records first tokens and finishes."""
+    def _transfers(
+        self, out: SchedulerOutput, result: StepResult, start: float
+    ) -> tuple[StepResult, KVConnectorOutput]:
+        """The offload tier's transfers of a step (``sim.replay.kv_transfer``): the forward waits for
+        the flushed stores; an empty step lasts until the first job it may report lands (the engine
+        keeps stepping while transfers are pending, vLLM's ``has_pending_push_work``)."""
+        worker = self.kv_worker
+        assert worker is not None
+        wait = worker.start_step(out.step, start, out.kv_connector_metadata)
+        end = worker.idle_until(out.step, start + wait) if out.is_empty() else start + wait + result.duration_s
+        report = worker.finish_step(out.step, end)
+        duration = end - start
+        return StepResult(duration, result.sampled_token_ids), KVConnectorOutput(report.finished_recving,
+                                                                                  report.completed_jobs)
+
+    def apply(self, out: SchedulerOutput, result: StepResult, kv_output: KVConnectorOutput | None = None) -> int:
+        """``update_from_output`` at the current time (with the tier's report of the step, if any);
+        records first tokens and finishes."""
         sched = self.scheduler
         firsts = [s.request for s in out.scheduled if s.samples and not s.request.output_token_ids]
-        finished = sched.update_from_output(out, result.sampled_token_ids)
+        finished = sched.update_from_output(out, result.sampled_token_ids, kv_output)
         now = self.clock.now
         for r in firsts:
             if r.output_token_ids:
@@ -114,6 +140,29 @@ class StepRunner:
             r.release_tokens()
         self.rec.add_stats(sched.make_stats())
         return len(finished)
+
+    def busy(self) -> bool:
+        """Query: the synchronous engine has a step to run -- unfinished requests, or with an offload
+        tier anything :meth:`has_requests` counts (the connector's store pass and policy commit of a
+        finished request run in the step after it)."""
+        return self.scheduler.has_unfinished_requests() if self.kv_worker is None else self.has_requests()
+
+    def has_requests(self) -> bool:
+        """Query: vLLM's ``has_requests`` -- unfinished requests, finished ones not yet reported and,
+        with an offload tier, pending transfers (``has_pending_push_work``)."""
+        return self.scheduler.has_requests() or (self.kv_worker is not None and self.kv_worker.has_pending())
+
+    def stalled(self, launched: Launched) -> bool:
+        """Query: ``launched`` scheduled nothing, preempted nothing, and (with a tier) leaves no
+        transfer pending and reported none -- no later step can do better (the waiting head cannot
+        fit the pool)."""
+        out = launched.out
+        if not out.is_empty() or out.preempted:
+            return False
+        if self.kv_worker is None:
+            return True
+        kv = launched.kv_output
+        return not self.kv_worker.has_pending() and (kv is None or kv.is_empty()) and not out.finished_req_ids
 
     def record_step(self, launched: Launched, finished: int) -> None:
         out = launched.out

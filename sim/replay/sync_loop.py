@@ -27,11 +27,10 @@ from sim.replay.window_apply import apply_window
 
 def sync_steps(run: StepRunner) -> Iterator[Wait]:
     """The loop body of the synchronous engine until the stream is drained and every request done."""
-    sched = run.scheduler
     intake = run.intake
     while True:
         intake.admit_due(run.clock.now)
-        if not sched.has_unfinished_requests():
+        if not run.busy():
             if intake.drained():
                 return
             yield None
@@ -42,12 +41,12 @@ def sync_steps(run: StepRunner) -> Iterator[Wait]:
                 yield from window_steps(run, window)
                 continue
         launched = run.launch()
-        if launched.out.is_empty() and not launched.out.preempted:
+        if run.stalled(launched):
             # (a step whose only work was preempting -- e.g. a request preempting itself -- is
             # empty but not stuck: vLLM runs it and admits in the next step)
             raise ReplayError(run.stall_message())
         yield launched.result.duration_s
-        finished = run.apply(launched.out, launched.result)
+        finished = run.apply(launched.out, launched.result, launched.kv_output)
         run.record_step(launched, finished)
         run.after_step()
 
