@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """Regenerate ``tests/fixtures/vllm_oracle/``: deterministic canonical traces, vLLM 0.25.1's
 expected outputs (from ``oracle.py``, one ``--batch`` process) and ``manifest.json``.
+With ``--vllm-version 0.33.0``: the same cases through vLLM 0.33.0 (``venv033``) into
+``tests/fixtures/vllm_oracle_033/`` -- the traces are not copied there: its manifest names them as
+``../vllm_oracle/<trace>.jsonl`` (checked byte-identical to what this script generates), and its
+CSVs carry three more columns (``external_hit_tokens, readmit_external_hit_tokens,
+steps_waiting_for_kv``; all 0 / empty without a KV connector).
 
 DEV-ONLY. Needs the oracle venv (``setup.sh``); apcsim itself never imports this file.
 
     cd tools/vllm_oracle && ./setup.sh
     venv/bin/python make_agreement_fixtures.py [--out ../../tests/fixtures/vllm_oracle]
+    ./setup.sh --version 0.33.0 && python3 make_agreement_fixtures.py --vllm-version 0.33.0
 
 Traces are generated here with ``random.Random(seed)`` (standard library only), so the same
 script gives byte-identical traces; the expected outputs are whatever vLLM computes for them.
@@ -17,12 +23,14 @@ import json
 import os
 import random
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE.parent.parent / "tests" / "fixtures" / "vllm_oracle"
+DEFAULT_OUT_033 = HERE.parent.parent / "tests" / "fixtures" / "vllm_oracle_033"
 
 
 def cdiv(a: int, b: int) -> int:
@@ -222,38 +230,58 @@ def oracle_argv(trace_rel: str, name: str, e: dict) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
-    ap.add_argument("--python", default=str(HERE / "venv" / "bin" / "python"), help="the oracle venv's python")
+    ap.add_argument("--vllm-version", default="0.25.1", choices=["0.25.1", "0.33.0"])
+    ap.add_argument("--out", default=None, help="default: tests/fixtures/vllm_oracle (0.25.1) or "
+                    "tests/fixtures/vllm_oracle_033 (0.33.0)")
+    ap.add_argument("--python", default=None, help="the oracle venv's python (default: venv/ or venv033/)")
     a = ap.parse_args()
-    out = Path(a.out)
+    v033 = a.vllm_version != "0.25.1"
+    out = Path(a.out or (DEFAULT_OUT_033 if v033 else DEFAULT_OUT))
+    python = a.python or str(HERE / ("venv033" if v033 else "venv") / "bin" / "python")
     out.mkdir(parents=True, exist_ok=True)
+    # 0.33: the traces stay in ../vllm_oracle (same generator, same bytes); written to a scratch
+    # folder here for the oracle and compared with the committed ones
+    trace_dir = out / "_traces" if v033 else out
+    trace_dir.mkdir(exist_ok=True)
+    trace_ref = (lambda t: f"../vllm_oracle/{t}.jsonl") if v033 else (lambda t: f"{t}.jsonl")
     traces = {}
     for tname, kw in [*TRACES.items(), *HAND.items()]:
         tr = chat_trace(**kw) if isinstance(kw, dict) else hand_trace(kw)
         traces[tname] = tr
-        with open(out / f"{tname}.jsonl", "w") as f:
+        with open(trace_dir / f"{tname}.jsonl", "w") as f:
             for r in tr:
                 f.write(json.dumps(r, separators=(",", ":")) + "\n")
-    manifest = {"vllm_version": "0.25.1", "oracle": "tools/vllm_oracle/oracle.py",
-                "generator": "tools/vllm_oracle/make_agreement_fixtures.py", "cases": {}}
+        if v033:
+            ref = (out / trace_ref(tname)).read_bytes()
+            if ref != (trace_dir / f"{tname}.jsonl").read_bytes():
+                print(f"{tname}: differs from {trace_ref(tname)}; regenerate 0.25.1 first", file=sys.stderr)
+                return 1
+    manifest = {"vllm_version": a.vllm_version, "oracle": "tools/vllm_oracle/oracle.py",
+                "generator": "tools/vllm_oracle/make_agreement_fixtures.py"
+                + (" --vllm-version 0.33.0" if v033 else ""), "cases": {}}
     jobs = []
     for name, (tname, s) in CASES.items():
         e = engine_settings(traces[tname], s)
         argv = oracle_argv(f"{tname}.jsonl", name, e)
+        if v033:
+            argv[0] = f"_traces/{tname}.jsonl"
         jobs.append({"name": name, "argv": argv})
         manifest["cases"][name] = {
-            "trace": f"{tname}.jsonl", "expected_csv": f"{name}.csv", "expected_stats": f"{name}.stats.json",
+            "trace": trace_ref(tname), "expected_csv": f"{name}.csv", "expected_stats": f"{name}.stats.json",
             "engine": e,
-            "oracle_command": "python oracle.py " + " ".join(shlex.quote(x) for x in argv),
+            "oracle_command": "python oracle.py " + " ".join(shlex.quote(x) for x in
+                                                             [trace_ref(tname), *argv[1:]]),
         }
     jobs_path = out / "_jobs.jsonl"
     with open(jobs_path, "w") as f:
         for j in jobs:
             f.write(json.dumps(j) + "\n")
     env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
-    rep = subprocess.run([a.python, str(HERE / "oracle.py"), "--batch", jobs_path.name, "--quiet"], cwd=out,
+    rep = subprocess.run([python, str(HERE / "oracle.py"), "--batch", jobs_path.name, "--quiet"], cwd=out,
                          env=env, capture_output=True, text=True)
     jobs_path.unlink()
+    if v033:
+        shutil.rmtree(trace_dir)
     failed = False
     for line in rep.stdout.splitlines():
         if line.startswith("{"):

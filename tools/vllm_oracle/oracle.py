@@ -82,7 +82,12 @@ class TraceReq:
 def load_trace(path: str) -> list[TraceReq]:
     reqs: list[TraceReq] = []
     seen: set[str] = set()
-    with open(path) as f:
+    if path.endswith(".gz"):
+        import gzip
+        fh = gzip.open(path, "rt")
+    else:
+        fh = open(path)
+    with fh as f:
         for lineno, line in enumerate(f):
             line = line.strip()
             if not line:
