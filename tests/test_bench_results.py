@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from bench_mooncake import target_verdicts
+from bench_mooncake import target_verdicts, tier_verdicts
 from bench_results import open_bench_folder
 
 from sim.experiment.results_folder import ResultsError, require_complete
@@ -113,3 +113,13 @@ def test_the_sweep_benchmark_says_whether_the_48_points_ran_under_45_s():
     for other in [(DEFAULT_SWEEP, 48, 48, 0, 2, True), (DEFAULT_SWEEP, 48, 48, 2000, 4, True),
                   (DEFAULT_SWEEP, 48, 48, 2000, 2, False), (Path("other.yaml"), 48, 48, 2000, 2, True)]:
         assert target_verdict(*other, 15.5).endswith("not this run's setting")
+
+
+def test_the_tier_verdict_compares_each_tiered_run_with_the_untiered_one():
+    rows = [{"block_size": 16, "cpu_tier_gib": 0.0, "cpu_ratio": 1.0},
+            {"block_size": 16, "cpu_tier_gib": 200.0, "cpu_ratio": 1.4},
+            {"block_size": 16, "cpu_tier_gib": 400.0, "cpu_ratio": 2.25}]
+    assert tier_verdicts(rows) == [
+        "block 16, CPU tier 200 GiB: 1.4x the untiered CPU time (target: at most 1.5x: met)",
+        "block 16, CPU tier 400 GiB: 2.25x the untiered CPU time (target: at most 1.5x: missed)",
+    ]
