@@ -66,6 +66,9 @@ MOON_CASES = [
     # one CPU chunk: the tier is almost useless, but async scheduling with a (consumer) connector
     # defers block frees (Scheduler.defer_block_free), which changes GPU results
     ("mooncake_lru_async_cpu1", dict(num_gpu_blocks=400, async_scheduling=True), dict(num_cpu_chunks=1)),
+    # the same slice and pool without a connector ("offload": null), sync and async: the untiered baseline
+    ("mooncake_none_sync", dict(num_gpu_blocks=400), None),
+    ("mooncake_none_async", dict(num_gpu_blocks=400, async_scheduling=True), None),
 ]
 
 
@@ -111,12 +114,13 @@ def oracle_argv(trace: str, name: str, e: dict, o: dict) -> list[str]:
             "--max-model-len", e["max_model_len"], "--max-num-batched-tokens", e["max_num_batched_tokens"],
             "--max-num-seqs", e["max_num_seqs"], "--policy", e["policy"],
             "--long-prefill-token-threshold", e["long_prefill_token_threshold"], "--watermark", e["watermark"],
-            "--step-time", e["step_time"], "--hash-algo", "sha256", "--hash-seed", "0", "--quiet", "--free-empty",
-            "--cpu-chunks", o["num_cpu_chunks"], "--offload-policy", o["policy"],
-            "--offload-block-size", o["blocks_per_chunk"] * e["block_size"],
-            "--store-threshold", o["store_threshold"], "--transfer-delay-steps", o["transfer_delay_steps"]]
-    if not o["offload_prompt_only"]:
-        argv.append("--offload-all-tokens")
+            "--step-time", e["step_time"], "--hash-algo", "sha256", "--hash-seed", "0", "--quiet", "--free-empty"]
+    if o is not None:
+        argv += ["--cpu-chunks", o["num_cpu_chunks"], "--offload-policy", o["policy"],
+                 "--offload-block-size", o["blocks_per_chunk"] * e["block_size"],
+                 "--store-threshold", o["store_threshold"], "--transfer-delay-steps", o["transfer_delay_steps"]]
+        if not o["offload_prompt_only"]:
+            argv.append("--offload-all-tokens")
     if not e["enable_chunked_prefill"]:
         argv.append("--no-chunked-prefill")
     if e["async_scheduling"]:
@@ -189,7 +193,7 @@ def main() -> int:
                 "time_scale": MOON["time_scale"]}
     for name, eo, oo in MOON_CASES:
         e = dict(_ENGINE, max_model_len=need, **eo)
-        o = dict(_OFF, **oo)
+        o = dict(_OFF, **oo) if oo is not None else None
         argv = oracle_argv("_scratch/mooncake.jsonl", name, e, o)
         jobs.append({"name": name, "argv": argv})
         manifest["cases"][name] = {"workload": workload, "requests": n_req, "prompt_tokens": n_tok,
