@@ -37,8 +37,8 @@ def _assert_single_equal(path: str, limit: int, routers: list[str], *extra: str)
         r0 = cl.replicas[0]
         pd.testing.assert_frame_equal(single.requests, r0.requests)
         pd.testing.assert_frame_equal(single.steps, r0.steps)
-        # skipped_bad_lines is the workload's (the fleet summary's), not a replica's
-        assert r0.summary == {k: v for k, v in single.summary.items() if k != "skipped_bad_lines"}
+        # skipped_bad_lines and vllm_version are the run's (the fleet summary's), not a replica's
+        assert r0.summary == {k: v for k, v in single.summary.items() if k not in ("skipped_bad_lines", "vllm_version")}
         pd.testing.assert_frame_equal(single.requests, cl.requests[list(single.requests.columns)])
         pd.testing.assert_frame_equal(single.steps, cl.steps[list(single.steps.columns)])
         assert {k: v for k, v in cl.summary.items() if k != "cluster"} == single.summary, router

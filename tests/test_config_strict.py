@@ -190,5 +190,8 @@ def test_kv_cache_group_block_sizes_follow_the_rule_and_hash_block_size_may_be_f
     msg = _load_error(_small(tmp_path), [f"engine.kv_cache_groups={groups}"])
     assert "engine.kv_cache_groups.1.block_size: vLLM 0.25.1 has no attention backend for block size 8" in msg
     ok = "[{kind: full, block_size: 32}, {kind: sliding_window, block_size: 16, sliding_window: 64}]"
-    cfg = load_config(_small(tmp_path), [f"engine.kv_cache_groups={ok}", "engine.hash_block_size=8"])
+    cfg = load_config(_small(tmp_path), [f"engine.kv_cache_groups={ok}", "engine.prefix_match_unit=8"])
+    assert cfg.engine.prefix_match_unit == 8  # vLLM 0.33.0's name; 0.25.1 called it hash_block_size
+    cfg = load_config(_small(tmp_path), [f"engine.kv_cache_groups={ok}", "engine.hash_block_size=8",
+                                         "engine.vllm_version=0.25.1"])
     assert cfg.engine.hash_block_size == 8

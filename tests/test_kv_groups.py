@@ -469,10 +469,13 @@ def test_engine_config_kv_cache_groups():
             config_from_dict(_cfg({"kv_cache_groups": bad}))
     with pytest.raises(ConfigError, match="num_gpu_blocks"):
         config_from_dict({**_cfg({"kv_cache_groups": groups}), "engine": {"kv_cache_groups": groups}})
+    old = {"vllm_version": "0.25.1"}  # hash_block_size is 0.25.1's name of 0.33.0's prefix_match_unit
     with pytest.raises(ConfigError, match="divisible"):
-        config_from_dict(_cfg({"kv_cache_groups": groups, "hash_block_size": 32}))
+        config_from_dict(_cfg({**old, "kv_cache_groups": groups, "hash_block_size": 32}))
     with pytest.raises(ConfigError, match="only with kv_cache_groups"):
-        config_from_dict(_cfg({"hash_block_size": 16}))
+        config_from_dict(_cfg({**old, "hash_block_size": 16}))
+    with pytest.raises(ConfigError, match="divisible"):
+        config_from_dict(_cfg({"kv_cache_groups": groups, "prefix_match_unit": 32}))
     # a pool that cannot hold one max_model_len sequence over all groups is rejected
     need = blocks_for_one_sequence(cfg.engine.kv_cache_group_specs(), 8192, 2048)
     assert need == 64 + 128 and blocks_for_one_sequence([SWA(16, 128)], 64, 2048) == 13

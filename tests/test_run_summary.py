@@ -64,7 +64,8 @@ def test_human_summary(tmp_path, capsys):
     assert main(["run", str(MY_TRACE), "--out", str(tmp_path / "r"), "--no-progress"]) == 0
     out = capsys.readouterr().out
     for text in ("7 requests; 630 prompt tokens", "max_model_len 8,192", "first admission (each request once)",
-                 "infinite cache", "Belady, this pool", "vLLM prefix_cache_hit_rate", "3 of 7 requests",
+                 "infinite cache", "Belady, this pool", "vLLM 0.33.0 prefix_cache_hit_rate", "each admission: ",
+                 "3 of 7 requests",
                  "0 evictions, 0 preemptions", "TTFT", "queue time", "diagnosis   isolation --",
                  "1 cache salt and 1 LoRA adapter"):
         assert text in out, text

@@ -63,6 +63,7 @@ def _replay(case: dict, algo: str, fast_forward: bool):
                 "async_scheduling": e["async_scheduling"],
                 "hash_algo": algo,
                 "hash_seed": 0,
+                "vllm_version": "0.25.1",  # the fixtures were recorded from vLLM 0.25.1
             },
             "workload": {"kind": "trace", "path": case["trace"]},
             "replay": {"fast_forward": fast_forward},

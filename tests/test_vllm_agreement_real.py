@@ -74,7 +74,7 @@ def case_config(case: dict[str, Any], fast_forward: bool = True) -> Any:
         {
             "name": "vllm-agreement-real",
             "latency": {"kind": "fixed", "step_time_s": e["step_time"]},
-            "engine": {k: e[k] for k in ENGINE_KEYS} | {"hash_algo": "fast", "hash_seed": 0},
+            "engine": {k: e[k] for k in ENGINE_KEYS} | {"hash_algo": "fast", "hash_seed": 0, "vllm_version": "0.25.1"},
             "workload": {**case["workload"], "limit": case["limit"]},
             "replay": {"fast_forward": fast_forward},
         },

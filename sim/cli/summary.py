@@ -2,7 +2,8 @@
 
 Mirrors nothing in vLLM. Shows the workload (requests, tokens), the pool (blocks, tokens, GiB),
 the three hit rates -- first-admission beside the offline references that count requests the same
-way, vLLM's ``prefix_cache_hit_rate``, the share of requests with a hit --, evictions and
+way, vLLM's ``prefix_cache_hit_rate`` (named with the summary's ``vllm_version`` and read with its
+semantics: 0.25.1 counts every lookup, 0.33.0 each admission), the share of requests with a hit --, evictions and
 preemptions, TTFT / TPOT / queue time / E2E percentiles at 3 significant figures, throughput and
 the diagnosis of ``sim.analysis.diagnosis``.
 
@@ -100,10 +101,17 @@ def _hit_rates(s: Mapping[str, Any]) -> list[str]:
             if "cluster" in s:  # sim.experiment.bounds.fleet_references
                 label, note = "infinite cache, one for the fleet", "upper bound for any router: shared, never evicted"
             lines.append(_row(f"  {label}", f"{sig(s.get(key)):<7}", note))
-    queries = (s.get("prefix_cache") or {}).get("queries")
+    pc = s.get("prefix_cache") or {}
+    version = s.get("vllm_version") or (s.get("engine") or {}).get("vllm_version")
+    if version is not None and version != "0.25.1":  # 0.33: recorded once per admission
+        note = (f"each admission: {count(pc.get('queries'))} prompt tokens of first admissions, "
+                f"{count(pc.get('preempted_queries'))} of re-admissions (preempted_*)")
+    else:  # 0.25.1 (and summaries written before versions): every lookup of a waiting head
+        note = (f"every lookup: {count(pc.get('queries'))} tokens looked up for "
+                f"{count(s.get('prompt_tokens'))} prompt tokens")
     lines += [
-        _row("vLLM prefix_cache_hit_rate", f"{sig(s.get('prefix_cache_hit_rate')):<7}",
-             f"every lookup: {count(queries)} tokens looked up for {count(s.get('prompt_tokens'))} prompt tokens"),
+        _row(f"vLLM {version or ''} prefix_cache_hit_rate".replace("  ", " "),
+             f"{sig(s.get('prefix_cache_hit_rate')):<7}", note),
         _row("requests with >= 1 hit token", f"{(sig(100 * frac) + ' %') if _ok(frac) else 'n/a':<7}",
              f"{exact(s.get('num_requests_with_hit'))} of {exact(s.get('num_requests'))} requests"),
     ]

@@ -25,14 +25,14 @@ class EventCacheView:
     def __init__(self, facts: Sequence[ReplicaFacts]) -> None:
         self.facts = facts
         self.index = make_kv_event_index(len(facts))
-        self._hashers: dict[tuple[str, int, int], BlockHasher] = {}
+        self._hashers: dict[tuple[str, int, int | str, int], BlockHasher] = {}
         self.group_of = [self._hasher(f) for f in facts]
 
     def _hasher(self, f: ReplicaFacts) -> BlockHasher:
-        key = (f.hash_algo, f.block_size, f.hash_seed)
+        key = (f.hash_algo, f.block_size, f.hash_seed, f.num_hash_lookahead_tokens)
         h = self._hashers.get(key)
         if h is None:
-            h = self._hashers[key] = make_block_hasher(f.hash_algo, f.block_size, f.hash_seed)
+            h = self._hashers[key] = make_block_hasher(*key)
         return h
 
     def on_events(self, replica: int, events: Sequence[KVCacheEvent]) -> None:

@@ -78,8 +78,9 @@ class ReplicaFacts:
     num_gpu_blocks: int
     max_num_batched_tokens: int
     hash_algo: str
-    hash_seed: int
+    hash_seed: int | str  # NONE_HASH seed (0.33.0 unset: "vllm-none-hash", sim.experiment.version_keys)
     latency: LatencyModel
+    num_hash_lookahead_tokens: int = 0  # vLLM 0.33.0 EAGLE lookahead hashes (sim.core.lookahead_hashing)
 
 
 @dataclass(slots=True)

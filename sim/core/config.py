@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sim.core.kv_cache_spec import KVGroupSpec
+from sim.core.version_profile import V0_25_1, VersionProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,20 @@ class SchedulerConfig:
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0
     async_scheduling: bool = False  # vLLM's AsyncScheduler (output placeholders; see sim.core.scheduler)
+    # The vLLM version whose behaviour differences apply (sim.core.version_profile). The core's
+    # default is 0.25.1, the version the core's own tests were written against; an experiment's
+    # default (engine.vllm_version) is 0.33.0, resolved by sim.experiment.engine_description.
+    profile: VersionProfile = V0_25_1
+    # 0.33 only (profile.new_scheduler_knobs): vLLM's max_num_active_seqs, the admission cap into
+    # RUNNING (None: max_num_seqs), and prefill_schedule_interval, the local prefill cadence (1: off)
+    max_num_active_seqs: int | None = None
+    prefill_schedule_interval: int = 1
+
+    @property
+    def max_num_active_reqs(self) -> int:
+        """vLLM 0.33 ``Scheduler.max_num_active_reqs``: ``max_num_active_seqs`` or, unset,
+        ``max_num_seqs`` (the waiting loop's cap; 0.25.1 always used ``max_num_seqs``)."""
+        return self.max_num_seqs if self.max_num_active_seqs is None else self.max_num_active_seqs
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,5 +76,8 @@ class CacheConfig:
     kv_groups: tuple[KVGroupSpec, ...] = ()
     hash_block_size: int | None = None
     pool_impl: str = "compiled"  # sim.core.pool_impl: the compiled block pool, or "python" (its oracle)
+    # vLLM 0.33 num_hash_lookahead_tokens (EAGLE with lookahead block hashes): the caching of a full
+    # block waits for its hash, which needs this many tokens after it (sim.core.hashing)
+    num_hash_lookahead_tokens: int = 0
     # vLLM 0.33.0's CPU offload tier behind the KV connector (None: no connector, the untiered engine)
     offload: OffloadConfig | None = None

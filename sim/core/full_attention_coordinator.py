@@ -51,7 +51,10 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         watermark_blocks: int = 0,
         event_sink: EventSink | None = None,
         pool_impl: str = DEFAULT_POOL_IMPL,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
+        # vLLM 0.33 lookahead hashes (EAGLE): a full block is cached only once its hash exists
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self.block_pool: BlockPool = make_block_pool(num_gpu_blocks, enable_caching, event_sink, pool_impl)
         self.groups = (KVGroupSpec("full", block_size),)
         self.block_size = self.hash_block_size = block_size
@@ -230,6 +233,9 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         rid = request.request_id
         num_cached = self.num_cached_block.get(rid, 0)
+        if self.num_hash_lookahead_tokens:
+            # 0.33 SingleTypeKVCacheManager.cache_blocks: min(num_tokens, num_hashed_tokens)
+            num_tokens = min(num_tokens, len(request.block_hashes) * self.block_size)
         num_full = num_tokens // self.block_size
         if num_cached >= num_full:
             return

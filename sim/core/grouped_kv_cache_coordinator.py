@@ -138,8 +138,12 @@ class GroupedKVCacheCoordinator(KVCacheCoordinator):
             if need_full + watermark_blocks > pool.get_num_free_blocks():
                 return None
         num_need_slot = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        # vLLM 0.33 frees on the processed-token basis (total - num_in_flight_tokens: an in-flight
+        # step's window still reads below it); num_in_flight_tokens is tracked only under 0.33 with
+        # async scheduling (sim.core.scheduler), else 0 here: 0.25.1's total
+        processed = max(0, total - request.num_in_flight_tokens)
         for m in self.single_type_managers:
-            m.remove_skipped_blocks(rid, total)
+            m.remove_skipped_blocks(rid, processed)
         need = self.get_num_blocks_to_allocate(rid, num_need_slot, hits, num_local, False)
         if need + watermark_blocks > pool.get_num_free_blocks():
             return None

@@ -16,25 +16,24 @@ Mirrors ``vllm/v1/core/kv_cache_utils.py`` (``hash_block_tokens``,
 
 Hash functions:
 
-* ``sha256`` (vLLM's default), ``sha256_cbor``, ``xxhash``, ``xxhash_cbor``: byte-identical to
-  vLLM's when ``NONE_HASH`` is the same. vLLM derives ``NONE_HASH = H(PYTHONHASHSEED)`` when that
-  variable is set (random otherwise); here it is ``H(str(hash_seed))`` from the config, so a run with
-  ``hash_seed: 0`` produces the hashes vLLM produces under ``PYTHONHASHSEED=0``.
-* ``fast``: a 128-bit chained hash computed with numpy over a whole prompt at once, for sweeps.
-  It has the same *equality structure* (same prefix + same extra keys <=> same hash, up to a
-  2^-128-scale collision chance) but different bytes, so hit behaviour is identical and runs are
-  about two orders of magnitude cheaper. Its chain is polynomial so it vectorises:
-  ``h_i = P * h_{i-1} + c_i (mod 2^64)`` per lane, with ``c_i`` a digest of the block's tokens
-  and extra keys, and each stored hash a bijective finalisation of ``h_i``. The token digest is a
-  function of the block's tokens alone, in two cases told apart by the tokens themselves: a block
-  of consecutive ids ``t, t+1, .., t+bs-1`` is digested from ``t`` (a keyed bijection of it, so
-  O(1) per block -- and a prompt held as runs of consecutive ids, ``Request.token_runs``, is
-  hashed without expanding it); any other block by splitmix64 of each token keyed by its position,
-  combined by two independent random linear forms. Same tokens give the same case and digest,
-  whichever form the prompt came in.
+* ``sha256`` (vLLM's default), ``sha256_cbor``, ``xxhash``, ``xxhash_cbor``
+  (:mod:`sim.core.hash_functions`): byte-identical to vLLM's when ``NONE_HASH`` is the same. vLLM
+  derives ``NONE_HASH = H(PYTHONHASHSEED)`` when that variable is set; here it is
+  ``H(str(hash_seed))``, so ``hash_seed: 0`` gives vLLM's hashes under ``PYTHONHASHSEED=0``. Unset,
+  0.25.1 drew a random seed and 0.33.0 uses ``"vllm-none-hash"`` for the cryptographic ones
+  (``resolve_none_hash_seed``; ``sim.experiment.version_keys.none_hash_seed`` picks the seed).
+* ``fast``: a 128-bit chained hash computed with numpy over a whole prompt at once, for sweeps:
+  the same *equality structure* (same prefix + extra keys <=> same hash, up to a 2^-128-scale
+  collision chance), other bytes, about two orders of magnitude cheaper. The chain is polynomial
+  so it vectorises: ``h_i = P * h_{i-1} + c_i (mod 2^64)`` per lane, ``c_i`` a digest of the
+  block's tokens and extra keys, each stored hash a bijective finalisation of ``h_i``. A block of
+  consecutive ids ``t, .., t+bs-1`` is digested from ``t`` (O(1) per block; a prompt held as runs,
+  ``Request.token_runs``, is hashed without expanding it), any other block by splitmix64 of each
+  token keyed by its position, combined by two independent random linear forms.
 
-Imports ``sim.core.extra_keys``, and ``sim.core.request`` for types only (a request never imports this
-module); neither simpy nor torch.
+With ``num_lookahead_tokens`` (vLLM 0.33.0 EAGLE) a block's hash also covers the tokens after it
+(:mod:`sim.core.lookahead_hashing`). Imports ``sim.core.extra_keys``, ``sim.core.lookahead_hashing``
+and ``sim.core.request`` (types only); neither simpy nor torch.
 """
 
 from __future__ import annotations
@@ -47,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sim.core.extra_keys import block_extra_keys, blocks_extra_keys
+from sim.core.hash_functions import EXACT_HASH_FUNCTIONS, HASH_ALGOS, hash_function
+from sim.core.lookahead_hashing import fold, lookahead_extra_keys
 
 _chain_runs: Callable[..., tuple[list[bytes], tuple[int, int]]] | None
 try:  # the compiled chain over runs (same keys; built by pip install -e .)
@@ -65,54 +66,8 @@ __all__ = [
 BlockHash = bytes
 """The hash of one block, as bytes (32 bytes for sha256, 16 for xxhash and fast)."""
 
-HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "fast")
-
 _MASK64 = (1 << 64) - 1
 _GEN_TAG = b"\x00gen"
-
-
-# ----------------------------------------------------------------------------------------------
-# Byte-exact hash functions (vllm/utils/hashing.py)
-# ----------------------------------------------------------------------------------------------
-
-
-def _sha256(obj: Any) -> bytes:
-    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
-
-
-def _sha256_cbor(obj: Any) -> bytes:
-    import cbor2
-
-    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
-
-
-def _xxhash(obj: Any) -> bytes:
-    import xxhash
-
-    return xxhash.xxh3_128_digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _xxhash_cbor(obj: Any) -> bytes:
-    import cbor2
-    import xxhash
-
-    return xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
-
-
-_EXACT_FNS: dict[str, Callable[[Any], bytes]] = {
-    "sha256": _sha256,
-    "sha256_cbor": _sha256_cbor,
-    "xxhash": _xxhash,
-    "xxhash_cbor": _xxhash_cbor,
-}
-
-
-def hash_function(name: str) -> Callable[[Any], bytes]:
-    """The byte-exact hash function vLLM uses for ``prefix_caching_hash_algo=name``."""
-    try:
-        return _EXACT_FNS[name]
-    except KeyError:
-        raise ValueError(f"unknown hash algorithm {name!r}; choose one of {HASH_ALGOS}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -130,6 +85,7 @@ class BlockHasher:
 
     algo: str
     block_size: int
+    num_lookahead_tokens: int = 0  # vLLM 0.33.0 num_hash_lookahead_tokens (EAGLE)
 
     def hash_new_blocks(self, request: Request) -> list[BlockHash]:  # pragma: no cover
         raise NotImplementedError
@@ -144,9 +100,10 @@ class BlockHasher:
 class ExactBlockHasher(BlockHasher):
     """Byte-exact vLLM hashing: ``H((parent or NONE_HASH, tuple(tokens), extra_keys))`` per block."""
 
-    def __init__(self, algo: str, block_size: int, hash_seed: int | str = 0) -> None:
+    def __init__(self, algo: str, block_size: int, hash_seed: int | str = 0, num_lookahead_tokens: int = 0) -> None:
         self.algo = algo
         self.block_size = block_size
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.fn = hash_function(algo)
         # vLLM: NONE_HASH = H(os.getenv("PYTHONHASHSEED")) -- the seed *string* is hashed.
         self.none_hash: bytes = self.fn(str(hash_seed))
@@ -157,14 +114,17 @@ class ExactBlockHasher(BlockHasher):
     def hash_new_blocks(self, request: Request) -> list[BlockHash]:
         bs = self.block_size
         start = len(request.block_hashes) * bs
-        num_tokens = request.num_tokens
+        num_tokens = request.num_tokens - self.num_lookahead_tokens
         if start + bs > num_tokens:
             return []
         parent = request.block_hashes[-1] if request.block_hashes else None
         n_blocks = (num_tokens - start) // bs
         tokens = request.token_slice(start, start + n_blocks * bs)
         tok_list = tokens.tolist()
-        extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs)
+        if self.num_lookahead_tokens:
+            extras: list[Any] | None = lookahead_extra_keys(request, start, n_blocks, bs, self.num_lookahead_tokens)
+        else:
+            extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs)
         out: list[BlockHash] = []
         for k in range(n_blocks):
             extra = extras[k] if extras is not None else None
@@ -202,9 +162,10 @@ class FastBlockHasher(BlockHasher):
 
     _LANES = 2
 
-    def __init__(self, block_size: int, hash_seed: int | str = 0) -> None:
+    def __init__(self, block_size: int, hash_seed: int | str = 0, num_lookahead_tokens: int = 0) -> None:
         self.algo = "fast"
         self.block_size = block_size
+        self.num_lookahead_tokens = num_lookahead_tokens
         seed = int.from_bytes(hashlib.blake2b(str(hash_seed).encode(), digest_size=8).digest(), "big")
         rng = np.random.Generator(np.random.PCG64(seed))
         self._pos_key = rng.integers(0, 2**63, size=block_size, dtype=np.int64).astype(np.uint64)
@@ -340,7 +301,7 @@ class FastBlockHasher(BlockHasher):
     def hash_new_blocks(self, request: Request) -> list[BlockHash]:
         bs = self.block_size
         done = len(request.block_hashes)  # blocks hashed so far
-        n_blocks = request.num_tokens // bs - done
+        n_blocks = (request.num_tokens - self.num_lookahead_tokens) // bs - done
         if n_blocks <= 0:
             return []
         start = done * bs
@@ -367,6 +328,8 @@ class FastBlockHasher(BlockHasher):
         else:
             tokens = request.token_slice(start, end)
             keys, request.hash_state = self._chain_blocks(tokens, state, extras)
+        if self.num_lookahead_tokens:  # fold in each block's lookahead key (sim.core.lookahead_hashing)
+            keys = fold(keys, lookahead_extra_keys(request, start, n_blocks, bs, self.num_lookahead_tokens))
         return keys + gen_keys if gen_keys else keys
 
     def hash_token_blocks(
@@ -384,12 +347,14 @@ class FastBlockHasher(BlockHasher):
         return keys
 
 
-def make_block_hasher(algo: str, block_size: int, hash_seed: int | str = 0) -> BlockHasher:
+def make_block_hasher(
+    algo: str, block_size: int, hash_seed: int | str = 0, num_lookahead_tokens: int = 0
+) -> BlockHasher:
     """The hasher for ``prefix_caching_hash_algo=algo`` (``fast`` is this project's own)."""
     if algo == "fast":
-        return FastBlockHasher(block_size, hash_seed)
-    if algo in _EXACT_FNS:
-        return ExactBlockHasher(algo, block_size, hash_seed)
+        return FastBlockHasher(block_size, hash_seed, num_lookahead_tokens)
+    if algo in EXACT_HASH_FUNCTIONS:
+        return ExactBlockHasher(algo, block_size, hash_seed, num_lookahead_tokens)
     raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {HASH_ALGOS}")
 
 

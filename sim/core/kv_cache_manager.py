@@ -6,8 +6,12 @@ Behaviour mirrored exactly:
 
 * ``get_computed_blocks``: skipped (no stats) when caching is off or the request skips reading the
   prefix cache (``prompt_logprobs``); otherwise the coordinator's longest hit within
-  ``num_tokens - 1`` tokens, recorded in ``PrefixCacheStats`` in *tokens* (``queries =
-  num_tokens``; resumed requests counted apart). Hits are returned untouched.
+  ``num_tokens - 1`` tokens. Hits are returned untouched. The lookup is recorded in
+  ``PrefixCacheStats`` in *tokens* (``queries = num_tokens``; resumed requests counted apart):
+  by the lookup itself (0.25.1 ``get_computed_blocks``: every lookup, a blocked head's included),
+  or with ``stats_at_admission`` only through ``record_prefix_cache_stats``, which the scheduler
+  calls once ``allocate_slots`` has admitted the request (0.33 ``KVCacheManager.
+  record_prefix_cache_stats``, same guards as the lookup).
 * ``allocate_slots``: the coordinator's, in vLLM's order -- watermark (only for WAITING/PREEMPTED
   requests while something is running), full-sequence gate, capacity check, touching, popping and
   caching at schedule time.
@@ -59,6 +63,7 @@ def _make_coordinator(
     event_sink: EventSink | None,
     retention_interval: int | None,
     pool_impl: str,
+    num_hash_lookahead_tokens: int,
 ) -> KVCacheCoordinator:
     """The coordinator for a group layout (vLLM ``get_kv_cache_coordinator``, plus the fast path)."""
     if not kv_groups:
@@ -67,8 +72,10 @@ def _make_coordinator(
         return UnitaryFullAttentionCoordinator(
             num_gpu_blocks, block_size, max_model_len,
             enable_caching=enable_caching, use_eagle=use_eagle, watermark_blocks=watermark_blocks,
-            event_sink=event_sink, pool_impl=pool_impl,
+            event_sink=event_sink, pool_impl=pool_impl, num_hash_lookahead_tokens=num_hash_lookahead_tokens,
         )
+    if num_hash_lookahead_tokens:
+        raise ValueError("lookahead block hashes (vLLM 0.33.0 EAGLE) are modelled for one full-attention group only")
     groups = tuple(kv_groups)
     sched_bs, hash_bs = check_groups(groups, enable_caching, hash_block_size)
     if block_size != sched_bs:
@@ -116,14 +123,17 @@ class KVCacheManager:
         event_sink: EventSink | None = None,
         retention_interval: int | None = None,
         pool_impl: str = DEFAULT_POOL_IMPL,
+        stats_at_admission: bool = False,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         if watermark < 0:
             raise ValueError("watermark must be non-negative")
         self.coordinator: KVCacheCoordinator = _make_coordinator(
             num_gpu_blocks, block_size, max_model_len, kv_groups, hash_block_size, max_num_batched_tokens,
             enable_caching, use_eagle, int(watermark * num_gpu_blocks), event_sink, retention_interval,
-            pool_impl,
+            pool_impl, num_hash_lookahead_tokens,
         )
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self.block_pool: BlockPool = self.coordinator.block_pool
         self.kv_groups: tuple[KVGroupSpec, ...] = self.coordinator.groups
         self.block_size = block_size
@@ -132,6 +142,8 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self._allocate_slots = self.coordinator.allocate_slots  # bound once: the decode hot path
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        # vLLM 0.33: lookups record nothing; the scheduler records each admission (see the docstring)
+        self.stats_at_admission = stats_at_admission
 
     @classmethod
     def from_configs(
@@ -142,20 +154,26 @@ class KVCacheManager:
         log_stats: bool = True,
         event_sink: EventSink | None = None,
     ) -> KVCacheManager:
-        """The manager a scheduler with these configs uses (the one factory the scheduler calls)."""
+        """The manager a scheduler with these configs uses (the one factory the scheduler calls).
+        The sliding-window admission cap reserves for ``profile.max_in_flight_tokens`` (vLLM 0.33
+        ``KVCacheManager(max_in_flight_tokens=...)``: twice the budget with async scheduling)."""
+        profile = scheduler_config.profile
         return cls(
             cache_config.num_gpu_blocks,
             cache_config.block_size,
             scheduler_config.max_model_len,
             kv_groups=cache_config.kv_groups,
             hash_block_size=cache_config.hash_block_size,
-            max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
+            max_num_batched_tokens=profile.max_in_flight_tokens(
+                scheduler_config.max_num_batched_tokens, scheduler_config.async_scheduling),
             enable_caching=cache_config.enable_prefix_caching,
             use_eagle=cache_config.use_eagle,
             log_stats=log_stats,
             watermark=scheduler_config.watermark,
             event_sink=event_sink,
             pool_impl=cache_config.pool_impl,
+            stats_at_admission=profile.stats_at_admission,
+            num_hash_lookahead_tokens=cache_config.num_hash_lookahead_tokens,
         )
 
     @property
@@ -171,12 +189,12 @@ class KVCacheManager:
 
     # -- lookup -------------------------------------------------------------------------------
     def get_computed_blocks(self, request: Request) -> tuple[HitBlocks, int]:
-        """Lookup; records stats, touches no ref counts: the cached prefix usable by ``request``
-        (one list per group, ``()`` for none) and its length in tokens."""
+        """Lookup; records stats (unless ``stats_at_admission``), touches no ref counts: the cached
+        prefix usable by ``request`` (one list per group, ``()`` for none) and its length in tokens."""
         if not self.enable_caching or request.skip_reading_prefix_cache:
             return NO_HITS, 0
         blocks, num_hits = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
-        if self.prefix_cache_stats is not None:
+        if self.prefix_cache_stats is not None and not self.stats_at_admission:
             self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
         return blocks, num_hits
 
@@ -188,8 +206,23 @@ class KVCacheManager:
 
     def repeat_lookup(self, request: Request, num_hits: int) -> None:
         """Records stats only: one lookup known to return ``num_hits`` again (the stats effect of
-        ``get_computed_blocks``)."""
-        if self.enable_caching and not request.skip_reading_prefix_cache and self.prefix_cache_stats is not None:
+        ``get_computed_blocks``: nothing with ``stats_at_admission``, vLLM 0.33 records no refused
+        lookup)."""
+        if (
+            self.enable_caching and not request.skip_reading_prefix_cache and self.prefix_cache_stats is not None
+            and not self.stats_at_admission
+        ):
+            self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Records stats only, with ``stats_at_admission``: the admission of ``request`` with
+        ``num_hits`` hit tokens (vLLM 0.33 ``KVCacheManager.record_prefix_cache_stats``, called
+        after ``allocate_slots`` succeeds; a request that skipped the lookup -- caching off,
+        ``prompt_logprobs`` -- is not counted; a resumed one goes to ``preempted_*``)."""
+        if (
+            self.stats_at_admission and self.prefix_cache_stats is not None and self.enable_caching
+            and not request.skip_reading_prefix_cache
+        ):
             self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
 
     # -- allocation ---------------------------------------------------------------------------

@@ -163,6 +163,8 @@ class Request:
         "_block_hashes",
         "hash_state",
         "num_output_placeholders",
+        "num_in_flight_tokens",
+        "num_stale_output_tokens",
         "is_prefill_chunk",
         "_hasher",
         "_runs_checked",
@@ -229,6 +231,10 @@ class Request:
         self._block_hashes: list[bytes] | None = None  # computed on first use (see block_hashes)
         self.hash_state: tuple[int, int] = (0, 0)
         self.num_output_placeholders = 0
+        # vLLM 0.33 Request: tokens scheduled whose step's output is not processed yet, and the share
+        # of them that a preemption made stale (sim.core.scheduler, profile.stale_output_skip)
+        self.num_in_flight_tokens = 0
+        self.num_stale_output_tokens = 0
         self.is_prefill_chunk = False
         self._hasher = hasher
         self._runs_checked = False

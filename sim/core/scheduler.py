@@ -26,6 +26,14 @@ placeholder at schedule time, so the next step is planned before the token is kn
 token completes are cached when it arrives (``update_from_output``), and a request whose in-flight
 step already reaches ``max_tokens`` is not scheduled again.
 
+Version differences (``SchedulerConfig.profile``, :mod:`sim.core.version_profile`; 0.33.0 read
+from its ``Scheduler.schedule`` / ``_preempt_request`` / ``update_from_output``): the threshold is
+0 when one request is present; the waiting loop stops at ``max_num_active_seqs``, skips a preempted
+request whose stale in-flight output is not drained yet (requeued at the front, in order, after
+the loop), and records prefix-cache stats once per admission; the prefill cadence
+(:mod:`sim.core.prefill_cadence`); priority preemption keeps scanning past a request that
+preempted itself.
+
 The scheduler knows nothing about time: executors (simulated or real) turn a
 :class:`~sim.core.scheduler_output.SchedulerOutput` into a step duration and sampled tokens.
 Imports neither simpy nor torch.
@@ -37,6 +45,7 @@ from sim.core.config import CacheConfig, SchedulerConfig
 from sim.core.hashing import BlockHasher
 from sim.core.kv_cache_manager import KVCacheManager
 from sim.core.kv_events import EventSink
+from sim.core.prefill_cadence import PrefillCadence
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import FINISHED_LENGTH_CAPPED, PREEMPTED, RUNNING, Request, RequestStatus
 from sim.core.request_queue import RequestQueue, create_request_queue
@@ -70,6 +79,11 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.step_index = 0
         self.num_preemptions = 0
+        self.profile = scheduler_config.profile
+        # async under 0.33: in-flight tokens per request, made stale by a preemption (see _preempt)
+        self.track_in_flight = scheduler_config.async_scheduling and self.profile.stale_output_skip
+        self.cadence = PrefillCadence(scheduler_config.prefill_schedule_interval)
+        self.deferred_waiting: set[str] = set()  # vLLM 0.33 deferred_waiting: skipped, not yet admitted
 
     @property
     def event_sink(self) -> EventSink | None:
@@ -98,19 +112,30 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     # -- scheduling ---------------------------------------------------------------------------
+    def long_prefill_threshold(self) -> int:
+        """Query: this step's ``long_prefill_token_threshold`` -- 0 under 0.33 when one request is
+        present (``schedule``: ``num_running + num_waiting <= 1``, nobody to starve)."""
+        if self.profile.threshold_off_when_alone and len(self.running) + len(self.waiting) <= 1:
+            return 0
+        return self.config.long_prefill_token_threshold
+
     def schedule(self) -> SchedulerOutput:
         """Changes state: plan one engine step, phases A-C of the module docstring."""
         cfg = self.config
         kvm = self.kv_cache_manager
         token_budget = cfg.max_num_batched_tokens
-        threshold = cfg.long_prefill_token_threshold
+        threshold = self.long_prefill_threshold()
+        cadence = self.cadence
+        hold = cadence.holds(self.running)  # vLLM 0.33 defer_prefills (local prefill cadence)
+        carried_prefill = False
         scheduled_running: list[ScheduledRequest] = []
         scheduled_new: list[ScheduledRequest] = []
         preempted: list[Request] = []
 
         # A. running requests
         req_index = 0
-        bulk_decodes = not cfg.async_scheduling  # (async decodes have a token in flight)
+        scans_on = self.profile.priority_preemption_scans_on
+        bulk_decodes = not cfg.async_scheduling and not hold  # (async decodes have a token in flight)
         while req_index < len(self.running) and token_budget > 0:
             if bulk_decodes:
                 # ready decodes in one go: for each, the per-request path below would ask for one
@@ -130,6 +155,9 @@ class Scheduler:
             ):
                 req_index += 1  # async: the in-flight step already reaches max_tokens
                 continue
+            if hold and request.is_prefill_chunk:
+                req_index += 1  # the cadence defers this prefill chunk; decodes still run
+                continue
             num_new = request.num_tokens + placeholders - request.num_computed_tokens
             if 0 < threshold < num_new:
                 num_new = threshold
@@ -143,12 +171,18 @@ class Scheduler:
                     break
                 if cfg.policy == "priority":
                     victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
-                    self.running.remove(victim)
+                    victim_index = self.running.index(victim)
+                    del self.running[victim_index]
+                    # 0.33: step back whenever the victim sat before the cursor; 0.25.1: only for
+                    # a victim scheduled this step (below)
+                    if scans_on and victim_index < req_index:
+                        req_index -= 1
                     for i, s in enumerate(scheduled_running):
                         if s.request is victim:
                             del scheduled_running[i]
                             token_budget += s.num_new_tokens
-                            req_index -= 1
+                            if not scans_on:
+                                req_index -= 1
                             break
                 else:
                     victim = self.running.pop()
@@ -157,18 +191,31 @@ class Scheduler:
                 if victim is request:
                     break
             if new_blocks is None:
+                if request.status == PREEMPTED and cfg.policy == "priority" and scans_on:
+                    continue  # 0.33: it preempted itself; the higher-priority ones behind may fit
                 break
+            carried_prefill |= request.is_prefill_chunk
             scheduled_running.append(ScheduledRequest(request, num_new, request.num_computed_tokens, new_blocks))
             token_budget -= num_new
             req_index += 1
 
         # B. waiting requests
         if not preempted:
+            admit_cap = cfg.max_num_active_reqs  # 0.33 max_num_active_seqs; 0.25.1 max_num_seqs
+            skipped: list[Request] = []
             while self.waiting and token_budget > 0:
-                if len(self.running) >= cfg.max_num_seqs:
+                if len(self.running) >= admit_cap:
                     break
                 request = self.waiting.peek()
+                if request.num_stale_output_tokens:
+                    # 0.33 waiting loop: stale output still in flight would be resampled ->
+                    # skip_request (requeued at the front after the loop, in order)
+                    skipped.append(self.waiting.pop_head())
+                    self.deferred_waiting.add(request.request_id)
+                    continue
                 hit_blocks, num_hits = kvm.get_computed_blocks(request)
+                if hold and num_hits < request.num_tokens - 1:
+                    break  # 0.33: the cadence defers this admission's prefill
                 num_new = request.num_tokens - num_hits
                 if 0 < threshold < num_new:
                     num_new = threshold
@@ -185,7 +232,11 @@ class Scheduler:
                 )
                 if new_blocks is None:
                     break
+                kvm.record_prefix_cache_stats(request, num_hits)  # 0.33: once per admission
                 self.waiting.pop_head()
+                if self.deferred_waiting:
+                    self.deferred_waiting.discard(request.request_id)
+                carried_prefill |= num_hits < request.num_tokens - 1
                 self.running.append(request)
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_hits
@@ -200,11 +251,15 @@ class Scheduler:
                     )
                 )
                 token_budget -= num_new
+            for r in reversed(skipped):
+                self.waiting.prepend(r)
+            cadence.after_waiting_loop(hold, len(self.waiting), len(self.deferred_waiting))
 
         # C. bookkeeping
         scheduled = scheduled_running + scheduled_new
         total = 0
         is_async = cfg.async_scheduling
+        track = self.track_in_flight
         for s in scheduled:
             r = s.request
             r.num_computed_tokens += s.num_new_tokens
@@ -212,7 +267,10 @@ class Scheduler:
             s.samples = not r.is_prefill_chunk
             if is_async and s.samples:
                 r.num_output_placeholders += 1  # the token this step samples is not known yet
+            if track:
+                r.num_in_flight_tokens += s.num_new_tokens
             total += s.num_new_tokens
+        cadence.end_step(total, carried_prefill)
         out = SchedulerOutput(self.step_index, scheduled, preempted, self.finished_req_ids, total)
         self.finished_req_ids = set()
         self.step_index += 1
@@ -225,6 +283,11 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        if self.track_in_flight:
+            # 0.33 _preempt_request: in-flight output turns stale (still delivered, but it no longer
+            # resolves placeholders); the request is skipped in the waiting loop until it drains
+            request.num_stale_output_tokens = request.num_in_flight_tokens
+            request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(request)
@@ -239,8 +302,15 @@ class Scheduler:
         max_len = self.config.max_model_len
         is_async = self.config.async_scheduling
         stopped_preempted = False
+        track = self.track_in_flight
         for s in output.scheduled:
             request = s.request
+            stale = False
+            if track:  # 0.33 update_from_output: drain in-flight and stale shares in lockstep
+                request.num_in_flight_tokens -= s.num_new_tokens
+                if request.num_stale_output_tokens > 0:
+                    stale = True
+                    request.num_stale_output_tokens -= s.num_new_tokens
             if request.status > PREEMPTED:  # already finished
                 continue
             new_ids = sampled_token_ids.get(request.request_id)
@@ -257,7 +327,8 @@ class Scheduler:
             if is_async:
                 # AsyncScheduler: the placeholder is now a real token; blocks it completes are
                 # cached now (one step later than in sync mode), unless it was preempted since.
-                request.num_output_placeholders -= n_appended
+                if not stale:
+                    request.num_output_placeholders -= n_appended
                 if status_before == RUNNING:
                     self.kv_cache_manager.cache_blocks(
                         request, request.num_computed_tokens - request.num_output_placeholders

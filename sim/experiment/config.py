@@ -47,6 +47,7 @@ from sim.experiment.overrides import (  # noqa: F401  (re-exported: callers impo
 )
 from sim.experiment.sidechannel_config import SideChannelConfig
 from sim.experiment.strict_yaml import YAMLInputError, load_yaml_file
+from sim.experiment.version_keys import DEFAULT_VERSION, check_engine_keys, check_version, check_version_key, hash_unit
 from sim.timing.step_noise import DEFAULT_SIGMA
 from workloads.paths import input_path
 from workloads.schema import UNION_TAGS as _WORKLOAD_TAGS
@@ -111,8 +112,10 @@ def _unset(value: Any) -> bool:
 
 class EngineConfig(_Strict):
     """vLLM engine knobs (defaults: vLLM 0.25.1's LLM-class defaults on a >=70 GiB GPU, but
-    ``max_num_batched_tokens`` 8192 / ``max_num_seqs`` 256, the API-server-like H100 setting)."""
+    ``max_num_batched_tokens`` 8192 / ``max_num_seqs`` 256, the API-server-like H100 setting);
+    ``vllm_version``: the behaviour profile (``sim.experiment.version_keys``)."""
 
+    vllm_version: str = DEFAULT_VERSION  # first: the version-only keys' validators read it
     block_size: BlockSize = 16
     num_gpu_blocks: Annotated[int, Field(ge=2)] | None = None
     kv_cache_gib: Annotated[float, Field(gt=0)] | None = None
@@ -127,7 +130,8 @@ class EngineConfig(_Strict):
     scheduler_reserve_full_isl: bool = True
     enable_prefix_caching: bool = True
     hash_algo: Literal["fast", "sha256", "sha256_cbor", "xxhash", "xxhash_cbor"] = "fast"
-    hash_seed: int = 0
+    # vLLM's PYTHONHASHSEED; unset: see sim.experiment.version_keys.none_hash_seed
+    hash_seed: int | None = Field(default=None, exclude_if=_unset)
     use_eagle: bool = False
     async_scheduling: bool = False  # vLLM's default is on; the simulator's default is the sync scheduler
     pool_impl: Literal["compiled", "python"] = "compiled"  # the block pool (sim.core.pool_impl); same results
@@ -137,6 +141,14 @@ class EngineConfig(_Strict):
     # pool sizing is not modelled).
     kv_cache_groups: tuple[KVCacheGroupConfig, ...] | None = None
     hash_block_size: Annotated[int, Field(gt=0)] | None = None  # hybrid only; default: GCD of group sizes
+    # vLLM 0.33.0 keys (sim.experiment.version_keys; left out of the resolved config when unset)
+    prefix_match_unit: Annotated[int, Field(gt=0)] | None = Field(default=None, exclude_if=_unset)
+    max_num_active_seqs: Annotated[int, Field(gt=0)] | None = Field(default=None, exclude_if=_unset)
+    prefill_schedule_interval: Annotated[int, Field(ge=1)] | None = Field(default=None, exclude_if=_unset)
+
+    _version = field_validator("vllm_version")(check_version)
+    _version_keys = field_validator("hash_block_size", "prefix_match_unit", "max_num_active_seqs",
+                                    "prefill_schedule_interval")(check_version_key)
     # vLLM 0.33.0's native CPU offload tier (sim.experiment.offload_tier, which says what each key mirrors);
     # left out of the resolved config when unset, so untiered configs keep their point keys
     kv_offloading_size: float | None = Field(default=None, exclude_if=_unset)  # GiB
@@ -156,13 +168,14 @@ class EngineConfig(_Strict):
 
     @model_validator(mode="after")
     def _kv_cache_groups_valid(self) -> EngineConfig:
+        check_engine_keys(self)
         if self.kv_cache_groups is None:
             if self.hash_block_size is not None:
                 raise ValueError("hash_block_size applies only with kv_cache_groups")
             return self
         if not self.kv_cache_groups:
             raise ValueError("kv_cache_groups must list at least one group (or be left unset)")
-        check_groups(self.kv_cache_group_specs(), self.enable_prefix_caching, self.hash_block_size)
+        check_groups(self.kv_cache_group_specs(), self.enable_prefix_caching, hash_unit(self))
         if self.num_gpu_blocks is None:
             raise ValueError("kv_cache_groups needs num_gpu_blocks (hybrid pool sizing is not modelled)")
         return self

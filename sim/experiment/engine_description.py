@@ -7,7 +7,10 @@ override), the pool size in blocks with the null block included (``determine_ava
 then ``get_kv_cache_configs``; here ``engine.num_gpu_blocks``, ``engine.kv_cache_gib`` or the GPU
 through ``sim.timing.roofline.kv_cache_blocks``), ``max_model_len`` (the engine's or the model's),
 and the start-up check ``_check_enough_kv_cache_memory`` (a pool that cannot hold one
-``max_model_len`` sequence is refused).
+``max_model_len`` sequence is refused). The vLLM version (``engine.vllm_version``) is resolved here
+once into its :class:`~sim.core.version_profile.VersionProfile`, handed to the core as
+``SchedulerConfig.profile``; it also decides the sliding-window in-flight tokens of that check
+(0.33.0 ``VllmConfig.max_in_flight_tokens``), the NONE_HASH seed and EAGLE's lookahead hashes.
 
 Invariants: an :class:`EngineDescription` is built only by :func:`resolve`, is frozen, and is the
 only place these numbers are derived: the scheduler (``sim.experiment.run.build_scheduler``), the
@@ -29,8 +32,10 @@ from functools import cache
 from sim.core.config import CacheConfig, OffloadConfig, SchedulerConfig
 from sim.core.hashing import BlockHasher, make_block_hasher
 from sim.core.kv_cache_spec import KVGroupSpec, blocks_for_one_sequence, cdiv, resolve_block_sizes
+from sim.core.version_profile import VersionProfile, get_profile
 from sim.experiment.config import ConfigError, ExperimentConfig
 from sim.experiment.offload_tier import offload_bandwidth_gb_s, resolve_offload
+from sim.experiment.version_keys import hash_unit, none_hash_seed
 from sim.timing.roofline import GIB, GPUSpec, ModelSpec, kv_cache_blocks, load_gpu_spec, load_model_spec
 
 
@@ -58,13 +63,15 @@ class EngineDescription:
     capacity_tokens: int
     kv_pool_gib: float
     hash_algo: str
-    hash_seed: int
+    hash_seed: int | str
     scheduler_config: SchedulerConfig
     cache_config: CacheConfig
     # the CPU offload tier (None: none): its chunks are cache_config.offload; a transfer moves
     # kv_bytes_per_block bytes per GPU block over a link of offload_bandwidth_gb_s (GB/s per direction)
     kv_bytes_per_block: int = 0
     offload_bandwidth_gb_s: float = 0.0
+    # vLLM 0.33.0 num_hash_lookahead_tokens: 1 for EAGLE with prefix caching and no KV connector
+    num_hash_lookahead_tokens: int = 0
 
     @property
     def offload(self) -> OffloadConfig | None:
@@ -77,9 +84,14 @@ class EngineDescription:
         sequential-LRU references (``workloads.bounds``)."""
         return len(self.kv_groups) == 1 and self.kv_groups[0].kind == "full"
 
+    @property
+    def profile(self) -> VersionProfile:
+        """The vLLM version's behaviour profile (``engine.vllm_version``)."""
+        return self.scheduler_config.profile
+
     def block_hasher(self) -> BlockHasher:
         """A new request block hasher (``hash_algo`` at ``hash_block_size``, seeded)."""
-        return make_block_hasher(self.hash_algo, self.hash_block_size, self.hash_seed)
+        return make_block_hasher(self.hash_algo, self.hash_block_size, self.hash_seed, self.num_hash_lookahead_tokens)
 
 
 def _spec_name(cfg: ExperimentConfig, name: str) -> str:
@@ -147,13 +159,16 @@ def _kv_pool_gib(
 def resolve(cfg: ExperimentConfig) -> EngineDescription:
     """The engine of ``cfg`` (see the module docstring); problems raise ``ConfigError``."""
     e = cfg.engine
+    profile = get_profile(e.vllm_version)  # validated by EngineConfig
+    # the sliding-window admission cap's in-flight tokens (0.33: 2 batches with async scheduling)
+    in_flight = profile.max_in_flight_tokens(e.max_num_batched_tokens, e.async_scheduling)
     model = cache(lambda: model_spec(cfg))  # loaded at most once, and only when a number needs it
     max_model_len = e.max_model_len if e.max_model_len is not None else model().max_model_len
     hybrid = bool(e.kv_cache_groups)
     groups = e.kv_cache_group_specs() if hybrid else (KVGroupSpec("full", e.block_size),)
     if hybrid:  # sliding-window / hybrid: every group holds its own blocks of one max_model_len sequence
-        block_size, hash_block_size = resolve_block_sizes(groups, e.enable_prefix_caching, e.hash_block_size)
-        needed = blocks_for_one_sequence(groups, e.max_num_batched_tokens, max_model_len)
+        block_size, hash_block_size = resolve_block_sizes(groups, e.enable_prefix_caching, hash_unit(e))
+        needed = blocks_for_one_sequence(groups, in_flight, max_model_len)
     else:
         block_size = hash_block_size = e.block_size
         needed = cdiv(max_model_len, block_size)
@@ -179,11 +194,20 @@ def resolve(cfg: ExperimentConfig) -> EngineDescription:
         scheduler_reserve_full_isl=e.scheduler_reserve_full_isl,
         watermark=e.watermark,
         async_scheduling=e.async_scheduling,
+        profile=profile,
+        max_num_active_seqs=e.max_num_active_seqs,
+        prefill_schedule_interval=e.prefill_schedule_interval or 1,
     )
     offload = resolve_offload(e, cfg.source, cfg.model, model, block_size)
-    cache_config = CacheConfig(block_size, num_blocks, e.enable_prefix_caching, e.use_eagle,
-                               kv_groups=groups if hybrid else (), hash_block_size=e.hash_block_size,
-                               pool_impl=e.pool_impl, offload=offload)
+    # 0.33 VllmConfig.num_hash_lookahead_tokens: EAGLE hashes one token ahead unless caching is off
+    # or a KV connector is on; Scheduler.__init__ then turns use_eagle_block_drop off
+    lookahead = int(profile.eagle_lookahead_hashes and e.use_eagle and e.enable_prefix_caching and offload is None)
+    if lookahead and hybrid:
+        raise ConfigError(f"{cfg.source}: engine.use_eagle: vLLM 0.33.0's lookahead block hashes over kv_cache_groups "
+                          "are not modelled (one full-attention group only); use engine.vllm_version: 0.25.1")
+    cache_config = CacheConfig(block_size, num_blocks, e.enable_prefix_caching, e.use_eagle and not lookahead,
+                               kv_groups=groups if hybrid else (), hash_block_size=hash_unit(e),
+                               pool_impl=e.pool_impl, offload=offload, num_hash_lookahead_tokens=lookahead)
     return EngineDescription(
         kv_groups=groups,
         hybrid=hybrid,
@@ -194,10 +218,11 @@ def resolve(cfg: ExperimentConfig) -> EngineDescription:
         capacity_tokens=_capacity_tokens(groups, block_size, num_blocks),
         kv_pool_gib=_kv_pool_gib(cfg, model, hybrid, num_blocks, block_size),
         hash_algo=e.hash_algo,
-        hash_seed=e.hash_seed,
+        hash_seed=none_hash_seed(e),
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         kv_bytes_per_block=0 if offload is None else model().kv_bytes_per_block(block_size),
         offload_bandwidth_gb_s=0.0 if offload is None else offload_bandwidth_gb_s(
             e, lambda: gpu_spec(cfg).host_link_gb_s),
+        num_hash_lookahead_tokens=lookahead,
     )

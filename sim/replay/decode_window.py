@@ -15,7 +15,7 @@ module plays k such steps at once:
 
 A window is allowed when (``plan_window``): the scheduler is synchronous; every bulk request is a
 true decode (it has output tokens and ``num_computed == num_tokens - 1``) and the bulk fits the
-token budget; no lookup can admit anything -- the waiting queue is empty, or ``max_num_seqs`` is
+token budget; no lookup can admit anything -- the waiting queue is empty, or the admission cap is
 reached, or (FCFS, full-sequence gate) the head's gate fails now and cannot pass later (no block
 is freed inside a window, so the free queue only shrinks; its hit chain can only be evicted, never
 re-extended, because generated blocks hold unique tokens and each tail prefill diverges from the
@@ -83,7 +83,7 @@ def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | 
     if not scheduler.waiting:
         return None
     cfg = scheduler.config
-    if len(scheduler.running) >= cfg.max_num_seqs:
+    if len(scheduler.running) >= cfg.max_num_active_reqs:
         return None  # the waiting loop stops before any lookup
     if cfg.policy != "fcfs" or not cfg.scheduler_reserve_full_isl:
         return False
@@ -118,7 +118,7 @@ def _step0_admits(scheduler: Scheduler, budget_gate: bool) -> bool:
         return False
     cfg = scheduler.config
     running = scheduler.running
-    if len(running) >= cfg.max_num_seqs:
+    if len(running) >= cfg.max_num_active_reqs:
         return False
     kvm = scheduler.kv_cache_manager
     if not budget_gate:
@@ -128,7 +128,7 @@ def _step0_admits(scheduler: Scheduler, budget_gate: bool) -> bool:
         if need > kvm.block_pool.get_num_free_blocks():
             return False
     budget = cfg.max_num_batched_tokens
-    threshold = cfg.long_prefill_token_threshold
+    threshold = scheduler.long_prefill_threshold()
     demand = 0
     for r in running:
         n = r.num_tokens - r.num_computed_tokens
@@ -172,17 +172,19 @@ def plan_window(
     the plain step loop's."""
     if not scheduler.kv_cache_manager.is_unitary_full_attention:
         return None  # explicit (sliding-window / hybrid) KV-cache groups: plain steps only
+    if scheduler.kv_cache_manager.num_hash_lookahead_tokens:
+        return None  # 0.33 EAGLE: a full block is cached a token late (its hash): plain steps only
     cfg = scheduler.config
     running = scheduler.running
-    if max_steps < 2 or not running:
-        return None
+    if max_steps < 2 or not running or scheduler.cadence.interval > 1:
+        return None  # (the prefill cadence holds prefill by executed-step counts: plain steps only)
     # budget_gate: a lookup at a step could admit the head, so the window only takes steps whose
     # running requests use the whole token budget -- schedule()'s waiting loop runs only while
     # budget is left, so such a step looks nothing up -- and ends before the first step that leaves
     # budget (a multi-chunk prefill's full chunks while requests wait)
     budget_gate = bool(
         scheduler.waiting
-        and len(running) < cfg.max_num_seqs
+        and len(running) < cfg.max_num_active_reqs
         and (cfg.policy != "fcfs" or not cfg.scheduler_reserve_full_isl)
     )
     kvm = scheduler.kv_cache_manager
@@ -237,7 +239,9 @@ def plan_window(
     durations: list[float] = []
     lookups: list[bool] = []
     first_tokens: list[list[Request]] = []
-    threshold = cfg.long_prefill_token_threshold
+    # constant over the window: no admission or finish before its last step, and an arrival ends
+    # it unless requests already wait (so a lone request stays alone: 0.33's threshold rule)
+    threshold = scheduler.long_prefill_threshold()
     used = 0  # blocks popped so far in the window
     start = now
     starts = [now]

@@ -18,9 +18,11 @@ Rejected requests never ran: every summary metric is over the other requests
 Summary hit rates (each a fraction; the names say what is counted):
 
 * ``prefix_cache_hit_rate`` -- vLLM's metric (``PrefixCacheStats``): prefix-cache ``hits / queries``
-  summed over every lookup of non-preempted requests (a request waiting at the head of the queue is
-  looked up, and counted, again at every step; ``prompt_logprobs`` requests are not counted;
-  resumed requests go to the ``preempted_*`` counters);
+  of non-preempted requests, with the semantics of the run's ``vllm_version`` (the summary names
+  it): 0.25.1 counts every lookup (a request waiting at the head of the queue is looked up, and
+  counted, again at every step), 0.33.0 each admission once (queries = the prompt tokens of first
+  admissions); ``prompt_logprobs`` requests are not counted; resumed requests go to the
+  ``preempted_*`` counters;
 * ``first_admission_token_hit_rate`` -- ``hit_tokens`` granted at each request's first admission
   over all prompt tokens (each request counted once; what the offline bounds of
   ``workloads.bounds`` model, so compare those with this one);

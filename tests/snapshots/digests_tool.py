@@ -9,6 +9,10 @@ of the smoke sweep) it stores
   pandas upgrade does not change a digest while any changed value does;
 * ``summary.json`` itself (small, so a diff shows which metric moved).
 
+Each case runs under one vLLM version profile (``engine.vllm_version``, passed as ``--set``): the
+cases recorded before version profiles existed run under 0.25.1, which must reproduce them exactly;
+the ``*_v033`` cases pin the 0.33.0 profile (the default since) on the same configs.
+
 ``meta.json`` (wall times, versions, commit) is excluded. A new column or summary key is allowed
 (listed, not failed); a changed or missing one fails ``tests/test_snapshots.py``.
 
@@ -36,8 +40,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DIGESTS = Path(__file__).with_name("digests.json")
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 
-RUN_CASES: dict[str, tuple[str, bool]] = {
-    # name: (config path relative to the repository, needs ../shared/traces)
+V0251, V033 = "0.25.1", "0.33.0"
+
+RUN_CASES: dict[str, tuple[str, bool] | tuple[str, bool, str]] = {
+    # name: (config path relative to the repository, needs ../shared/traces[, vLLM version; default 0.25.1])
     "quickstart": ("configs/quickstart.yaml", False),
     "mooncake_sample": ("configs/mooncake_sample.yaml", False),  # the single-engine quickstart before the cluster one
     "quickstart_torch_sim": ("configs/quickstart_torch.yaml", False),
@@ -50,6 +56,12 @@ RUN_CASES: dict[str, tuple[str, bool]] = {
     "chat_mooncake": ("configs/chat_mooncake.yaml", True),
     "rag_ragpulse": ("configs/rag_ragpulse.yaml", True),
     "agent_trace": ("configs/agent_trace.yaml", True),
+    # the 0.33.0 profile: a fleet (8 replicas, the sglang router), one engine on a real-trace sample,
+    # a synthetic agent workload and a Mooncake slice with preemptions
+    "quickstart_v033": ("configs/quickstart.yaml", False, V033),
+    "mooncake_sample_v033": ("configs/mooncake_sample.yaml", False, V033),
+    "agent_synthetic_v033": ("configs/agent_synthetic.yaml", False, V033),
+    "chat_mooncake_v033": ("configs/chat_mooncake.yaml", True, V033),
 }
 SWEEP_CASE = "smoke_sweep"
 SWEEP_FILE = "configs/sweeps/smoke.yaml"
@@ -108,7 +120,7 @@ def compute_case(name: str, workdir: Path) -> dict[str, Any]:
     """Run one case into ``workdir`` and return its digest record."""
     if name == SWEEP_CASE:
         _cli(["sweep", str(ROOT / SWEEP_FILE), "--output-dir", str(workdir), "--no-plots", "--no-progress",
-              "--workers", "1"])
+              "--workers", "1", "--set", f"engine.vllm_version={V0251}"])
         folder = workdir / "smoke"
         table = pd.read_parquet(folder / "table.parquet")
         points: dict[str, Any] = {}
@@ -117,16 +129,17 @@ def compute_case(name: str, workdir: Path) -> dict[str, Any]:
             points[label] = folder_digest(folder / "points" / row["key"])
         stable = table.drop(columns=[c for c in SWEEP_VOLATILE if c in table.columns])
         return {"table": table_digest(stable), "points": points}
-    config, _ = RUN_CASES[name]
+    config, version = RUN_CASES[name][0], (RUN_CASES[name][2:] or (V0251,))[0]
     out = workdir / name
     # --no-bounds: the offline references are new summary keys (allowed), pinned by their own tests;
     # computing them for every case would add about a minute and a half to the snapshot test
-    _cli(["run", str(ROOT / config), "--out", str(out), "--no-progress", "--no-bounds"])
+    _cli(["run", str(ROOT / config), "--out", str(out), "--no-progress", "--no-bounds",
+          "--set", f"engine.vllm_version={version}"])
     return folder_digest(out)
 
 
 def available_cases() -> list[str]:
-    names = [n for n, (_, shared) in RUN_CASES.items() if not shared or SHARED_TRACES.is_dir()]
+    names = [n for n, case in RUN_CASES.items() if not case[1] or SHARED_TRACES.is_dir()]
     return names + [SWEEP_CASE]
 
 
