@@ -44,7 +44,7 @@ def _params():
             yield pytest.param(name, algo, ff, id=f"{name}-{algo}-{'ff' if ff else 'noff'}", marks=marks)
 
 
-def _replay(case: dict, algo: str, fast_forward: bool):
+def _replay(case: dict, algo: str, fast_forward: bool, vllm_version: str = "0.25.1"):
     e = case["engine"]
     cfg = config_from_dict(
         {
@@ -63,7 +63,7 @@ def _replay(case: dict, algo: str, fast_forward: bool):
                 "async_scheduling": e["async_scheduling"],
                 "hash_algo": algo,
                 "hash_seed": 0,
-                "vllm_version": "0.25.1",  # the fixtures were recorded from vLLM 0.25.1
+                "vllm_version": vllm_version,  # these fixtures: 0.25.1 (test_vllm_agreement_033: 0.33.0)
             },
             "workload": {"kind": "trace", "path": case["trace"]},
             "replay": {"fast_forward": fast_forward},
