@@ -115,6 +115,45 @@ def _hit_rates(s: Mapping[str, Any]) -> list[str]:
         _row("requests with >= 1 hit token", f"{(sig(100 * frac) + ' %') if _ok(frac) else 'n/a':<7}",
              f"{exact(s.get('num_requests_with_hit'))} of {exact(s.get('num_requests'))} requests"),
     ]
+    return lines + _tiers(s)
+
+
+_TWO_TIER_REFERENCES = (
+    ("two_tier_infinite", "two tiers, infinite", "upper bound: neither tier evicts"),
+    ("two_tier_lru_sequential", "two tiers, this pool + tier (LRU)", "requests one at a time (no concurrency)"),
+    ("two_tier_arc_sequential", "two tiers, this pool + tier (ARC)", "requests one at a time (no concurrency)"),
+)
+
+
+def _tiers(s: Mapping[str, Any]) -> list[str]:
+    """A hit-rate line per tier of a run with a CPU offload tier (``sim.replay.tier_metrics``):
+    vLLM 0.33.0's ``prompt_tokens_by_source`` of first admissions, the tier's counters, and the
+    two-tier references (``workloads.tier_bounds``) by source; nothing without a tier."""
+    by_source = s.get("hit_rate_by_source")
+    if not by_source:
+        return []
+    pts = s.get("prompt_tokens_by_source") or {}
+    ext = s.get("external_prefix_cache") or {}
+    cpu = s.get("cpu_tier") or {}
+    size = (s.get("engine") or {}).get("cpu_tier") or {}
+    lines = [
+        "by tier     (prompt tokens of first admissions: vLLM 0.33.0 prompt_tokens_by_source)",
+        _row("GPU prefix cache (local_cache_hit)", f"{sig(by_source.get('gpu')):<7}",
+             f"{count(pts.get('local_cache_hit'))} tokens"),
+        _row("CPU tier (external_kv_transfer)", f"{sig(by_source.get('cpu')):<7}",
+             f"{count(pts.get('external_kv_transfer'))} tokens loaded; the connector found "
+             f"{sig(ext.get('hit_rate'))} of the {count(ext.get('queries'))} tokens the GPU missed"),
+    ]
+    for key, label, note in _TWO_TIER_REFERENCES:
+        if _ok(s.get(f"{key}_hit_rate")):
+            lines.append(_row(f"  {label}", f"{sig(s.get(f'{key}_hit_rate')):<7}",
+                              f"GPU {sig(s.get(f'{key}_gpu_hit_rate'))} + CPU {sig(s.get(f'{key}_cpu_hit_rate'))}; "
+                              + note))
+    lines.append(
+        f"cpu tier    {exact(size.get('num_chunks', cpu.get('num_chunks')))} chunks"
+        + (f" ({sig(size['gib'])} GiB, {size['policy'].upper()}, link {sig(size['link_gb_s'])} GB/s)" if size else "")
+        + f": {exact(cpu.get('chunks_stored'))} stored, {exact(cpu.get('chunks_loaded'))} loaded, "
+        f"{exact(cpu.get('chunks_evicted'))} evicted, {exact(cpu.get('allocation_failures'))} allocation failures")
     return lines
 
 
