@@ -115,6 +115,65 @@ class TierCounters:
         return dict(self.__dict__)
 
 
+class _OrderedIdSet(set):
+    """A set of request ids that iterates in a given order (the only thing the connector does
+    with ``scheduler_output.finished_req_ids`` besides truthiness is iterating it)."""
+
+    def __init__(self, ids: list[str]):
+        super().__init__(ids)
+        self._order = ids
+
+    def __iter__(self):
+        return iter(self._order)
+
+
+def fix_finished_order(sched: Any, mode: str) -> None:
+    """Make the connector see ``scheduler_output.finished_req_ids`` in a reproducible order.
+
+    vLLM 0.33.0 iterates that ``set[str]`` in ``OffloadingConnectorScheduler._build_connector_meta``
+    (``manager.on_request_finished`` per finished request: the policy commit that re-ranks its
+    keys) and in ``_build_store_jobs`` (the finished requests' last store offers). Set iteration
+    order of strings follows the interpreter's hash seed (PYTHONHASHSEED), so with two or more
+    requests finishing in one step vLLM's own LRU/ARC order -- and then evictions and hits --
+    changes from process to process (measured: 4 seeds, 4 different results on a 221-request
+    Mooncake slice). ``mode``:
+      "finish": the order the Scheduler freed them (``Scheduler._free_request`` calls: the order of
+                ``update_from_output``'s request loop, i.e. the batch order), the default;
+      "sorted": by request id;
+      "set":    vLLM unchanged (reproducible only with PYTHONHASHSEED set for the process).
+    """
+    if mode == "set":
+        return
+    conn = sched.connector
+    freed: list[str] = []
+    orig_free = sched._free_request
+
+    def _free_request(request, *a, **kw):
+        freed.append(request.request_id)
+        return orig_free(request, *a, **kw)
+    sched._free_request = _free_request
+
+    orig_build = conn.build_connector_meta
+
+    def build_connector_meta(scheduler_output):
+        fin = scheduler_output.finished_req_ids
+        if not fin or len(fin) < 2:
+            freed[:] = [r for r in freed if r not in (fin or ())]
+            return orig_build(scheduler_output)
+        if mode == "sorted":
+            order = sorted(fin)
+        else:
+            order = [r for r in freed if r in fin]
+            order += sorted(r for r in fin if r not in set(order))
+        freed[:] = [r for r in freed if r not in fin]
+        scheduler_output.finished_req_ids = _OrderedIdSet(order)
+        try:
+            return orig_build(scheduler_output)
+        finally:
+            scheduler_output.finished_req_ids = fin
+    conn.build_connector_meta = build_connector_meta
+
+
 class OffloadObserver:
     """Passive wrappers on the OffloadingConnector's scheduler side and its manager."""
 

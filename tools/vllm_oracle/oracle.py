@@ -513,12 +513,13 @@ def replay(args) -> tuple[list[ReqResult], dict]:
     observer = worker = None
     KVConnectorOutput = OffloadingWorkerMetadata = None
     if conn is not None:
-        from offload_stub import OffloadObserver, StubWorker
+        from offload_stub import OffloadObserver, StubWorker, fix_finished_order
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
             OffloadingWorkerMetadata)
         from vllm.v1.outputs import KVConnectorOutput
         observer = OffloadObserver(conn)
         worker = StubWorker(delay_steps=args.transfer_delay_steps)
+        fix_finished_order(sched, args.finished_order)
 
     # 0.33: one record per admission (the waiting-loop allocation succeeded), at
     # KVCacheManager.record_prefix_cache_stats(request, local_hit) (v1/core/sched/scheduler.py,
@@ -859,6 +860,7 @@ def replay(args) -> tuple[list[ReqResult], dict]:
             offload_prompt_only=not args.offload_all_tokens,
             store_threshold=args.store_threshold,
             transfer_delay_steps=args.transfer_delay_steps,
+            finished_order=args.finished_order,
             kv_bytes_per_block=kv_bytes_per_block(args.block_size),
             cpu_bytes_to_use=conn.connector_scheduler.manager is not None and
             sched.vllm_config.kv_transfer_config.kv_connector_extra_config["cpu_bytes_to_use"],
@@ -960,6 +962,10 @@ def parse_args(argv=None, *, batch_ok=True):
     g.add_argument("--transfer-delay-steps", type=int, default=1,
                    help="stub worker: a load/store job of batch b reports complete in the "
                    "output of batch b+K (flushed jobs in b itself); see README")
+    g.add_argument("--finished-order", choices=["finish", "sorted", "set"], default="finish",
+                   help="order in which the connector sees the requests finished since the last "
+                   "step (vLLM iterates a set of request-id strings: hash-seed dependent); "
+                   "finish = the order they were freed (default), set = vLLM unchanged")
     p.add_argument("--steps-out", help="JSONL: one line per engine iteration (scheduled "
                    "tokens, preemptions; with a connector the load/store/flush jobs submitted "
                    "and the jobs reported complete)")
