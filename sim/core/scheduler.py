@@ -45,11 +45,15 @@ from sim.core.config import CacheConfig, SchedulerConfig
 from sim.core.hashing import BlockHasher
 from sim.core.kv_cache_manager import KVCacheManager
 from sim.core.kv_events import EventSink
+from sim.core.offload.admission import schedule_waiting
+from sim.core.offload.tier import OffloadTier
 from sim.core.prefill_cadence import PrefillCadence
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import FINISHED_LENGTH_CAPPED, PREEMPTED, RUNNING, Request, RequestStatus
 from sim.core.request_queue import RequestQueue, create_request_queue
+from sim.core.scheduler_checks import check_scheduler
 from sim.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from sim.core.transfer_job import KVConnectorOutput
 
 
 class Scheduler:
@@ -84,6 +88,8 @@ class Scheduler:
         self.track_in_flight = scheduler_config.async_scheduling and self.profile.stale_output_skip
         self.cadence = PrefillCadence(scheduler_config.prefill_schedule_interval)
         self.deferred_waiting: set[str] = set()  # vLLM 0.33 deferred_waiting: skipped, not yet admitted
+        # vLLM 0.33.0's offload connector path (sim.core.offload.tier), None without CacheConfig.offload
+        self.tier: OffloadTier | None = None if cache_config.offload is None else OffloadTier(self)
 
     @property
     def event_sink(self) -> EventSink | None:
@@ -98,24 +104,29 @@ class Scheduler:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.waiting.add(request)
         self.requests[request.request_id] = request
+        if self.tier is not None:
+            self.tier.connector.on_new_request(request)
 
     def has_unfinished_requests(self) -> bool:
-        """Query: anything waiting or running."""
-        return bool(self.waiting) or bool(self.running)
+        """Query: anything waiting (blocks held or not) or running."""
+        tier = self.tier
+        return bool(self.waiting) or bool(self.running) or (tier is not None and bool(tier.kv_holding_waiting))
 
     def has_requests(self) -> bool:
-        """Query: vLLM's ``has_requests`` -- unfinished ones, or finished ones not yet reported."""
-        return bool(self.waiting) or bool(self.running) or bool(self.finished_req_ids)
+        """Query: vLLM's ``has_requests`` -- unfinished ones, finished ones not yet reported, or
+        offload jobs in flight (the engine keeps stepping: ``has_pending_push_work``)."""
+        return self.has_unfinished_requests() or bool(self.finished_req_ids) or (
+            self.tier is not None and self.tier.connector.has_pending_push_work())
 
     def get_num_unfinished_requests(self) -> int:
-        """Query: waiting plus running."""
-        return len(self.waiting) + len(self.running)
+        """Query: waiting (blocks held or not) plus running."""
+        return len(self.waiting) + len(self.running) + (0 if self.tier is None else len(self.tier.kv_holding_waiting))
 
     # -- scheduling ---------------------------------------------------------------------------
     def long_prefill_threshold(self) -> int:
         """Query: this step's ``long_prefill_token_threshold`` -- 0 under 0.33 when one request is
         present (``schedule``: ``num_running + num_waiting <= 1``, nobody to starve)."""
-        if self.profile.threshold_off_when_alone and len(self.running) + len(self.waiting) <= 1:
+        if self.profile.threshold_off_when_alone and self.get_num_unfinished_requests() <= 1:
             return 0
         return self.config.long_prefill_token_threshold
 
@@ -169,6 +180,8 @@ class Scheduler:
                 new_blocks = kvm.allocate_slots(request, num_new)
                 if new_blocks is not None:
                     break
+                if self.tier is not None and not self.tier.victim_can_be_freed(self.running):
+                    break  # vLLM 0.33: a deferred free would not help this allocation
                 if cfg.policy == "priority":
                     victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
                     victim_index = self.running.index(victim)
@@ -200,7 +213,10 @@ class Scheduler:
             req_index += 1
 
         # B. waiting requests
-        if not preempted:
+        if not preempted and self.tier is not None:  # the connector path (sim.core.offload.admission)
+            token_budget, admitted = schedule_waiting(self, self.tier, token_budget, threshold, hold, scheduled_new)
+            carried_prefill |= admitted
+        elif not preempted:
             admit_cap = cfg.max_num_active_reqs  # 0.33 max_num_active_seqs; 0.25.1 max_num_seqs
             skipped: list[Request] = []
             while self.waiting and token_budget > 0:
@@ -272,6 +288,8 @@ class Scheduler:
             total += s.num_new_tokens
         cadence.end_step(total, carried_prefill)
         out = SchedulerOutput(self.step_index, scheduled, preempted, self.finished_req_ids, total)
+        if self.tier is not None:
+            self.tier.after_schedule(out)  # build_connector_meta, then the step fence
         self.finished_req_ids = set()
         self.step_index += 1
         return out
@@ -280,7 +298,7 @@ class Scheduler:
         """Free all blocks, reset progress (outputs kept), requeue at the front (vLLM
         ``Scheduler._preempt_request``: ``prepend_request``, so FCFS resumes it first)."""
         assert request.status == RequestStatus.RUNNING
-        self.kv_cache_manager.free(request)
+        self._free_blocks(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         if self.track_in_flight:
@@ -294,10 +312,15 @@ class Scheduler:
 
     # -- outputs ------------------------------------------------------------------------------
     def update_from_output(
-        self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]]
+        self,
+        output: SchedulerOutput,
+        sampled_token_ids: dict[str, list[int]],
+        kv_connector_output: KVConnectorOutput | None = None,
     ) -> list[Request]:
         """Changes state: append sampled tokens, stop finished requests and free them (in scheduled
-        order); returns the finished."""
+        order), then take the offload worker's report; returns the finished."""
+        if self.tier is not None:
+            self.tier.before_output(output)  # deferred block frees whose step is now done
         finished: list[Request] = []
         max_len = self.config.max_model_len
         is_async = self.config.async_scheduling
@@ -342,15 +365,27 @@ class Scheduler:
             self.running = [r for r in self.running if id(r) not in done]
             if stopped_preempted:  # async only: a request preempted while its last step was in flight
                 self.waiting.remove_where(lambda r: id(r) in done)
+                if self.tier is not None:
+                    self.tier.kv_holding_waiting.remove_where(lambda r: id(r) in done)
+        if self.tier is not None and kv_connector_output is not None:
+            self.tier.update_from_kv_xfer_finished(kv_connector_output)
         return finished
 
     def free_request(self, request: Request) -> None:
         """Changes state: a finished request is reported in the next output, its blocks are freed
         and the scheduler forgets it (the caller sets its finished status and drops it from
         ``running``)."""
+        if self.tier is not None:
+            self.tier.request_finished(request)  # vLLM _connector_finished, before the free
         self.finished_req_ids.add(request.request_id)
-        self.kv_cache_manager.free(request)
+        self._free_blocks(request)
         del self.requests[request.request_id]
+
+    def _free_blocks(self, request: Request) -> None:
+        """Changes state: release the request's blocks (``OffloadTier.free_blocks`` may defer it)."""
+        if self.tier is not None:
+            return self.tier.free_blocks(request)
+        self.kv_cache_manager.free(request)
 
     def make_stats(self) -> PrefixCacheStats | None:
         """Changes state: drain the prefix-cache stats since the last call (vLLM does every step)."""
@@ -366,23 +401,5 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """Query: assert the scheduler's, KV manager's and pool's invariants (after every step in
-        tests); raises AssertionError."""
-        kvm = self.kv_cache_manager
-        kvm.check_integrity()
-        holders = set(kvm.request_ids())
-        running_ids = {r.request_id for r in self.running}
-        assert len(running_ids) == len(self.running), "request twice in running"
-        assert len(self.running) <= self.config.max_num_seqs
-        for r in self.running:
-            assert r.status == RequestStatus.RUNNING
-            assert r.num_computed_tokens <= r.num_tokens
-            for spec, blocks in zip(kvm.kv_groups, kvm.get_blocks_by_group(r.request_id)):
-                assert len(blocks) * spec.block_size >= r.num_computed_tokens, (
-                    f"{r.request_id}: {len(blocks)} blocks of {spec.block_size} for "
-                    f"{r.num_computed_tokens} computed tokens"
-                )
-        for r in self.waiting:
-            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-            assert r.num_computed_tokens == 0
-            assert r.request_id not in holders, f"waiting {r.request_id} holds blocks"
-        assert holders <= running_ids, f"blocks held by non-running requests: {holders - running_ids}"
+        tests; ``sim.core.scheduler_checks``); raises AssertionError."""
+        check_scheduler(self, self.tier)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.kv_cache_block import KVCacheBlock
-from sim.core.offload.transfer import KVConnectorMetadata
 from sim.core.request import Request
+from sim.core.transfer_job import KVConnectorMetadata
 
 
 @dataclass(slots=True)

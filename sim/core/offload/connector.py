@@ -41,8 +41,8 @@ from sim.core.kv_cache_block import KVCacheBlock
 from sim.core.offload.manager import CPUOffloadingManager, LookupResult
 from sim.core.offload.policy import OffloadKey, ReqContext
 from sim.core.offload.request_state import JobStatus, RequestOffloadState
-from sim.core.offload.transfer import KVConnectorMetadata, KVConnectorOutput, TransferJob
 from sim.core.request import FINISHED_ABORTED, PREEMPTED, Request
+from sim.core.transfer_job import KVConnectorMetadata, KVConnectorOutput, TransferJob
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.core.config import OffloadConfig
@@ -121,6 +121,11 @@ class OffloadingConnectorScheduler:
     def has_pending_push_work(self) -> bool:
         """Query: some job is in flight, so the engine must keep stepping."""
         return bool(self.jobs)
+
+    def has_step_work(self) -> bool:
+        """Query: the next ``build_connector_meta`` has finished requests to commit or this step's
+        jobs to hand out (the replay's decode windows wait while it does)."""
+        return bool(self._finished_order or self._batch_load_jobs or self._batch_jobs_to_flush)
 
     # -- lookup -------------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -270,6 +275,14 @@ class OffloadingConnectorScheduler:
             return
         req = st.req
         tpc, bpc = self.tokens_per_chunk, self.blocks_per_chunk
+        if (
+            self.offload_prompt_only
+            and num_tokens_after_batch >= req.num_prompt_tokens
+            and st.next_stored_chunk_idx * tpc > req.num_prompt_tokens - tpc
+        ):
+            # fast path (a decode): the offloadable tokens are the prompt, whose storable chunks
+            # all lie before next_stored_chunk_idx -- vLLM's advance_stored_idx would change nothing
+            return
         finished = req.status > PREEMPTED
         if req.status == FINISHED_ABORTED:
             num_tokens_after_batch = req.num_computed_tokens

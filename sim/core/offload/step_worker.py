@@ -11,15 +11,15 @@ that carried it. Imports nothing from the project beyond this package.
 
 from __future__ import annotations
 
-from sim.core.offload.transfer import KVConnectorMetadata, KVConnectorOutput, TransferJob
+from sim.core.transfer_job import KVConnectorMetadata, KVConnectorOutput, TransferJob
 
 
 class StepDelayWorker:
     """Reports each job ``delay_steps`` executed steps after the one that carried it."""
 
     def __init__(self, delay_steps: int = 1) -> None:
-        if delay_steps < 0:
-            raise ValueError(f"delay_steps must be >= 0, got {delay_steps}")
+        if delay_steps < 1:  # a store of step s is submitted at the start of step s + 1 at the earliest
+            raise ValueError(f"delay_steps must be >= 1, got {delay_steps}")
         self.delay_steps = delay_steps
         self.step = 0
         self.pending: dict[int, tuple[int, TransferJob]] = {}  # job id -> (due step, job)

@@ -1,56 +1,6 @@
-"""What crosses between the offload connector's scheduler side and a worker (mirrors vLLM 0.33.0's
-``TransferJob`` / ``OffloadingConnectorMetadata`` of ``distributed/kv_transfer/kv_connector/v1/
-offloading/common.py`` and the ``KVConnectorOutput`` of ``vllm/v1/outputs.py``, reduced to what
-scheduling and transfer timing need).
+"""The connector's transfer shapes, re-exported from :mod:`sim.core.transfer_job` (where they live so
+that ``sim.core.scheduler_output`` can carry them without importing this package)."""
 
-Invariants: job ids are unique per connector and increase in creation order (loads and stores share
-one counter, ``OffloadingConnectorScheduler._generate_job_id``); a load job's ``num_blocks`` is the
-GPU blocks it writes, a store job's the GPU blocks it reads (chunks * blocks_per_chunk); a job is
-reported complete once, in ``KVConnectorOutput.completed_jobs``. Imports nothing from the project.
-"""
+from sim.core.transfer_job import KVConnectorMetadata, KVConnectorOutput, TransferJob
 
-from __future__ import annotations
-
-from dataclasses import dataclass, field
-from typing import Literal
-
-
-@dataclass(frozen=True, slots=True)
-class TransferJob:
-    """One GPU<->CPU copy: ``kind`` "load" (CPU -> GPU) or "store" (GPU -> CPU) of ``num_blocks``
-    GPU blocks for ``request_id``; ``flush`` marks a job the worker must finish before the forward
-    pass of the step that flushes it (vLLM's ``jobs_to_flush``, ``OffloadingWorker.handle_preemptions``)."""
-
-    job_id: int
-    request_id: str
-    kind: Literal["load", "store"]
-    num_blocks: int
-    flush: bool = False
-
-
-@dataclass(slots=True)
-class KVConnectorMetadata:
-    """One step's connector plan (``OffloadingConnectorMetadata``): the loads and stores created in
-    this ``schedule()`` (ids increasing) and the ids of earlier jobs to flush before the forward pass."""
-
-    load_jobs: list[TransferJob] = field(default_factory=list)
-    store_jobs: list[TransferJob] = field(default_factory=list)
-    jobs_to_flush: set[int] = field(default_factory=set)
-
-    def is_empty(self) -> bool:
-        """Query: no job created and none flushed."""
-        return not self.load_jobs and not self.store_jobs and not self.jobs_to_flush
-
-
-@dataclass(slots=True)
-class KVConnectorOutput:
-    """What the worker reports after a step (vLLM's ``KVConnectorOutput``): requests whose load
-    finished (``finished_recving``) and the ids of every job that completed
-    (``kv_connector_worker_meta.completed_jobs``; loads and stores)."""
-
-    finished_recving: set[str] = field(default_factory=set)
-    completed_jobs: set[int] = field(default_factory=set)
-
-    def is_empty(self) -> bool:
-        """Query: nothing reported."""
-        return not self.finished_recving and not self.completed_jobs
+__all__ = ["KVConnectorMetadata", "KVConnectorOutput", "TransferJob"]

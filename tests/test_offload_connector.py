@@ -1,0 +1,168 @@
+"""Golden tests of the offload connector's scheduler side (vLLM 0.33.0
+``OffloadingConnectorScheduler``): which chunks a step offers, stores and flushes, one rule per test.
+Steps are driven by hand so each test reads one step's ``kv_connector_metadata``."""
+
+from __future__ import annotations
+
+from sim.core.config import CacheConfig, OffloadConfig, SchedulerConfig
+from sim.core.executor import planned_samples
+from sim.core.hashing import make_block_hasher
+from sim.core.offload.connector import OffloadingConnectorScheduler
+from sim.core.offload.manager import LookupResult
+from sim.core.offload.step_worker import StepDelayWorker
+from sim.core.offload.transfer import KVConnectorMetadata, KVConnectorOutput
+from sim.core.request import Request
+from sim.core.scheduler import Scheduler
+from sim.core.scheduler_output import SchedulerOutput
+from sim.core.version_profile import V0_33_0
+
+H = make_block_hasher("sha256", 16)
+
+
+def make(cpu: int = 16, gpu: int = 64, budget: int = 256, prompt_only: bool = True) -> Scheduler:
+    return Scheduler(
+        SchedulerConfig(max_num_batched_tokens=budget, max_model_len=4096, profile=V0_33_0),
+        CacheConfig(block_size=16, num_gpu_blocks=gpu, offload=OffloadConfig(cpu, offload_prompt_only=prompt_only)),
+        H,
+    )
+
+
+def req(rid: str, tokens: list[int], out: int = 4, uid: int = 0) -> Request:
+    return Request(rid, tokens, out, uid=uid, hasher=H)
+
+
+def conn(s: Scheduler) -> OffloadingConnectorScheduler:
+    assert s.tier is not None
+    return s.tier.connector
+
+
+def step(s: Scheduler, worker: StepDelayWorker | None = None) -> tuple[SchedulerOutput, KVConnectorMetadata]:
+    """One sync step: schedule, report nothing unless a worker is given, sample planned tokens."""
+    out = s.schedule()
+    meta = out.kv_connector_metadata
+    assert meta is not None
+    kv = worker.execute(meta) if worker is not None else KVConnectorOutput()
+    s.update_from_output(out, planned_samples(out), kv)
+    return out, meta
+
+
+def stores(meta: KVConnectorMetadata) -> list[tuple[str, int]]:
+    return [(j.request_id, j.num_blocks) for j in meta.store_jobs]
+
+
+def test_store_offered_right_after_the_step_that_computes_the_chunks() -> None:
+    """A chunked prefill stores each step's newly full chunks, in that step's metadata."""
+    s = make(budget=40)
+    s.add_request(req("a", list(range(80))))
+    _, m0 = step(s)
+    _, m1 = step(s)
+    assert stores(m0) == [("a", 2)]  # 40 tokens computed: 2 full blocks
+    assert stores(m1) == [("a", 3)]  # 80: blocks 2..4
+
+
+def test_prompt_only_never_stores_decode_blocks() -> None:
+    """offload_prompt_only: decode tokens that fill a block are not stored; without it they are."""
+    for prompt_only, expect in ((True, []), (False, [("a", 1)])):
+        s = make(prompt_only=prompt_only)
+        s.add_request(req("a", list(range(16)), out=40))
+        metas = [step(s)[1] for _ in range(20)]
+        assert [j for m in metas[1:] for j in stores(m)] == expect
+
+
+def test_gpu_hit_chunks_offered_again_without_external_hit() -> None:
+    """No CPU hit: next_stored_chunk_idx stays 0, so the GPU-hit chunks are offered again -- the
+    ones missing from CPU are stored (here: evicted from CPU meanwhile)."""
+    s = make(cpu=2)
+    w = StepDelayWorker(1)
+    s.add_request(req("a", list(range(32)), out=1))
+    step(s, w)
+    step(s, w)  # a's finish is committed
+    s.add_request(req("x", list(range(500, 532)), out=1, uid=1))  # evicts a's 2 chunks from CPU
+    step(s, w)
+    step(s, w)
+    s.add_request(req("b", list(range(32)) + [9, 9], out=1, uid=2))
+    out, meta = step(s, w)
+    assert out.scheduled[0].hit_tokens == 32 and out.scheduled[0].external_hit_tokens == 0
+    assert stores(meta) == [("b", 2)]
+
+
+def test_external_hit_skips_hit_chunks_when_storing() -> None:
+    """With a CPU hit, next_stored_chunk_idx moves past the GPU- and CPU-hit chunks (CHUNK_LEVEL):
+    none of them is offered again."""
+    s = make()
+    w = StepDelayWorker(1)
+    p = list(range(48))
+    s.add_request(req("a", p, out=1))
+    for _ in range(3):
+        step(s, w)
+    s.add_request(req("b", p, out=2, uid=1))
+    _, m = step(s, w)  # lookup: GPU 32 (capped at num_tokens - 1), CPU 16: a one-block load
+    assert [(j.request_id, j.kind, j.num_blocks) for j in m.load_jobs] == [("b", "load", 1)]
+    assert conn(s).state("b").next_stored_chunk_idx == 3
+    metas = [step(s, w)[1] for _ in range(4)]
+    assert [j for mm in metas for j in stores(mm)] == []
+    assert conn(s).manager.stats.chunks_loaded == 1
+
+
+def test_allocation_failure_reoffers_next_step() -> None:
+    """prepare_store None (every CPU chunk pending): counted, the index stays, offered again."""
+    s = make(cpu=1)
+    s.add_request(req("a", list(range(16)), out=8))
+    s.add_request(req("b", list(range(300, 316)), out=8, uid=1))
+    _, m0 = step(s)  # no worker: a's store stays pending
+    assert stores(m0) == [("a", 1)]
+    assert conn(s).stats.allocation_failures == 1
+    out = s.schedule()
+    assert out.kv_connector_metadata is not None and stores(out.kv_connector_metadata) == []
+    assert conn(s).stats.allocation_failures == 2
+    conn(s).update_connector_output(KVConnectorOutput(completed_jobs={0}))
+    s.update_from_output(out, planned_samples(out))
+    _, m2 = step(s)
+    assert stores(m2) == [("b", 1)]  # a's chunk is ready and evictable now
+
+
+def test_preempted_requests_jobs_are_flushed() -> None:
+    """A request preempted with stores in flight: they are in this step's jobs_to_flush."""
+    s = make(gpu=5)
+    s.add_request(req("a", list(range(32)), out=40))
+    s.add_request(req("b", list(range(300, 332)), out=40, uid=1))
+    flushed: set[int] = set()
+    for _ in range(30):
+        out, meta = step(s)  # no worker: every store stays in flight
+        flushed |= meta.jobs_to_flush
+        if out.preempted:
+            victim = out.preempted[0].request_id
+            jobs = {j for j, st in conn(s).jobs.items() if st.req_id == victim}
+            assert jobs and jobs <= meta.jobs_to_flush
+            break
+    else:
+        raise AssertionError("no preemption")
+
+
+def test_lookup_stops_at_first_missing_chunk() -> None:
+    """Consecutive resident chunks from the GPU-hit boundary only: a gap ends the CPU hit."""
+    c = make().tier
+    assert c is not None
+    con = c.connector
+    r = req("x", list(range(64)))
+    con.on_new_request(r)
+    st = con.state("x")
+    st.update_offload_keys(1, 16)
+    keys = st.keys
+    out = con.manager.prepare_store([keys[0], keys[2]], st.ctx)
+    assert out is not None
+    con.manager.complete_store(out.keys_to_store)
+    assert con.manager.lookup(keys[1]) is LookupResult.MISS
+    assert con.get_num_new_matched_tokens(r, 0) == (16, True)
+    assert con.get_num_new_matched_tokens(r, 32) == (16, True)  # from chunk 2: k2 then k3 missing
+
+
+def test_lookup_defers_while_request_has_jobs_in_flight() -> None:
+    """A request with its own stores in flight is deferred (None) at its next lookup."""
+    s = make(gpu=5)
+    con = conn(s)
+    r = req("a", list(range(32)))
+    s.add_request(r)
+    step(s)
+    assert con.state("a").transfer_jobs
+    assert con.get_num_new_matched_tokens(r, 0) == (None, False)
