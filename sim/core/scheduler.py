@@ -26,13 +26,10 @@ placeholder at schedule time, so the next step is planned before the token is kn
 token completes are cached when it arrives (``update_from_output``), and a request whose in-flight
 step already reaches ``max_tokens`` is not scheduled again.
 
-Version differences (``SchedulerConfig.profile``, :mod:`sim.core.version_profile`; 0.33.0 read
-from its ``Scheduler.schedule`` / ``_preempt_request`` / ``update_from_output``): the threshold is
-0 when one request is present; the waiting loop stops at ``max_num_active_seqs``, skips a preempted
-request whose stale in-flight output is not drained yet (requeued at the front, in order, after
-the loop), and records prefix-cache stats once per admission; the prefill cadence
-(:mod:`sim.core.prefill_cadence`); priority preemption keeps scanning past a request that
-preempted itself.
+Version differences (``SchedulerConfig.profile``, :mod:`sim.core.version_profile`, read from 0.33.0's
+``schedule`` / ``_preempt_request`` / ``update_from_output``): threshold 0 for a lone request; the
+waiting loop stops at ``max_num_active_seqs``, skips a request whose stale output is in flight,
+records stats once per admission; the prefill cadence; priority preemption scans on.
 
 The scheduler knows nothing about time: executors (simulated or real) turn a
 :class:`~sim.core.scheduler_output.SchedulerOutput` into a step duration and sampled tokens.
@@ -238,14 +235,9 @@ class Scheduler:
                 if not cfg.enable_chunked_prefill and num_new > token_budget:
                     break
                 num_new = min(num_new, token_budget)
-                new_blocks = kvm.allocate_slots(
-                    request,
-                    num_new,
-                    num_hits,
-                    hit_blocks,
-                    full_sequence_must_fit=cfg.scheduler_reserve_full_isl,
-                    has_scheduled_reqs=bool(self.running),
-                )
+                new_blocks = kvm.allocate_slots(request, num_new, num_hits, hit_blocks,
+                                                full_sequence_must_fit=cfg.scheduler_reserve_full_isl,
+                                                has_scheduled_reqs=bool(self.running))
                 if new_blocks is None:
                     break
                 kvm.record_prefix_cache_stats(request, num_hits)  # 0.33: once per admission
@@ -256,16 +248,8 @@ class Scheduler:
                 self.running.append(request)
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_hits
-                scheduled_new.append(
-                    ScheduledRequest(
-                        request,
-                        num_new,
-                        num_hits,
-                        list(kvm.get_blocks(request.request_id)),
-                        admitted=True,
-                        hit_tokens=num_hits,
-                    )
-                )
+                blocks = list(kvm.get_blocks(request.request_id))
+                scheduled_new.append(ScheduledRequest(request, num_new, num_hits, blocks, True, num_hits))
                 token_budget -= num_new
             for r in reversed(skipped):
                 self.waiting.prepend(r)
