@@ -8,7 +8,11 @@ metadata, the token plan gives each request that samples its token); sync: proce
 output at once; async (two batches in flight, vLLM ``step_with_batch_queue``): process the oldest
 batch once two are queued or nothing more can be scheduled. t advances by d after a step that
 scheduled tokens; an empty step takes no time. When the engine is idle the next step starts at the
-next arrival. Imports nothing above ``sim.core``.
+next arrival -- with an offload tier only once ``has_requests()`` is false (its jobs reported, its
+finished requests committed), and after the last request finished it steps on until then, as the
+oracle does. The
+prefix-cache stats are drained after every processed output and summed. Imports nothing above
+``sim.core``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 
 from sim.core.executor import planned_samples
 from sim.core.offload.step_worker import StepDelayWorker
+from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.core.scheduler_output import SchedulerOutput
@@ -48,6 +53,7 @@ class DriveResult:
     requests: dict[str, RequestOutcome]
     total_steps: int
     total_preemptions: int
+    prefix_cache: PrefixCacheStats
 
 
 def drive(
@@ -71,14 +77,23 @@ def drive(
     n = 0
     step = 0
     finished = 0
+    stats = PrefixCacheStats()
+
+    def more_work() -> bool:
+        if finished < len(requests):
+            return True
+        return sched.tier is not None and (sched.has_requests() or bool(inflight))
 
     def process(out: SchedulerOutput, sampled: dict[str, list[int]], kv_out: KVConnectorOutput) -> None:
         nonlocal finished
         for r in sched.update_from_output(out, sampled, kv_out):
             outcomes[r.request_id].finish_step = step
             finished += 1
+        st = sched.make_stats()
+        if st is not None:
+            stats.add(st)
 
-    while finished < len(requests):
+    while more_work():
         t = t_base + n * step_time
         while nxt < len(requests) and requests[nxt][0] <= t + _EPS:
             sched.add_request(requests[nxt][1])
@@ -115,7 +130,11 @@ def drive(
                 n += 1
         if step > max_steps:
             raise RuntimeError(f"more than {max_steps} steps")
-        if not sched.has_unfinished_requests() and not inflight and nxt < len(requests):
+        # idle -> the next step starts at the next arrival; with a tier the engine first steps
+        # (free empty steps) until has_requests() is false: finished requests' last store pass and
+        # policy commit, pending jobs (vLLM EngineCore keeps stepping while has_requests())
+        busy = sched.has_requests() if sched.tier is not None else sched.has_unfinished_requests()
+        if not busy and not inflight and nxt < len(requests):
             if requests[nxt][0] > t_base + n * step_time:
                 t_base, n = requests[nxt][0], 0
     total_pre = 0
@@ -124,4 +143,4 @@ def drive(
         o.num_preemptions = r.num_preemptions
         o.steps_waiting_for_kv = r.num_steps_waiting_for_kv
         total_pre += r.num_preemptions
-    return DriveResult(outcomes, step, total_pre)
+    return DriveResult(outcomes, step, total_pre, stats)
