@@ -76,7 +76,7 @@ def replay(case: dict[str, Any]) -> tuple[DriveResult, Scheduler]:
 
 
 def rows_of(res: DriveResult) -> dict[str, tuple[str, ...]]:
-    out = {}
+    out: dict[str, tuple[str, ...]] = {}
     for rid, o in res.requests.items():
         out[rid] = (str(o.hit_tokens), str(o.num_preemptions), ";".join(str(g) for g, _ in o.readmit_hits),
                     str(o.external_hit_tokens), ";".join(str(c) for _, c in o.readmit_hits),
