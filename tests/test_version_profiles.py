@@ -13,9 +13,9 @@ import pytest
 from conftest import drive, make_request, make_scheduler, stats_tuple, toks
 
 from sim.core.config import CacheConfig, SchedulerConfig
-from sim.core.hashing import make_block_hasher
+from sim.core.hashing import hash_function, make_block_hasher
 from sim.core.kv_cache_spec import KVGroupSpec
-from sim.core.request import Request
+from sim.core.request import MMFeature, Request
 from sim.core.scheduler import Scheduler
 from sim.core.version_profile import V0_25_1, V0_33_0, VersionProfile, get_profile
 
@@ -129,6 +129,24 @@ def test_fast_lookahead_hashes_have_the_exact_equality_structure() -> None:
         z = Request("z", list(range(8)) + [99, 9, 10, 11, 12], 1, hasher=h).block_hashes
         assert (len(x), x[:2] == y[:2], x[2] == y[2]) == (3, True, False)
         assert x[0] == z[0] and x[1] != z[1]  # block 1 (4-7) equal, its next token (index 8) not
+
+
+@pytest.mark.parametrize(("profile", "mm_keys"), [
+    (V0_25_1, (("img-b", 1),)),  # curr_mm_idx = -1: the last item only
+    (V0_33_0, (("img-a", 0), ("img-b", 1))),  # get_mm_features_in_window: every item in the block
+])
+def test_resumed_hash_pass_scans_multimodal_items(profile: VersionProfile, mm_keys) -> None:
+    """``get_request_block_hasher``: a block completed by output tokens, with two image items in
+    the prompt's tail (tokens 4 and 5), gets both as extra keys in 0.33, the last one in 0.25.1."""
+    h = make_block_hasher("sha256", 4, 0, 0, profile.mm_resume_scan_from_last)
+    feats = [MMFeature("img-a", 4, 1), MMFeature("img-b", 5, 1)]
+    r = Request("r", [1, 2, 3, 4, 5, 6], 2, mm_features=feats, output_token_ids=[7, 8], hasher=h)
+    assert len(r.block_hashes) == 1
+    r.append_output_token_ids(7)
+    r.append_output_token_ids(8)
+    fn = hash_function("sha256")
+    b0 = fn((fn("0"), (1, 2, 3, 4), None))
+    assert r.block_hashes == [b0, fn((b0, (5, 6, 7, 8), mm_keys))]
 
 
 # -- 4. stale in-flight output ----------------------------------------------------------------

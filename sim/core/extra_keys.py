@@ -4,7 +4,8 @@
 In vLLM's order: the LoRA *name* on every block, ``(mm_identifier, offset - block_start)`` for every
 multimodal item overlapping the block, and ``cache_salt`` on the block starting at token 0 only, and
 only if truthy (``""`` behaves as no salt); an empty list becomes ``None``. A resumed hash pass
-starts its multimodal scan at the *last* item (vLLM's ``curr_mm_idx = -1``).
+starts its multimodal scan at the *last* item (0.25.1's ``curr_mm_idx = -1``; 0.33.0 at the first
+item overlapping the block: ``resume_from_last=False``).
 
 Invariant: one definition for the engine's hashers (``sim.core.hashing``), the pool's KV events and
 the offline bounds (``workloads.bounds``). Pure; imports ``sim.core.request`` for types only,
@@ -70,10 +71,11 @@ def block_extra_keys(
 
 def blocks_extra_keys(
     lora_name: str | None, cache_salt: str | None, mm_features: Sequence[MMFeature], start: int, num_blocks: int,
-    block_size: int,
+    block_size: int, resume_from_last: bool = True,
 ) -> list[tuple[Any, ...] | None] | None:
     """Extra keys of the ``num_blocks`` full blocks from token ``start`` of a request with these
-    fields; None when no block can carry any (vLLM's ``need_extra_keys`` is false).
+    fields; None when no block can carry any (vLLM's ``need_extra_keys`` is false). A resumed pass
+    (``start > 0``) scans the multimodal items as ``resume_from_last`` says (0.25.1: True).
 
     The one definition of extra keys of a hash pass: the engine's hashers (``Request`` fields) and
     the offline bounds of ``workloads.bounds`` (``TraceRequest`` fields, no multimodal items) both
@@ -87,7 +89,9 @@ def blocks_extra_keys(
         if start == 0 and cache_salt and num_blocks:
             extras[0] = lora + (cache_salt,)
         return extras
-    mm_idx = 0 if start == 0 else -1  # a resumed pass scans from the last item (vLLM's curr_mm_idx = -1)
+    # a resumed pass scans from the last item (0.25.1's curr_mm_idx = -1); 0.33.0 from the first item
+    # overlapping the block (get_mm_features_in_window: what a scan from 0 finds): resume_from_last=False
+    mm_idx = 0 if start == 0 or not resume_from_last else -1
     extras = []
     for k in range(num_blocks):
         s = start + k * block_size

@@ -12,7 +12,8 @@ Mirrors ``vllm/v1/core/kv_cache_utils.py`` (``hash_block_tokens``,
   block, and ``cache_salt`` on the block starting at token 0 only, and only if truthy (``""``
   behaves as no salt); an empty list becomes ``None``;
 * hashing resumes at ``len(block_hashes) * block_size`` whenever tokens are appended; a resumed pass
-  starts its multimodal scan at the *last* item (vLLM's ``curr_mm_idx = -1``).
+  starts its multimodal scan at the *last* item (0.25.1's ``curr_mm_idx = -1``; 0.33.0 at the first
+  item overlapping the block, ``mm_resume_from_last=False``).
 
 Hash functions:
 
@@ -86,6 +87,7 @@ class BlockHasher:
     algo: str
     block_size: int
     num_lookahead_tokens: int = 0  # vLLM 0.33.0 num_hash_lookahead_tokens (EAGLE)
+    mm_resume_from_last: bool = True  # 0.25.1's resumed multimodal scan (False: 0.33.0's, extra_keys)
 
     def hash_new_blocks(self, request: Request) -> list[BlockHash]:  # pragma: no cover
         raise NotImplementedError
@@ -124,7 +126,8 @@ class ExactBlockHasher(BlockHasher):
         if self.num_lookahead_tokens:
             extras: list[Any] | None = lookahead_extra_keys(request, start, n_blocks, bs, self.num_lookahead_tokens)
         else:
-            extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs)
+            extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs,
+                                       self.mm_resume_from_last)
         out: list[BlockHash] = []
         for k in range(n_blocks):
             extra = extras[k] if extras is not None else None
@@ -318,7 +321,8 @@ class FastBlockHasher(BlockHasher):
                 n_blocks = n_prompt
         else:
             gen_keys = []
-        extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs)
+        extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs,
+                                   self.mm_resume_from_last)
         state = request.hash_state if request.block_hashes else self.initial_state
         end = start + n_blocks * bs  # a prompt's first hashing takes its runs uncut (same keys)
         uncut = start == 0 and end <= request.num_prompt_tokens
@@ -348,14 +352,20 @@ class FastBlockHasher(BlockHasher):
 
 
 def make_block_hasher(
-    algo: str, block_size: int, hash_seed: int | str = 0, num_lookahead_tokens: int = 0
+    algo: str, block_size: int, hash_seed: int | str = 0, num_lookahead_tokens: int = 0,
+    mm_resume_from_last: bool = True,
 ) -> BlockHasher:
-    """The hasher for ``prefix_caching_hash_algo=algo`` (``fast`` is this project's own)."""
+    """The hasher for ``prefix_caching_hash_algo=algo`` (``fast`` is this project's own);
+    ``mm_resume_from_last=False``: vLLM 0.33.0's resumed multimodal scan (``sim.core.extra_keys``)."""
+    h: BlockHasher
     if algo == "fast":
-        return FastBlockHasher(block_size, hash_seed, num_lookahead_tokens)
-    if algo in EXACT_HASH_FUNCTIONS:
-        return ExactBlockHasher(algo, block_size, hash_seed, num_lookahead_tokens)
-    raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {HASH_ALGOS}")
+        h = FastBlockHasher(block_size, hash_seed, num_lookahead_tokens)
+    elif algo in EXACT_HASH_FUNCTIONS:
+        h = ExactBlockHasher(algo, block_size, hash_seed, num_lookahead_tokens)
+    else:
+        raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {HASH_ALGOS}")
+    h.mm_resume_from_last = mm_resume_from_last
+    return h
 
 
 def external_block_hash(block_hash: bytes) -> int:

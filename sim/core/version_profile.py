@@ -29,6 +29,11 @@ switched by the fields of one frozen :class:`VersionProfile`, resolved once in
   ``max_num_batched_tokens``.
 * ``fixed_none_hash_seed`` -- 0.33 ``resolve_none_hash_seed``: without ``PYTHONHASHSEED`` the
   cryptographic hashes seed ``NONE_HASH`` with ``"vllm-none-hash"``; 0.25.1 had no fixed seed.
+* ``mm_resume_scan_from_last`` -- the multimodal scan of a resumed hash pass (a block completed by
+  output tokens): 0.25.1 ``get_request_block_hasher`` starts at the *last* item
+  (``curr_mm_idx = -1``), so of several items overlapping the prompt's tail block only the last
+  becomes an extra key; 0.33.0 starts at the first item overlapping the block
+  (``get_mm_features_in_window``).
 * ``priority_preemption_scans_on`` -- 0.33's priority preemption in the running loop: the cursor
   steps back when the victim sat before it (scheduled or not), and a request that preempted
   itself lets the loop go on to the higher-priority ones behind it; 0.25.1 stepped back only for a
@@ -57,6 +62,7 @@ class VersionProfile:
     in_flight_admission_cap: bool
     fixed_none_hash_seed: str | None
     priority_preemption_scans_on: bool
+    mm_resume_scan_from_last: bool
 
     def max_in_flight_tokens(self, max_num_batched_tokens: int, async_scheduling: bool) -> int:
         """Query: the tokens the sliding-window admission cap reserves for (0.33
@@ -78,6 +84,7 @@ V0_25_1 = VersionProfile(
     in_flight_admission_cap=False,
     fixed_none_hash_seed=None,
     priority_preemption_scans_on=False,
+    mm_resume_scan_from_last=True,
 )
 
 V0_33_0 = VersionProfile(
@@ -91,6 +98,7 @@ V0_33_0 = VersionProfile(
     in_flight_admission_cap=True,
     fixed_none_hash_seed="vllm-none-hash",
     priority_preemption_scans_on=True,
+    mm_resume_scan_from_last=False,
 )
 
 PROFILES: dict[str, VersionProfile] = {p.version: p for p in (V0_33_0, V0_25_1)}

@@ -91,7 +91,8 @@ class EngineDescription:
 
     def block_hasher(self) -> BlockHasher:
         """A new request block hasher (``hash_algo`` at ``hash_block_size``, seeded)."""
-        return make_block_hasher(self.hash_algo, self.hash_block_size, self.hash_seed, self.num_hash_lookahead_tokens)
+        return make_block_hasher(self.hash_algo, self.hash_block_size, self.hash_seed, self.num_hash_lookahead_tokens,
+                                 self.profile.mm_resume_scan_from_last)
 
 
 def _spec_name(cfg: ExperimentConfig, name: str) -> str:
