@@ -47,7 +47,8 @@ def test_every_figure_written(headline_like):
     assert not rep.errors and len(rep.table) == 16
     names = {p.name for p in rep.folder.iterdir()}
     for stem in FIGURES:
-        if stem.startswith("cluster_"):  # cluster sweeps only (tests/test_cluster_tools.py)
+        if stem.startswith(("cluster_", "cpu_tier_")):  # cluster / CPU tier sweeps only (tests/test_cluster_tools.py,
+            # tests/test_tier_sweep.py)
             assert f"{stem}.png" not in names
             continue
         for ext in ("png", "svg"):

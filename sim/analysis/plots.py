@@ -15,6 +15,9 @@ and axis roles in ``sweep_data``, the style in ``figure_style``:
   (``cluster_figures``).
 * ``miss_causes_vs_block_size`` / ``_vs_capacity`` / ``_vs_salt_policy`` -- the hit rate and the
   stacked miss causes (``miss_figures``; sweeps run with ``replay.attribution``).
+* ``cpu_tier_hit_rate`` / ``cpu_tier_ttft`` -- prompt-token hits by source (GPU, CPU tier) and TTFT
+  p50/p90 against the CPU offload tier's size (``tier_figures``; sweeps over
+  ``engine.kv_offloading_size`` or ``engine.num_cpu_blocks``).
 
 Invariants: a figure whose x axis was not swept is skipped; failed points are left out; files are
 written atomically. Reads result tables only: imports no simpy and never re-runs the engine.
@@ -33,6 +36,7 @@ from sim.analysis.hit_rate_figures import hit_rate_vs_block_size, hit_rate_vs_ca
 from sim.analysis.miss_figures import miss_causes_vs_block_size, miss_causes_vs_capacity, miss_causes_vs_salt_policy
 from sim.analysis.salt_figure import salt_policy
 from sim.analysis.sweep_data import SweepData
+from sim.analysis.tier_figures import cpu_tier_hit_rate, cpu_tier_ttft
 from sim.analysis.ttft_figures import ttft_cdf, ttft_vs_block_size, ttft_vs_capacity
 
 __all__ = [
@@ -52,6 +56,8 @@ FIGURES: dict[str, Callable[[SweepData], Figure | None]] = {
     "miss_causes_vs_block_size": miss_causes_vs_block_size,
     "miss_causes_vs_capacity": miss_causes_vs_capacity,
     "miss_causes_vs_salt_policy": miss_causes_vs_salt_policy,
+    "cpu_tier_hit_rate": cpu_tier_hit_rate,
+    "cpu_tier_ttft": cpu_tier_ttft,
 }
 """Every figure: file stem -> builder (``builder(SweepData) -> Figure | None``, None when the sweep
 lacks the axes it needs)."""

@@ -30,6 +30,11 @@ one message listing every bad point, each line naming the sweep file, the key
 (``grid.engine.block_size``, ``zip.seed``, ``base.engine.blok_size``, or the base_config file and
 its key) and the point.
 
+The CPU offload tier sweeps like any key (``engine.kv_offloading_size`` in GiB,
+``engine.num_cpu_blocks`` in chunks, ``engine.kv_offloading_policy``); ``null`` (or ``none``) on a
+size axis is a point without a tier, whose other tier keys are dropped, so a size x policy grid
+runs its untiered config once (:mod:`sim.experiment.tier_axis`).
+
 Input paths resolve against the base_config file's folder when there is one, else against the
 sweep file's folder. A point's identity is the hash of its resolved config (sorted JSON, without
 ``name``/``output_dir``/``replay.progress``) and the bounds flag: :func:`point_key`.
@@ -59,6 +64,7 @@ from sim.experiment.config import (
     set_dotted,
 )
 from sim.experiment.engine_description import resolve
+from sim.experiment.tier_axis import drop_absent_tier, tier_axis_value
 
 SWEEP_KEYS = {"name", "description", "output_dir", "base", "base_config", "grid", "zip", "bounds", "keep_steps"}
 DEFAULT_OUTPUT_DIR = "results/sweeps"
@@ -157,6 +163,11 @@ def _axis(source: str, section: str, key: Any, spec: Any) -> Axis:
         labels = tuple(_label(v) for v in values)
     else:
         raise ConfigError(f"{where}: expected a list of values or a mapping of label: value, got {type(spec).__name__}")
+    no_tier = [tier_axis_value(key, v) for v in values]  # a tier-size axis: null / none = no CPU tier
+    if any(no_tier):
+        values = tuple(None if nt else v for v, nt in zip(values, no_tier))
+        if not isinstance(spec, dict):
+            labels = tuple(nt[1] if nt else lb for lb, nt in zip(labels, no_tier))
     if len(set(map(repr, labels))) != len(labels):
         raise ConfigError(f"{where}: values must be distinct")
     return Axis(key, values, labels, section)
@@ -342,6 +353,7 @@ def _point_config(base: dict[str, Any], chosen: list[tuple[Axis, int]], source: 
             set_dotted(cfg_data, a.key, a.values[i])
         except ConfigError as exc:
             raise _AxisError(f"{source}: {a.section}.{a.key}: {exc} in the base config") from None
+    drop_absent_tier(cfg_data, [a.key for a, _ in chosen])  # no tier at this point: no tier keys either
     cfg = config_from_dict(cfg_data, base_source, base_dir, startup_checks=True)
     resolve(cfg)
     return cfg

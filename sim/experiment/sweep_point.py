@@ -16,7 +16,9 @@ in ``error.txt``.
 Every row's engine facts (``block_size`` -- the scheduler block size --, ``num_gpu_blocks``,
 ``kv_pool_gib``, ``capacity_tokens``) and its bounds come from the point's resolved engine
 (:func:`sim.experiment.engine_description.resolve`), so a sliding-window or hybrid model reports
-its own group sizes, never ``engine.block_size``.
+its own group sizes, never ``engine.block_size``. A point with a CPU offload tier also carries its
+resolved size (``num_cpu_chunks``, ``cpu_tier_gib``, ``cpu_tier_capacity_tokens``,
+``cpu_tier_policy``: :func:`sim.experiment.tier_axis.tier_facts`); an untiered row has none of them.
 
 Offline bounds (``workloads.bounds``), request-level (compare with ``request_hit_rate``), over the
 point's own request stream at its scheduler block size: ``infinite_cache_hit_rate`` always (an
@@ -58,6 +60,7 @@ import yaml
 from sim.experiment.engine_description import EngineDescription, resolve
 from sim.experiment.results import _json_safe, run_metadata
 from sim.experiment.results_folder import is_complete
+from sim.experiment.tier_axis import tier_facts
 
 ROW_FILE = "row.json"
 WALL_COLUMNS = ("wall_time_s", "bounds_wall_time_s", "worker", "worker_peak_rss_mib")
@@ -91,6 +94,7 @@ def derived_facts(cfg: Any, engine: EngineDescription) -> dict[str, Any]:
         "capacity_tokens": engine.capacity_tokens,
         "salt_policy": tenants.salt if tenants is not None else None,
         "num_tenants": tenants.num_tenants if tenants is not None else None,
+        **tier_facts(engine),  # a CPU tier's size (num_cpu_chunks, cpu_tier_gib, ...); nothing without one
     }
 
 
