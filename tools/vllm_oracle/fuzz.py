@@ -1,8 +1,19 @@
 #!/usr/bin/env python3
-"""Differential fuzzing: random traces and engine settings through vLLM 0.25.1 (``oracle.py``) and
-apcsim, every request's ``hit_tokens``, ``num_preemptions`` and ``readmit_hit_tokens``, the summed
-``PrefixCacheStats`` and the step count compared exactly (what ``tests/test_vllm_agreement.py``
-checks on the committed fixtures).
+"""Differential fuzzing: random traces and engine settings through vLLM 0.25.1 or 0.33.0
+(``oracle.py``) and apcsim, every request's ``hit_tokens``, ``num_preemptions`` and
+``readmit_hit_tokens``, the summed ``PrefixCacheStats`` and the step count compared exactly (what
+``tests/test_vllm_agreement.py`` checks on the committed fixtures).
+
+``--vllm-version 0.33.0`` runs the oracle of ``venv033`` and apcsim with ``engine.vllm_version``
+0.33.0; ``--offload-share F`` then gives a share of the cases a random CPU offload tier (vLLM's
+OffloadingConnector with the oracle's stub worker; apcsim's tier through ``sim.core.step_driver``
+with ``StepDelayWorker``, as ``tests/test_offload_agreement.py`` replays the offload fixtures): CPU
+chunks from 1 to about the trace's distinct blocks, LRU/ARC, 1-4 blocks per chunk, store
+thresholds, decode KV stored or not, transfers of 1-3 steps; those cases also compare the CPU hit
+tokens (first and re-admissions), the steps waiting for KV, the connector's prefix-cache stats, the
+prompt tokens by source and the tier's counters::
+
+    PYTHONPATH=../.. python fuzz.py --vllm-version 0.33.0 --offload-share 0.7 --cases 500 --out out/fuzz033
 
 DEV-ONLY. Runs in apcsim's Python (simpy, pydantic, numpy); vLLM runs in the oracle venv
 (``setup.sh``) as one warm ``oracle.py --batch -`` process fed job by job::
@@ -68,6 +79,28 @@ def random_case(seed: int, async_share: float) -> tuple[list[dict], dict]:
     return trace, e
 
 
+def random_offload(seed: int, trace: list[dict], e: dict) -> dict[str, Any]:
+    """Seeded random CPU-tier settings for a case (the keys of the offload fixtures' manifest)."""
+    rng = random.Random(seed ^ 0x5EED)
+    bs = e["block_size"]
+    distinct = {tuple(r["tokens"][: (i + 1) * bs]) for r in trace for i in range(len(r["tokens"]) // bs)}
+    bpc = rng.choice((1, 1, 1, 2, 4))
+    top = max(2, len(distinct) // bpc)
+    return dict(num_cpu_chunks=rng.choice((1, 2, max(1, top // 8), max(1, top // 3), top, 2 * top)),
+                blocks_per_chunk=bpc, policy=rng.choice(("lru", "arc")),
+                offload_prompt_only=rng.random() < 0.8, store_threshold=rng.choice((0, 0, 0, 2, 3)),
+                transfer_delay_steps=rng.choice((1, 1, 1, 2, 3)))
+
+
+def offload_argv(o: dict[str, Any], block_size: int) -> list[str]:
+    argv = ["--cpu-chunks", o["num_cpu_chunks"], "--offload-policy", o["policy"],
+            "--offload-block-size", o["blocks_per_chunk"] * block_size, "--store-threshold", o["store_threshold"],
+            "--transfer-delay-steps", o["transfer_delay_steps"]]
+    if not o["offload_prompt_only"]:
+        argv.append("--offload-all-tokens")
+    return [str(x) for x in argv]
+
+
 def oracle_argv(trace: Path, out: Path, e: dict, extra: list[str]) -> list[str]:
     argv = [str(trace), "--out", str(out / "vllm.csv"), "--stats-out", str(out / "vllm.stats.json"),
             "--block-size", e["block_size"], "--num-gpu-blocks", e["num_gpu_blocks"],
@@ -83,7 +116,7 @@ def oracle_argv(trace: Path, out: Path, e: dict, extra: list[str]) -> list[str]:
     return [str(x) for x in argv]
 
 
-def apcsim_side(trace: Path, e: dict) -> dict[str, Any]:
+def apcsim_side(trace: Path, e: dict, vllm_version: str = "0.25.1") -> dict[str, Any]:
     """apcsim's rows, stats and step count for the case (or its error)."""
     from sim.experiment.config import config_from_dict
     from sim.experiment.run import replay_experiment
@@ -93,13 +126,69 @@ def apcsim_side(trace: Path, e: dict) -> dict[str, Any]:
         "engine": {k: e[k] for k in ("block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_num_seqs",
                                      "max_model_len", "policy", "long_prefill_token_threshold",
                                      "enable_chunked_prefill", "watermark", "async_scheduling")}
-        | {"hash_algo": "fast", "hash_seed": 0},
+        | {"hash_algo": "fast", "hash_seed": 0, "vllm_version": vllm_version},
         "workload": {"kind": "trace", "path": str(trace)}, "replay": {"fast_forward": True}})
     try:
         res, _ = replay_experiment(cfg, progress=False)
     except Exception as exc:  # a stall is an outcome to compare, not a crash of the fuzzer
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {**apcsim_outcome(res), "empty_steps": int((res.steps["batch_size"] == 0).sum())}
+
+
+TIER_KEYS = ("allocation_failures", "load_jobs", "store_jobs", "loaded_chunks", "stored_chunks", "evicted_chunks",
+             "lookups_deferred")
+
+
+def apcsim_offload_side(trace: Path, e: dict, o: dict) -> dict[str, Any]:
+    """apcsim with a CPU tier: the core scheduler driven by sim.core.step_driver with
+    StepDelayWorker, as tests/test_offload_agreement.py replays the offload fixtures (requests here
+    carry salts, LoRA names, priorities and prompt logprobs too)."""
+    from sim.core.config import CacheConfig, OffloadConfig, SchedulerConfig
+    from sim.core.hashing import make_block_hasher
+    from sim.core.offload.step_worker import StepDelayWorker
+    from sim.core.request import Request
+    from sim.core.scheduler import Scheduler
+    from sim.core.step_driver import drive
+    from sim.core.version_profile import V0_33_0
+
+    lines = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
+    hasher = make_block_hasher("fast", e["block_size"])
+    reqs = [(float(d["arrival"]), Request(
+        str(d["id"]), d["tokens"], int(d["output_tokens"]), uid=i, arrival_time=float(d["arrival"]),
+        cache_salt=d.get("salt"), lora_name=d.get("lora"), priority=int(d.get("priority", 0) or 0),
+        prompt_logprobs=bool(d.get("prompt_logprobs", False)), output_token_ids=d.get("output_token_ids"),
+        hasher=hasher)) for i, d in enumerate(lines)]
+    reqs.sort(key=lambda x: x[0])
+    try:
+        sched = Scheduler(
+            SchedulerConfig(
+                max_num_batched_tokens=e["max_num_batched_tokens"], max_num_seqs=e["max_num_seqs"],
+                max_model_len=e["max_model_len"], enable_chunked_prefill=e["enable_chunked_prefill"],
+                long_prefill_token_threshold=e["long_prefill_token_threshold"], policy=e["policy"],
+                watermark=e["watermark"], async_scheduling=e["async_scheduling"], profile=V0_33_0),
+            CacheConfig(block_size=e["block_size"], num_gpu_blocks=e["num_gpu_blocks"], offload=OffloadConfig(
+                o["num_cpu_chunks"], o["blocks_per_chunk"], o["policy"], o["offload_prompt_only"],
+                o["store_threshold"])),
+            hasher)
+        res = drive(sched, reqs, e["step_time"], StepDelayWorker(o["transfer_delay_steps"]))
+    except Exception as exc:  # a stall is an outcome to compare, not a crash of the fuzzer
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    rows = {rid: (x.hit_tokens, x.num_preemptions, ";".join(str(g) for g, _ in x.readmit_hits),
+                  x.external_hit_tokens, ";".join(str(c) for _, c in x.readmit_hits), x.steps_waiting_for_kv)
+            for rid, x in res.requests.items()}
+    tier = sched.tier
+    ext = tier.external_prefix_cache_stats
+    cs, ms = tier.connector.stats, tier.connector.manager.stats
+    extra = {
+        "connector_prefix_cache": {k: getattr(ext, k) for k in STAT_FIELDS},
+        "prompt_tokens_by_source": {"local_cache_hit": tier.prompt_tokens_local_hit,
+                                    "external_kv_transfer": tier.prompt_tokens_external,
+                                    "local_compute": tier.prompt_tokens_computed},
+        "cpu_tier": dict(zip(TIER_KEYS, (cs.allocation_failures, cs.load_jobs, cs.store_jobs, ms.chunks_loaded,
+                                         ms.chunks_stored, ms.chunks_evicted, cs.deferred_lookups))),
+    }
+    return {"rows": rows, "stats": {k: getattr(res.prefix_cache, k) for k in STAT_FIELDS},
+            "steps": None, "extra": extra}
 
 
 def apcsim_outcome(res: Any) -> dict[str, Any]:
@@ -137,6 +226,21 @@ def read_report(proc: subprocess.Popen[str]) -> dict[str, Any]:
     return json.loads(line)  # type: ignore[no-any-return]
 
 
+def vllm_offload_side(out: Path, rec: dict) -> dict[str, Any]:
+    if not rec["ok"]:
+        return {"error": rec["error"]}
+    with open(out / "vllm.csv", newline="") as f:
+        rows = {r["id"]: (int(r["hit_tokens"]), int(r["num_preemptions"]), r["readmit_hit_tokens"],
+                          int(r["external_hit_tokens"]), r["readmit_external_hit_tokens"],
+                          int(r["steps_waiting_for_kv"])) for r in csv.DictReader(f)}
+    st = json.loads((out / "vllm.stats.json").read_text())
+    extra = {"connector_prefix_cache": {k: st["connector_prefix_cache"][k] for k in STAT_FIELDS},
+             "prompt_tokens_by_source": st["prompt_tokens_by_source"],
+             "cpu_tier": {k: st["cpu_tier"][k] for k in TIER_KEYS}}
+    return {"rows": rows, "stats": {k: st[k] for k in STAT_FIELDS}, "steps": None, "extra": extra,
+            "empty_steps": st.get("empty_steps", 0)}
+
+
 def vllm_side(out: Path, rec: dict) -> dict[str, Any]:
     if not rec["ok"]:
         return {"error": rec["error"]}
@@ -157,7 +261,10 @@ def differences(v: dict, a: dict, async_mode: bool) -> list[str]:
            if a["rows"].get(rid) != v["rows"][rid]]
     if v["stats"] != a["stats"]:
         out.append(f"stats: vllm {v['stats']} apcsim {a['stats']}")
-    if a["steps"] - v["steps"] not in ((0, 1) if async_mode else (0,)):
+    for k, x in v.get("extra", {}).items():
+        if a.get("extra", {}).get(k) != x:
+            out.append(f"{k}: vllm {x} apcsim {a.get('extra', {}).get(k)}")
+    if v["steps"] is not None and a["steps"] - v["steps"] not in ((0, 1) if async_mode else (0,)):
         out.append(f"steps: vllm {v['steps']} apcsim {a['steps']}")
     return out
 
@@ -168,16 +275,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--async-share", type=float, default=0.75, help="share of cases run with async scheduling")
     ap.add_argument("--out", default=str(HERE / "out" / "fuzz"))
-    ap.add_argument("--python", default=str(HERE / "venv" / "bin" / "python"), help="the oracle venv's python")
+    ap.add_argument("--vllm-version", default="0.25.1", choices=["0.25.1", "0.33.0"])
+    ap.add_argument("--offload-share", type=float, default=0.0,
+                    help="0.33.0: share of cases with a random CPU offload tier")
+    ap.add_argument("--python", default=None, help="the oracle venv's python (default venv/ or venv033/)")
     ap.add_argument("--oracle-arg", action="append", default=[], help="extra oracle.py argument (repeatable)")
     ap.add_argument("--time-limit-s", type=float, default=None, help="stop starting cases after this")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    proc = start_oracle(a.python)
+    if a.offload_share and a.vllm_version == "0.25.1":
+        ap.error("--offload-share needs --vllm-version 0.33.0")
+    python = a.python or str(HERE / ("venv" if a.vllm_version == "0.25.1" else "venv033") / "bin" / "python")
+    proc = start_oracle(python)
     t0 = time.time()
-    counts = {"cases": 0, "async": 0, "sync": 0, "disagreements": 0, "both_refused": 0, "with_empty_steps": 0,
-              "empty_steps_vllm": 0}
+    counts = {"cases": 0, "async": 0, "sync": 0, "offload": 0, "disagreements": 0, "both_refused": 0,
+              "with_empty_steps": 0, "empty_steps_vllm": 0}
     bad: dict[int, list[str]] = {}
     for i in range(a.cases):
         if a.time_limit_s is not None and time.time() - t0 > a.time_limit_s:
@@ -188,9 +301,16 @@ def main(argv: list[str] | None = None) -> int:
         case_dir.mkdir(exist_ok=True)
         tpath = case_dir / "trace.jsonl"
         tpath.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in trace))
-        submit(proc, str(i), oracle_argv(tpath, case_dir, e, a.oracle_arg))
-        a_res = apcsim_side(tpath, e)  # meanwhile vLLM runs the same case
-        v_res = vllm_side(case_dir, read_report(proc))
+        o = None
+        if a.offload_share and random.Random(seed ^ 0xC0FFEE).random() < a.offload_share:
+            o = random_offload(seed, trace, e)
+            counts["offload"] += 1
+        extra = a.oracle_arg + (offload_argv(o, e["block_size"]) if o is not None else [])
+        submit(proc, str(i), oracle_argv(tpath, case_dir, e, extra))
+        # meanwhile vLLM runs the same case
+        a_res = apcsim_offload_side(tpath, e, o) if o is not None else apcsim_side(tpath, e, a.vllm_version)
+        rep = read_report(proc)
+        v_res = vllm_offload_side(case_dir, rep) if o is not None else vllm_side(case_dir, rep)
         diff = differences(v_res, a_res, e["async_scheduling"])
         counts["cases"] += 1
         counts["async" if e["async_scheduling"] else "sync"] += 1
@@ -201,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         if diff:
             counts["disagreements"] += 1
             bad[i] = diff[:20]
-            (case_dir / "settings.json").write_text(json.dumps({"seed": seed, "engine": e, "diff": diff}, indent=1))
+            (case_dir / "settings.json").write_text(
+                json.dumps({"seed": seed, "engine": e, "offload": o, "diff": diff}, indent=1))
             print(f"case {i} ({'async' if e['async_scheduling'] else 'sync'}): {len(diff)} differences, "
                   f"first: {diff[0]}", flush=True)
         else:
@@ -212,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     assert proc.stdin is not None
     proc.stdin.close()
     proc.wait(timeout=60)
-    summary = {**counts, "seed": a.seed, "async_share": a.async_share, "oracle_args": a.oracle_arg,
+    summary = {**counts, "seed": a.seed, "async_share": a.async_share, "vllm_version": a.vllm_version,
+               "offload_share": a.offload_share, "oracle_args": a.oracle_arg,
                "seconds": round(time.time() - t0, 1), "disagreeing_cases": bad}
     (out / "report.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "disagreeing_cases"}))
