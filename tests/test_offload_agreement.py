@@ -49,7 +49,7 @@ def load_requests(case: dict[str, Any], hasher: Any) -> list[tuple[float, Reques
         specs = [(r.arrival, r.id, r.tokens, r.output_tokens, r.output_token_ids)
                  for r in load_mooncake(FIXTURES / w["path"], tokens_per_id=w["tokens_per_id"],
                                         time_scale=w["time_scale"])]
-    reqs = [(t, Request(rid, toks, n, uid=i, output_token_ids=outs, hasher=hasher))
+    reqs = [(t, Request(rid, toks, n, uid=i, arrival_time=t, output_token_ids=outs, hasher=hasher))
             for i, (t, rid, toks, n, outs) in enumerate(specs)]
     reqs.sort(key=lambda x: x[0])
     return reqs
