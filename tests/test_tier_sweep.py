@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.image as mpimg
+import numpy as np
 import pytest
 import yaml
 
@@ -110,3 +111,21 @@ def test_tier_figures(tier_sweep: SweepReport) -> None:
     assert [ax.get_title() for ax in panels] == ["policy=lru", "policy=arc"]
     assert [t.get_text() for t in panels[0].get_xticklabels()] == ["none", "0.03", "0.2"]
     discard(fig)
+
+
+def test_chunk_axis_beside_block_size(tmp_path: Path) -> None:
+    """A num_cpu_blocks axis: one x position per swept count whatever its GiB at each block size."""
+    rep = run_sweep(_sweep(tmp_path, {"engine.num_cpu_blocks": [None, 32, 400], "engine.block_size": [16, 32]},
+                           name="chunks", bounds=False), workers=2, progress=False)
+    assert not rep.errors and list(rep.table["num_cpu_chunks"].fillna(0)) == [0, 0, 32, 32, 400, 400]
+    d = SweepData(rep.folder)
+    hit, ttft = cpu_tier_hit_rate(d), cpu_tier_ttft(d)
+    assert hit is not None and ttft is not None
+    panels = [ax for ax in hit.axes if ax.patches]
+    assert [ax.get_title() for ax in panels] == ["block_size=16", "block_size=32"]
+    assert [t.get_text() for t in panels[1].get_xticklabels()] == ["none", "32\n(0.0312 GiB)", "400\n(0.391 GiB)"]
+    lines = [ax for ax in ttft.axes if ax.get_lines()]
+    assert [t.get_text() for t in lines[0].get_xticklabels()] == ["none", "32", "400"]  # GiB differ by block size
+    assert all(np.array_equal(np.asarray(line.get_xdata()), [0, 1, 2]) for line in lines[0].get_lines())
+    discard(hit)
+    discard(ttft)

@@ -57,17 +57,19 @@ def shares(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sizes(d: SweepData, axis: str) -> pd.DataFrame:
-    """Every ok point with its x position (``_x``) and tick label (``_xl``), by resolved size."""
+    """Every ok point with its x position (``_x``: one per swept value, ordered by the smallest
+    resolved size of that value, "none" first), tick label (``_xl``) and resolved GiB (``_gib``)."""
     rows = d.df.copy()
+    chunks = _col(rows, "num_cpu_chunks")
     gib = _col(rows, "cpu_tier_gib").fillna(0.0)
-    chunks = _col(rows, "num_cpu_chunks").fillna(0)
     if axis == "engine.num_cpu_blocks":
-        labels = [f"{int(c):,}\n({g:.3g} GiB)" if c else "none" for c, g in zip(chunks, gib)]
+        labels = ["none" if pd.isna(c) else f"{int(c):,}" for c in chunks]
     else:  # the size as swept (vLLM rounds it down to whole chunks: cpu_tier_gib)
-        labels = ["none" if not g else _size_label(v) for v, g in zip(rows[axis], gib)]
+        labels = ["none" if pd.isna(c) else _size_label(v) for v, c in zip(rows[axis], chunks)]
     rows["_gib"], rows["_xl"] = gib.to_numpy(dtype=float), labels
-    order = sorted(set(zip(rows["_gib"], rows["_xl"])))
-    rows["_x"] = [order.index(k) for k in zip(rows["_gib"], rows["_xl"])]
+    smallest = rows.groupby("_xl")["_gib"].min().to_dict()
+    order = sorted(smallest, key=lambda lb: (lb != "none", smallest[lb]))
+    rows["_x"] = [order.index(lb) for lb in rows["_xl"]]
     return rows
 
 
@@ -111,8 +113,16 @@ def _short(key: str) -> str:
 
 
 def _xaxis(ax: Any, rows: pd.DataFrame, axis: str) -> None:
-    ticks = rows.drop_duplicates("_x").sort_values("_x")
-    ax.set_xticks(ticks["_x"].to_list(), ticks["_xl"].to_list())
+    """Ticks at the swept values of ``rows``; a chunk count gets its GiB when it is one value there."""
+    ticks, names = [], []
+    for _, sub in rows.groupby("_x"):
+        name = str(sub["_xl"].iloc[0])
+        gibs = {f"{g:.3g}" for g in sub["_gib"]}
+        if axis == "engine.num_cpu_blocks" and name != "none" and len(gibs) == 1:
+            name += f"\n({gibs.pop()} GiB)"
+        ticks.append(int(sub["_x"].iloc[0]))
+        names.append(name)
+    ax.set_xticks(ticks, names)
     ax.set_xlim(-0.6, float(rows["_x"].max()) + 0.6)
     ax.set_xlabel("CPU tier size (chunks)" if axis == "engine.num_cpu_blocks" else "CPU tier size (GiB)")
     ax.grid(False, axis="x")
@@ -172,9 +182,9 @@ def cpu_tier_ttft(d: SweepData) -> Figure | None:
             ax.plot(g["_x"], g[col], "-", color=c, **m)
         top = float(np.nanmax(rows[col].to_numpy(dtype=float)))
         ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
-        heading = _legend_names(groups)[0]
+        heading = _legend_names(groups)[0]  # lines within 0.2 % of the largest value: drawn on top of each other
         fs.note_coinciding(ax, [g[col].to_numpy(dtype=float) for _, g in groups],
-                           "policies" if heading == "policy" else f"{heading}s", tol=1e-3)
+                           "policies" if heading == "policy" else "configs", tol=0.002 * top)
         _xaxis(ax, rows, axis)
         ax.set_title(name)
         ax.set_ylabel(f"{name} (s)")
