@@ -305,11 +305,15 @@ class OffloadingConnectorScheduler:
         if not result.keys_to_store:
             st.advance_stored_idx(n, tpc, bpc)
             return
-        to_store = set(result.keys_to_store)
-        src: list[int] = []
-        for idx, key in enumerate(new_keys, start):
-            if key in to_store:
-                src.extend(b for b in st.block_ids[idx * bpc : (idx + 1) * bpc] if b != 0)
+        bids = st.block_ids
+        if len(result.keys_to_store) == len(new_keys):  # every offered chunk is stored (the usual case)
+            src = [b for b in bids[start * bpc : num_chunks * bpc] if b != 0]
+        else:
+            to_store = set(result.keys_to_store)
+            src = []
+            for idx, key in enumerate(new_keys, start):
+                if key in to_store:
+                    src.extend(b for b in bids[idx * bpc : (idx + 1) * bpc] if b != 0)
         st.next_stored_chunk_idx = max(st.next_stored_chunk_idx, num_chunks)
         job_id = self._new_job_id()
         st.transfer_jobs.add(job_id)

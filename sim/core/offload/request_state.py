@@ -48,11 +48,13 @@ class RequestOffloadState:
     def update_offload_keys(self, hashes_per_chunk: int, tokens_per_chunk: int) -> None:
         """Extend ``keys`` with the request's newly full chunks (vLLM ``update_offload_keys``)."""
         keys = self.keys
-        positions = self.ctx.key_positions
-        hashes = self.req.block_hashes
-        for h in hashes[hashes_per_chunk * (len(keys) + 1) - 1 :: hashes_per_chunk]:
-            keys.append(h)
-            positions[h] = len(keys) * tokens_per_chunk
+        n = len(keys)
+        new = self.req.block_hashes[hashes_per_chunk * (n + 1) - 1 :: hashes_per_chunk]
+        if new:
+            keys.extend(new)
+            # the key of chunk i ends at token (i + 1) * tokens_per_chunk
+            ends = range((n + 1) * tokens_per_chunk, (n + len(new) + 1) * tokens_per_chunk, tokens_per_chunk)
+            self.ctx.key_positions.update(zip(new, ends))
 
     def storable_chunks(self, num_offloadable_tokens: int, tokens_per_chunk: int, blocks_per_chunk: int) -> int:
         """Query: leading chunks that are computed, allocated and keyed (vLLM ``storable_chunks``)."""
