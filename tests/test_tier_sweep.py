@@ -110,6 +110,10 @@ def test_tier_figures(tier_sweep: SweepReport) -> None:
     panels = [ax for ax in fig.axes if ax.patches]
     assert [ax.get_title() for ax in panels] == ["policy=lru", "policy=arc"]
     assert [t.get_text() for t in panels[0].get_xticklabels()] == ["none", "0.03", "0.2"]
+    refs = [line for line in panels[1].get_lines() if line.get_marker() == "_"]  # two-tier references (ARC)
+    t = tier_sweep.table
+    assert len(refs) == 1 and np.allclose(np.asarray(refs[0].get_ydata(), dtype=float), [
+        t["lru_sequential_hit_rate"].iloc[1], *t["two_tier_arc_sequential_hit_rate"].iloc[[3, 5]]])
     discard(fig)
 
 

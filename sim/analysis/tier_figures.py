@@ -8,7 +8,9 @@ keys: its GPU share is ``first_admission_token_hit_rate`` (the same count) and i
 
 * ``cpu_tier_hit_rate``: stacked bars per tier size (GPU share below, CPU share above, the total
   written over each bar), one panel per value of the sweep's other varying axes (e.g. the eviction
-  policy), with the infinite cache as a dashed reference when the sweep computed bounds;
+  policy); when the sweep computed bounds, the infinite cache (dashed) and, on each bar, the
+  two-tier sequential reference of its policy (``two_tier_<policy>_sequential_hit_rate``; the
+  pool's ``lru_sequential_hit_rate`` without a tier) as a black tick;
 * ``cpu_tier_ttft``: TTFT p50 and p90 per tier size, one line per value of the other axes.
 
 The x axis is categorical, ordered by the resolved tier size (``cpu_tier_gib`` of the row,
@@ -128,6 +130,20 @@ def _xaxis(ax: Any, rows: pd.DataFrame, axis: str) -> None:
     ax.grid(False, axis="x")
 
 
+def _sequential(rows: pd.DataFrame) -> np.ndarray | None:
+    """Per row, the offline two-tier reference of its own policy (``workloads.tier_bounds``: the GPU
+    pool's LRU plus the CPU tier, one request at a time); an untiered row: the pool's LRU alone.
+    None when the sweep computed no bounds."""
+    if "lru_sequential_hit_rate" not in rows:
+        return None
+    out = _col(rows, "lru_sequential_hit_rate").to_numpy(dtype=float).copy()
+    policy = _col(rows, "cpu_tier_policy")
+    for i, pol in enumerate(policy):
+        if isinstance(pol, str):
+            out[i] = float(_col(rows, f"two_tier_{pol}_sequential_hit_rate").iloc[i])
+    return out
+
+
 def cpu_tier_hit_rate(d: SweepData) -> Figure | None:
     axis = tier_axis(d)
     if axis is None:
@@ -139,6 +155,7 @@ def cpu_tier_hit_rate(d: SweepData) -> Figure | None:
         "infinite_cache_hit_rate"].notna().any() else None
     tops = [float(np.nanmax(sum(shares(rows))))]
     handles: list[Any] = []
+    seq_handle: list[Any] = []
     for ax, (title, g) in zip(axes[0], groups):
         gpu, cpu = shares(g)
         x = g["_x"].to_numpy(dtype=float)
@@ -153,6 +170,12 @@ def cpu_tier_hit_rate(d: SweepData) -> Figure | None:
             if len(ref):
                 ax.axhline(float(ref.iloc[0]), ls="--", lw=1.1, color=fs.REFERENCE_COLOR)
                 tops.append(float(ref.max()))
+        seq = _sequential(g)
+        if seq is not None and np.isfinite(seq).any():
+            (mark,) = ax.plot(x, seq, linestyle="none", marker="_", ms=26, mew=2.2, color="0.1", zorder=4)
+            mark.set_label("two-tier LRU / ARC reference:\nthis pool + tier, one\nrequest at a time")
+            seq_handle = [mark]
+            tops.append(float(np.nanmax(seq)))
         b1.patches[0].set_label("GPU prefix cache (local_cache_hit)")
         b2.patches[0].set_label("CPU tier (external_kv_transfer)")
         handles = [b2.patches[0], b1.patches[0]]
@@ -164,6 +187,7 @@ def cpu_tier_hit_rate(d: SweepData) -> Figure | None:
     legend = [fs.section("prompt tokens hit in"), *handles]
     if bound is not None:
         legend += fs.style_handles([("infinite cache\n(upper bound)", "--", fs.REFERENCE_COLOR)])
+    legend += seq_handle
     legend.append(fs.note("over each bar: GPU + CPU"))
     return fs.finish(fig, f"{d.name}: prompt-token hits by source vs CPU tier size", legend)
 
