@@ -36,3 +36,21 @@ def test_matches_vllm_033(name: str, algo: str, fast_forward: bool) -> None:
     assert_matches_vllm(
         res, FIXTURES / case["expected_csv"], FIXTURES / case["expected_stats"], case["engine"]["async_scheduling"]
     )
+
+
+KNOBS = Path(__file__).parent / "fixtures" / "vllm_oracle_033_knobs"
+KNOB_CASES = json.loads((KNOBS / "manifest.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("fast_forward", [True, False], ids=["ff", "noff"])
+@pytest.mark.parametrize("name", list(KNOB_CASES))
+def test_matches_vllm_033_with_knobs(name: str, fast_forward: bool) -> None:
+    """vLLM 0.33.0's ``max_num_active_seqs`` and ``prefill_schedule_interval`` (the admission cap and
+    the local prefill cadence, sim.core.prefill_cadence) against its own scheduler run with them
+    (tests/fixtures/vllm_oracle_033_knobs/README.md)."""
+    knob_case = KNOB_CASES[name]
+    case = dict(MANIFEST["cases"][knob_case["base"]])
+    case["trace"] = str((FIXTURES / case["trace"]).resolve())
+    case["engine"] = {**case["engine"], **knob_case["knobs"]}
+    res = _replay(case, "fast", fast_forward, "0.33.0")
+    assert_matches_vllm(res, KNOBS / f"{name}.csv", KNOBS / f"{name}.stats.json", case["engine"]["async_scheduling"])
