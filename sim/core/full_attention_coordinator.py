@@ -298,10 +298,13 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
     def request_ids(self) -> KeysView[str]:
         return self.req_to_blocks.keys()
 
-    def check_integrity(self) -> None:
-        """Pool invariants plus: ref counts equal the number of requests holding each block."""
+    def check_integrity(self, deferred: Sequence[KVCacheBlock] = ()) -> None:
+        """Pool invariants plus: ref counts equal the number of requests holding each block, counting
+        ``deferred`` (blocks whose free is deferred, async scheduling with a KV connector) as held."""
         self.block_pool.check_integrity()
         refs: dict[int, int] = {}
+        for b in deferred:
+            refs[b.block_id] = refs.get(b.block_id, 0) + 1
         for rid, blocks in self.req_to_blocks.items():
             assert len({b.block_id for b in blocks}) == len(blocks), f"{rid} holds a block twice"
             for b in blocks:

@@ -165,7 +165,9 @@ class OffloadTier:
         self.finished_recving.remove(request.request_id)
 
     def check_integrity(self) -> None:
-        """Query: the connector's invariants; every kv-holding waiting request holds blocks."""
+        """Query: the pool's (blocks whose free is deferred count as held), the connector's; every
+        kv-holding waiting request holds blocks."""
+        self.coordinator.check_integrity([b for _, blocks in self.deferred_frees for b in blocks])
         self.connector.check_integrity()
         for r in self.kv_holding_waiting:
             assert self.holds_kv_blocks(r), f"{r.request_id} in kv_holding_waiting holds no KV"
