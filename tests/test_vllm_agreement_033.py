@@ -54,3 +54,17 @@ def test_matches_vllm_033_with_knobs(name: str, fast_forward: bool) -> None:
     case["engine"] = {**case["engine"], **knob_case["knobs"]}
     res = _replay(case, "fast", fast_forward, "0.33.0")
     assert_matches_vllm(res, KNOBS / f"{name}.csv", KNOBS / f"{name}.stats.json", case["engine"]["async_scheduling"])
+
+
+@pytest.mark.parametrize("fast_forward", [True, False], ids=["ff", "noff"])
+@pytest.mark.parametrize(("version", "tag"), [("0.33.0", "033"), ("0.25.1", "0251")])
+def test_long_prefill_threshold_rule_follows_each_version(version: str, tag: str, fast_forward: bool) -> None:
+    """0.33.0 ``schedule``: ``long_prefill_token_threshold`` is 0 while one request is present;
+    0.25.1 always applies it. Each profile equals its own version's scheduler on requests that
+    mostly arrive alone (tests/fixtures/vllm_oracle_033_knobs/README.md)."""
+    case = {"trace": str(KNOBS / "alone.jsonl"), "engine": {
+        "block_size": 16, "num_gpu_blocks": 200, "max_model_len": 1024, "max_num_batched_tokens": 256,
+        "max_num_seqs": 16, "policy": "fcfs", "long_prefill_token_threshold": 48, "enable_chunked_prefill": True,
+        "watermark": 0.0, "async_scheduling": False, "step_time": 0.01}}
+    res = _replay(case, "sha256", fast_forward, version)
+    assert_matches_vllm(res, KNOBS / f"alone_{tag}.csv", KNOBS / f"alone_{tag}.stats.json", False)
