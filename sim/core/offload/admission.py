@@ -136,7 +136,7 @@ def schedule_waiting(
         if load_async:
             request.status = WAITING_FOR_REMOTE_KVS
             request.num_computed_tokens = num_computed
-            tier.inflight_prefills.add(request)
+            tier.inflight_prefills[rid] = request
             skip(queue)
             continue
         queue.pop_head()
@@ -158,7 +158,7 @@ def schedule_waiting(
         )
         token_budget -= num_new
         if num_computed + num_new < request.num_tokens:
-            tier.inflight_prefills.add(request)
+            tier.inflight_prefills[rid] = request
     # vLLM prepend_requests: the skipped requests go back to the front, in their order
     for r in skipped_holding:
         tier.kv_holding_waiting.prepend(r)

@@ -10,7 +10,8 @@ in-flight prefills, async scheduling's deferred block frees, and the hooks
   state is not preempted (``_request_blocks_can_be_freed``). It is off without a connector.
 * ``sched_step_seq`` counts non-empty scheduled steps, ``processed_step_seq`` non-empty processed
   ones; a request's ``last_sched_seq`` is the seq of the last step that scheduled it.
-* ``inflight_prefills``: requests still prefilling (admitted with prompt left, or loading);
+* ``inflight_prefills``: requests still prefilling (admitted with prompt left, or loading), by id
+  (a dict: compiled requests are not hashable);
   an async load must leave their remaining blocks free (``_inflight_prefill_reserved_blocks``).
 
 Imports nothing above ``sim.core``.
@@ -58,7 +59,7 @@ class OffloadTier:
         self.connector = OffloadingConnectorScheduler(offload, cache.block_size)
         self.kv_holding_waiting: RequestQueue = create_request_queue(sched.config.policy)
         self.finished_recving: set[str] = set()
-        self.inflight_prefills: set[Request] = set()
+        self.inflight_prefills: dict[str, Request] = {}
         self.defer_block_free = sched.config.async_scheduling
         self.sched_step_seq = 0
         self.processed_step_seq = 0
@@ -84,7 +85,7 @@ class OffloadTier:
 
     def inflight_prefill_reserved_blocks(self) -> int:
         """Query: the blocks in-flight prefills still need (vLLM ``_inflight_prefill_reserved_blocks``)."""
-        return sum(self.request_remaining_blocks(r) for r in self.inflight_prefills)
+        return sum(self.request_remaining_blocks(r) for r in self.inflight_prefills.values())
 
     def blocks_can_be_freed(self, request: Request) -> bool:
         """Query: vLLM ``_request_blocks_can_be_freed`` -- no in-flight step may still write them."""
@@ -108,7 +109,7 @@ class OffloadTier:
     def free_blocks(self, request: Request) -> None:
         """Free a finished or preempted request's blocks, deferred while a step that scheduled it
         is in flight (vLLM ``_free_request_blocks``)."""
-        self.inflight_prefills.discard(request)
+        self.inflight_prefills.pop(request.request_id, None)
         if self.blocks_can_be_freed(request):
             self.sched.kv_cache_manager.free(request)
             return
@@ -133,7 +134,7 @@ class OffloadTier:
             if self.defer_block_free:
                 r.last_sched_seq = seq
             if not r.is_prefill_chunk:
-                self.inflight_prefills.discard(r)
+                self.inflight_prefills.pop(r.request_id, None)
 
     def before_output(self, out: SchedulerOutput) -> None:
         """Start of ``update_from_output``: the step's writes are done, so deferred blocks whose
