@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.core.offload.transfer import KVConnectorMetadata, TransferJob
+from sim.core.transfer_job import KVConnectorMetadata, TransferJob
 from sim.replay.kv_transfer import LinkKVWorker
 from sim.timing.transfer_link import TransferLink
 

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sim.core.transfer_job import KVConnectorOutput
 from sim.timing.transfer_link import TransferLink
 
 
@@ -66,14 +67,6 @@ class _InFlight:
     done_at: float
     first_report_step: int
     load_request_id: str | None  # a load's request (finished_recving), None for a store
-
-
-@dataclass(slots=True)
-class StepTransfers:
-    """One step's report: vLLM's ``completed_jobs`` and ``finished_recving``."""
-
-    completed_jobs: set[int]
-    finished_recving: set[str]
 
 
 @dataclass(slots=True)
@@ -142,7 +135,7 @@ class LinkKVWorker:
         first = min(due) if due else now
         return first if first > now else now
 
-    def finish_step(self, step: int, end: float) -> StepTransfers:
+    def finish_step(self, step: int, end: float) -> KVConnectorOutput:
         """Changes state: phase 5 at the end of ``step`` (at ``end``): the jobs it reports."""
         completed: set[int] = set()
         recving: set[str] = set()
@@ -153,4 +146,4 @@ class LinkKVWorker:
                     recving.add(f.load_request_id)
         for job_id in completed:
             del self.in_flight[job_id]
-        return StepTransfers(completed, recving)
+        return KVConnectorOutput(recving, completed)

@@ -22,14 +22,16 @@ from typing import Protocol
 
 from sim.core.executor import Executor, StepResult, step_shape
 from sim.core.kv_cache_spec import cdiv
-from sim.core.offload.transfer import KVConnectorOutput
 from sim.core.scheduler import Scheduler
 from sim.core.scheduler_output import SchedulerOutput
+from sim.core.transfer_job import KVConnectorOutput
 from sim.replay.decode_window import Window, plan_window
 from sim.replay.errors import ReplayError
 from sim.replay.intake import ARRIVAL_EPS_S, RequestIntake
 from sim.replay.kv_transfer import LinkKVWorker
 from sim.replay.recorder import ReplayRecorder
+from sim.replay.tier_window import play_window_transfers, tier_quiet, window_allowed
+from sim.replay.window_apply import apply_window
 
 Wait = float | None
 """What a loop yields: a float advances the clock by that many seconds (a step runs); None sleeps
@@ -79,9 +81,8 @@ class StepRunner:
         self.clock = clock
         # the fast-forward needs an executor that prices a shape without running it, and the
         # synchronous scheduler (sim.replay.decode_window's precondition)
-        # (and no offload tier: its transfers and connector bookkeeping run step by step)
-        self.fast_forward = (fast_forward and hasattr(executor, "price") and not scheduler.config.async_scheduling
-                             and kv_worker is None)
+        # (with an offload tier, only while its connector is quiet: sim.replay.tier_window)
+        self.fast_forward = fast_forward and hasattr(executor, "price") and not scheduler.config.async_scheduling
         self.kv_worker = kv_worker
         self.integrity_check = integrity_check
         self.max_window_steps = max_window_steps
@@ -120,10 +121,7 @@ class StepRunner:
         assert worker is not None
         wait = worker.start_step(out.step, start, out.kv_connector_metadata)
         end = worker.idle_until(out.step, start + wait) if out.is_empty() else start + wait + result.duration_s
-        report = worker.finish_step(out.step, end)
-        duration = end - start
-        return StepResult(duration, result.sampled_token_ids), KVConnectorOutput(report.finished_recving,
-                                                                                  report.completed_jobs)
+        return StepResult(end - start, result.sampled_token_ids), worker.finish_step(out.step, end)
 
     def apply(self, out: SchedulerOutput, result: StepResult, kv_output: KVConnectorOutput | None = None) -> int:
         """``update_from_output`` at the current time (with the tier's report of the step, if any);
@@ -182,8 +180,12 @@ class StepRunner:
             self.on_step(self.scheduler)
 
     def plan_window(self) -> Window | None:
-        """A fast-forward window starting now that ends before the next arrival becomes visible."""
-        return plan_window(
+        """A fast-forward window starting now that ends before the next arrival becomes visible
+        (with an offload tier: a window of decodes alone, planned while the connector is quiet)."""
+        tier = self.scheduler.tier
+        if tier is not None and not tier_quiet(self.scheduler, tier):
+            return None
+        window = plan_window(
             self.scheduler,
             self.max_window_steps,
             self.executor.price,  # type: ignore[attr-defined]  # checked in __init__ (fast_forward)
@@ -191,6 +193,18 @@ class StepRunner:
             self.intake.next_arrival - ARRIVAL_EPS_S,
             observed=self.intake.observed,
         )
+        return None if tier is not None and window is not None and not window_allowed(tier, window) else window
+
+    def play_window(self, window: Window) -> None:
+        """Play a planned window's steps on the scheduler (``sim.replay.window_apply``), with an
+        offload tier's transfers and connector bookkeeping (``sim.replay.tier_window``)."""
+        sched = self.scheduler
+        tier = sched.tier
+        if tier is None:
+            apply_window(sched, window)
+            return
+        assert self.kv_worker is not None
+        play_window_transfers(sched, tier, self.kv_worker, window, lambda: apply_window(sched, window))
 
     def stall_message(self) -> str:
         sched = self.scheduler

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from sim.replay.decode_window import Window
 from sim.replay.errors import ReplayError
 from sim.replay.step_runner import StepRunner, Wait
-from sim.replay.window_apply import apply_window
 
 
 def sync_steps(run: StepRunner) -> Iterator[Wait]:
@@ -65,7 +64,7 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
     first_step = sched.step_index
     n_running = len(sched.running)
     n_waiting = len(sched.waiting)
-    apply_window(sched, window)
+    run.play_window(window)
     k = window.k
     run.num_window_steps += k
     starts = window.starts

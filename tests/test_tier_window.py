@@ -1,0 +1,55 @@
+"""Decode windows with a CPU offload tier (``sim.replay.tier_window``) change nothing: the replay
+with fast-forward equals the step-by-step one, table for table, for the tier's columns and counters
+too; and windows do play (otherwise the equality would be empty)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from sim.experiment.config import config_from_dict
+from sim.experiment.run import replay_experiment
+
+
+def _cfg(fast_forward: bool, **engine: Any) -> Any:
+    return config_from_dict({
+        "name": "tier_window", "seed": 3, "model": "llama-3-8b", "gpu": "H100-SXM",
+        "engine": {"block_size": 16, "num_gpu_blocks": 700, "max_model_len": 4096, "num_cpu_blocks": 3000,
+                   "max_num_batched_tokens": 2048, **engine},
+        "latency": {"kind": "roofline"},
+        "workload": {"kind": "chat", "sessions": 40, "turns": {"dist": "geometric", "mean": 4, "max": 8},
+                     "system_prompt_tokens": 600, "max_context_tokens": 4000,
+                     "user_tokens": {"dist": "lognormal", "median": 120, "sigma": 1.0, "min": 1, "max": 800},
+                     "output_tokens": {"dist": "lognormal", "median": 60, "sigma": 0.8, "min": 1, "max": 300},
+                     "think_time": {"dist": "exponential", "mean": 20},
+                     "arrival": {"kind": "gamma", "rate": 2.0, "cv": 2.0}},
+        "replay": {"fast_forward": fast_forward},
+    }, "tier_window.yaml")
+
+
+@pytest.mark.parametrize("engine", [{}, {"kv_offloading_policy": "arc"}, {"kv_offloading_block_size": 32}])
+def test_windows_with_a_tier_equal_the_plain_loop(engine: dict[str, Any]) -> None:
+    plain, _ = replay_experiment(_cfg(False, **engine), progress=False)
+    fast, _ = replay_experiment(_cfg(True, **engine), progress=False)
+    pd.testing.assert_frame_equal(fast.requests, plain.requests)
+    pd.testing.assert_frame_equal(fast.steps, plain.steps)
+    for key in ("prompt_tokens_by_source", "external_prefix_cache", "cpu_tier", "prefix_cache_hit_rate"):
+        assert fast.summary[key] == plain.summary[key], key
+    assert fast.summary["prompt_tokens_by_source"]["external_kv_transfer"] > 0  # the tier is used
+
+
+def test_windows_do_play_with_a_quiet_connector() -> None:
+    from sim.experiment.engine_description import resolve
+    from sim.experiment.run import build_kv_worker, build_scheduler, simulated_executor
+    from sim.experiment.workload import build_workload
+    from sim.replay.engine import Replay
+
+    cfg = _cfg(True)
+    engine = resolve(cfg)
+    sched = build_scheduler(engine)
+    replay = Replay(sched, simulated_executor(cfg, sched), build_workload(cfg, engine).requests,
+                    kv_worker=build_kv_worker(engine))
+    replay.run()
+    assert replay.num_window_steps > replay.num_plain_steps  # most steps are quiet decodes
