@@ -149,6 +149,28 @@ def test_resumed_hash_pass_scans_multimodal_items(profile: VersionProfile, mm_ke
     assert r.block_hashes == [b0, fn((b0, (5, 6, 7, 8), mm_keys))]
 
 
+@pytest.mark.parametrize(("profile", "block0_keys"), [
+    (V0_25_1, ("ada", ("img", 2), "salt")),
+    (V0_33_0, (("lora", "ada", None), ("mm", "img", 2), ("cache_salt", "salt"))),
+])
+def test_extra_keys_are_tagged_under_033(profile: VersionProfile, block0_keys) -> None:
+    """0.33 ``generate_block_hash_extra_keys``: ``("lora", name, path)``, ``("mm", id, offset)``,
+    ``("cache_salt", salt)``; 0.25.1 the bare forms (a trace has no adapter path: None). Checked
+    byte for byte against vLLM 0.33.0's ``get_request_block_hasher`` for a salted prompt."""
+    h = make_block_hasher("sha256", 4, 0, 0, profile.mm_resume_scan_from_last, profile.tagged_extra_keys)
+    r = Request("r", [1, 2, 3, 4, 5], 1, cache_salt="salt", lora_name="ada", mm_features=[MMFeature("img", 2, 1)],
+                hasher=h)
+    fn = hash_function("sha256")
+    assert r.block_hashes == [fn((fn("0"), (1, 2, 3, 4), block0_keys))]
+    if profile.tagged_extra_keys:  # vLLM 0.33.0, PYTHONHASHSEED=0, tokens 1..11, cache_salt "s": its first bytes
+        def first_bytes(lookahead: int) -> list[str]:
+            h = make_block_hasher("sha256", 4, 0, lookahead, False, True)
+            return [b.hex()[:16] for b in Request("s", list(range(1, 12)), 1, cache_salt="s", hasher=h).block_hashes]
+
+        assert first_bytes(0) == ["f4b25c9b1d083991", "b0d1d9510a44afa0"]
+        assert first_bytes(1) == ["b44d39d7d1d0b327", "c66d871fa35020e3"]
+
+
 # -- 4. stale in-flight output ----------------------------------------------------------------
 @pytest.mark.parametrize(("profile", "step2"), [
     (V0_25_1, {"A": 1}),  # B, at the head, is refused (2 blocks needed, 1 free): head-of-line blocking

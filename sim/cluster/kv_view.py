@@ -25,11 +25,12 @@ class EventCacheView:
     def __init__(self, facts: Sequence[ReplicaFacts]) -> None:
         self.facts = facts
         self.index = make_kv_event_index(len(facts))
-        self._hashers: dict[tuple[str, int, int | str, int], BlockHasher] = {}
+        self._hashers: dict[tuple[str, int, int | str, int, bool, bool], BlockHasher] = {}
         self.group_of = [self._hasher(f) for f in facts]
 
     def _hasher(self, f: ReplicaFacts) -> BlockHasher:
-        key = (f.hash_algo, f.block_size, f.hash_seed, f.num_hash_lookahead_tokens)
+        # a probe is hashed from token 0, so the resumed-scan rule does not matter (True)
+        key = (f.hash_algo, f.block_size, f.hash_seed, f.num_hash_lookahead_tokens, True, f.tagged_extra_keys)
         h = self._hashers.get(key)
         if h is None:
             h = self._hashers[key] = make_block_hasher(*key)

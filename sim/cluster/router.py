@@ -81,6 +81,7 @@ class ReplicaFacts:
     hash_seed: int | str  # NONE_HASH seed (0.33.0 unset: "vllm-none-hash", sim.experiment.version_keys)
     latency: LatencyModel
     num_hash_lookahead_tokens: int = 0  # vLLM 0.33.0 EAGLE lookahead hashes (sim.core.lookahead_hashing)
+    tagged_extra_keys: bool = False  # vLLM 0.33.0's tagged extra keys (sim.core.extra_keys)
 
 
 @dataclass(slots=True)

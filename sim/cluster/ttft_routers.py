@@ -108,14 +108,15 @@ class OracleRouter(Router):
 
     def attach(self, view: ClusterView) -> None:
         super().attach(view)
-        self._hashers: dict[tuple[str, int, int | str, int], BlockHasher] = {}
+        self._hashers: dict[tuple[str, int, int | str, int, bool, bool], BlockHasher] = {}
 
     def _hasher(self, replica: int) -> BlockHasher:
         assert self.view is not None
         sched = self.view.engine(replica)
         f = self.view.facts[replica]
         bs = sched.kv_cache_manager.hash_block_size
-        key = (f.hash_algo, bs, f.hash_seed, sched.kv_cache_manager.num_hash_lookahead_tokens)
+        lookahead = sched.kv_cache_manager.num_hash_lookahead_tokens
+        key = (f.hash_algo, bs, f.hash_seed, lookahead, True, f.tagged_extra_keys)  # a probe: hashed from token 0
         h = self._hashers.get(key)
         if h is None:
             h = self._hashers[key] = make_block_hasher(*key)

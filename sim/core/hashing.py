@@ -88,6 +88,7 @@ class BlockHasher:
     block_size: int
     num_lookahead_tokens: int = 0  # vLLM 0.33.0 num_hash_lookahead_tokens (EAGLE)
     mm_resume_from_last: bool = True  # 0.25.1's resumed multimodal scan (False: 0.33.0's, extra_keys)
+    tagged_extra_keys: bool = False  # 0.33.0's tagged extra keys (sim.core.extra_keys)
 
     def hash_new_blocks(self, request: Request) -> list[BlockHash]:  # pragma: no cover
         raise NotImplementedError
@@ -127,7 +128,7 @@ class ExactBlockHasher(BlockHasher):
             extras: list[Any] | None = lookahead_extra_keys(request, start, n_blocks, bs, self.num_lookahead_tokens)
         else:
             extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs,
-                                       self.mm_resume_from_last)
+                                       self.mm_resume_from_last, self.tagged_extra_keys)
         out: list[BlockHash] = []
         for k in range(n_blocks):
             extra = extras[k] if extras is not None else None
@@ -322,7 +323,7 @@ class FastBlockHasher(BlockHasher):
         else:
             gen_keys = []
         extras = blocks_extra_keys(request.lora_name, request.cache_salt, request.mm_features, start, n_blocks, bs,
-                                   self.mm_resume_from_last)
+                                   self.mm_resume_from_last, self.tagged_extra_keys)
         state = request.hash_state if request.block_hashes else self.initial_state
         end = start + n_blocks * bs  # a prompt's first hashing takes its runs uncut (same keys)
         uncut = start == 0 and end <= request.num_prompt_tokens
@@ -353,10 +354,11 @@ class FastBlockHasher(BlockHasher):
 
 def make_block_hasher(
     algo: str, block_size: int, hash_seed: int | str = 0, num_lookahead_tokens: int = 0,
-    mm_resume_from_last: bool = True,
+    mm_resume_from_last: bool = True, tagged_extra_keys: bool = False,
 ) -> BlockHasher:
     """The hasher for ``prefix_caching_hash_algo=algo`` (``fast`` is this project's own);
-    ``mm_resume_from_last=False``: vLLM 0.33.0's resumed multimodal scan (``sim.core.extra_keys``)."""
+    ``mm_resume_from_last=False`` and ``tagged_extra_keys=True``: vLLM 0.33.0's resumed multimodal
+    scan and tagged extra keys (``sim.core.extra_keys``)."""
     h: BlockHasher
     if algo == "fast":
         h = FastBlockHasher(block_size, hash_seed, num_lookahead_tokens)
@@ -365,6 +367,7 @@ def make_block_hasher(
     else:
         raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {HASH_ALGOS}")
     h.mm_resume_from_last = mm_resume_from_last
+    h.tagged_extra_keys = tagged_extra_keys
     return h
 
 

@@ -10,8 +10,8 @@ hashes each block together with the ``L`` tokens after it (``VllmConfig.num_hash
   ``(num_tokens - L) // block_size`` blocks), so a block is cached one token later
   (``cache_blocks`` caps at the hashed tokens) and a prompt's last full block is hashed only when
   a token follows it;
-* its extra keys become ``(E, t_1, ..., t_L)``: ``E`` the usual extra keys over the block *and* its
-  lookahead tokens (the multimodal items overlapping ``[start, end + L)``), then the tokens.
+* its extra keys become ``(E, t_1, ..., t_L)``: ``E`` the (0.33.0: tagged) extra keys over the block
+  *and* its lookahead tokens (the multimodal items overlapping ``[start, end + L)``), then the tokens.
 
 Equal hashes therefore mean equal prefixes of ``(i + 1) * block_size + L`` tokens. The exact
 hashers use these keys byte for byte; the ``fast`` hasher keeps its chain over the usual keys and
@@ -39,7 +39,7 @@ def lookahead_extra_keys(request: Request, start: int, num_blocks: int, block_si
     out: list[Any] = []
     for k in range(num_blocks):
         s = start + k * block_size
-        extra, _ = block_extra_keys(request, s, s + block_size + lookahead, 0)
+        extra, _ = block_extra_keys(request, s, s + block_size + lookahead, 0, tagged=True)
         toks = follow[k * block_size : k * block_size + lookahead]
         out.append((extra, toks[0]) if lookahead == 1 else (extra, *toks))
     return out

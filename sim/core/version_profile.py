@@ -34,6 +34,9 @@ switched by the fields of one frozen :class:`VersionProfile`, resolved once in
   (``curr_mm_idx = -1``), so of several items overlapping the prompt's tail block only the last
   becomes an extra key; 0.33.0 starts at the first item overlapping the block
   (``get_mm_features_in_window``).
+* ``tagged_extra_keys`` -- 0.33.0 ``generate_block_hash_extra_keys`` tags every extra key:
+  ``("lora", name, path)``, ``("mm", identifier, offset)``, ``("cache_salt", salt)`` (the hash bytes
+  change, and a LoRA name can no longer equal a salt; KV events keep the bare forms).
 * ``priority_preemption_scans_on`` -- 0.33's priority preemption in the running loop: the cursor
   steps back when the victim sat before it (scheduled or not), and a request that preempted
   itself lets the loop go on to the higher-priority ones behind it; 0.25.1 stepped back only for a
@@ -63,6 +66,7 @@ class VersionProfile:
     fixed_none_hash_seed: str | None
     priority_preemption_scans_on: bool
     mm_resume_scan_from_last: bool
+    tagged_extra_keys: bool
 
     def max_in_flight_tokens(self, max_num_batched_tokens: int, async_scheduling: bool) -> int:
         """Query: the tokens the sliding-window admission cap reserves for (0.33
@@ -85,6 +89,7 @@ V0_25_1 = VersionProfile(
     fixed_none_hash_seed=None,
     priority_preemption_scans_on=False,
     mm_resume_scan_from_last=True,
+    tagged_extra_keys=False,
 )
 
 V0_33_0 = VersionProfile(
@@ -99,6 +104,7 @@ V0_33_0 = VersionProfile(
     fixed_none_hash_seed="vllm-none-hash",
     priority_preemption_scans_on=True,
     mm_resume_scan_from_last=False,
+    tagged_extra_keys=True,
 )
 
 PROFILES: dict[str, VersionProfile] = {p.version: p for p in (V0_33_0, V0_25_1)}

@@ -91,7 +91,7 @@ def replica_specs(
         engine, latency = cache[id(sub)]
         facts = ReplicaFacts(engine.block_size, engine.num_gpu_blocks,
                              engine.scheduler_config.max_num_batched_tokens, engine.hash_algo, engine.hash_seed,
-                             latency, engine.num_hash_lookahead_tokens)
+                             latency, engine.num_hash_lookahead_tokens, engine.profile.tagged_extra_keys)
 
         def scheduler(engine: EngineDescription = engine) -> Scheduler:
             return Scheduler(engine.scheduler_config, engine.cache_config, engine.block_hasher())

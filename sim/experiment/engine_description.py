@@ -91,8 +91,9 @@ class EngineDescription:
 
     def block_hasher(self) -> BlockHasher:
         """A new request block hasher (``hash_algo`` at ``hash_block_size``, seeded)."""
+        p = self.profile
         return make_block_hasher(self.hash_algo, self.hash_block_size, self.hash_seed, self.num_hash_lookahead_tokens,
-                                 self.profile.mm_resume_scan_from_last)
+                                 p.mm_resume_scan_from_last, p.tagged_extra_keys)
 
 
 def _spec_name(cfg: ExperimentConfig, name: str) -> str:
