@@ -299,9 +299,9 @@ def build_engine(args, max_model_len: int) -> Engine:
         from vllm.config import KVTransferConfig
         if args.cpu_chunks and args.kv_offloading_size is not None:
             raise SystemExit("give --cpu-chunks or --kv-offloading-size, not both")
+        # a chunk size that is not a multiple of the block size: vLLM's own ValueError
+        # (offloading/config.py:build_offloading_config) when the connector is built
         bs_chunk = args.offload_block_size or args.block_size
-        if bs_chunk % args.block_size:
-            raise SystemExit("--offload-block-size must be a multiple of --block-size")
         extra: dict[str, Any] = {
             "eviction_policy": args.offload_policy,
             "offload_prompt_only": not args.offload_all_tokens,
@@ -313,7 +313,7 @@ def build_engine(args, max_model_len: int) -> Engine:
             # What VllmConfig._post_init_kv_transfer_config (config/vllm.py) builds for
             # --kv-offloading-size with the native backend, with an exact byte budget.
             extra["cpu_bytes_to_use"] = cpu_bytes_for_chunks(
-                args.cpu_chunks, args.block_size, bs_chunk // args.block_size)
+                args.cpu_chunks, args.block_size, max(1, bs_chunk // args.block_size))
             kwargs["kv_transfer_config"] = KVTransferConfig(
                 kv_connector="OffloadingConnector", kv_role="kv_both",
                 kv_connector_extra_config=extra)
@@ -862,8 +862,8 @@ def replay(args) -> tuple[list[ReqResult], dict]:
             transfer_delay_steps=args.transfer_delay_steps,
             finished_order=args.finished_order,
             kv_bytes_per_block=kv_bytes_per_block(args.block_size),
-            cpu_bytes_to_use=conn.connector_scheduler.manager is not None and
-            sched.vllm_config.kv_transfer_config.kv_connector_extra_config["cpu_bytes_to_use"],
+            cpu_bytes_to_use=sched.vllm_config.kv_transfer_config.kv_connector_extra_config[
+                "cpu_bytes_to_use"],
         )
     return out, stats
 
