@@ -64,8 +64,8 @@ def _replay(case: dict, algo: str, fast_forward: bool, vllm_version: str = "0.25
                 "hash_algo": algo,
                 "hash_seed": 0,
                 "vllm_version": vllm_version,  # these fixtures: 0.25.1 (test_vllm_agreement_033: 0.33.0)
-                # vLLM 0.33.0 knobs, when a case sets them (tests/fixtures/vllm_oracle_033_knobs)
-                **{k: e[k] for k in ("max_num_active_seqs", "prefill_schedule_interval") if k in e},
+                # settings a case may add (tests/fixtures/vllm_oracle_033_knobs)
+                **{k: e[k] for k in ("max_num_active_seqs", "prefill_schedule_interval", "use_eagle") if k in e},
             },
             "workload": {"kind": "trace", "path": case["trace"]},
             "replay": {"fast_forward": fast_forward},

@@ -46,7 +46,8 @@ KNOB_CASES = json.loads((KNOBS / "manifest.json").read_text())["cases"]
 @pytest.mark.parametrize("name", list(KNOB_CASES))
 def test_matches_vllm_033_with_knobs(name: str, fast_forward: bool) -> None:
     """vLLM 0.33.0's ``max_num_active_seqs`` and ``prefill_schedule_interval`` (the admission cap and
-    the local prefill cadence, sim.core.prefill_cadence) against its own scheduler run with them
+    the local prefill cadence, sim.core.prefill_cadence), and EAGLE's lookahead block hashes
+    (sim.core.lookahead_hashing), against its own scheduler run with them
     (tests/fixtures/vllm_oracle_033_knobs/README.md)."""
     knob_case = KNOB_CASES[name]
     case = dict(MANIFEST["cases"][knob_case["base"]])
