@@ -1,31 +1,53 @@
 """The CPU tier's LRU policy (mirrors vLLM 0.33.0's ``LRUCachePolicy``,
-``v1/kv_offload/cpu/policies/lru.py``).
+``v1/kv_offload/cpu/policies/lru.py``), on rank groups instead of vLLM's lazy min-heap.
 
-Recency is a *rank* ``(major, minor)``, smallest evicted first:
+Recency is a *rank* ``(major, minor)``, smallest evicted first (vLLM's numbering):
 
 * a request gets a rank ``r`` (``_next_rank += 1``) at its first store or load access; a chunk it
   inserts or first touches gets ``(r, -position)``, and a touch only ever raises a rank -- so while a
   request runs, its chunks sit at its first-access rank, older requests' chunks go first, and within
   one request the tail (larger position) goes before the head;
-* when the request finishes, every key it saw gets a fresh rank ``(_next_rank += 1, 0)``, tail
-  first and head last, so the head becomes the most recent.
+* when the request finishes, its ``k`` resident keys get fresh ranks ``(m + 1, 0) .. (m + k, 0)``
+  (``m = _next_rank``), tail first and head last, so the head becomes the most recent;
+* a key inserted without a position gets ``(_next_rank += 1, 0)``.
 
-Invariants: ``ranks`` and ``chunks`` have the same keys; ``evictable`` is the set of keys whose
-chunk has ``ref_cnt == 0``; every evictable key has a heap entry equal to its current rank (stale
-entries are skipped lazily, as vLLM's min-heap does). Eviction never takes a pending (ref_cnt -1),
-pinned (> 0) or protected chunk. Cost: O(log n) per rank change, O(k log n) per eviction of k.
-Imports nothing from the project beyond this package.
+vLLM evicts the smallest ranks among the evictable (ref_cnt 0), unprotected keys, in rank order
+(heap pops; stale entries skipped, protected ones pushed back). Here the same order comes from *rank
+groups* (``RankGroup``): a chunk's rank is ``(chunk.group.gid, chunk.minor)`` -- ``(r, -position)``
+in its request's group ``r``; for the ``i``-th key of a finish batch ``(m + 1, i)`` (vLLM: ``(m + 1
++ i, 0)``) or, when the batch is exactly the request's own group, that group renamed ``m + 1`` with
+its minors ``-position`` kept (the batch's order *is* descending position); ``(n, 0)`` alone in
+group ``n`` without a position. This orders as vLLM's ranks do: a finish batch takes the majors
+``m + 1 .. m + k`` at once, so every other rank (earlier or later, request ranks included) has a
+major outside that range and compares with the batch's keys on the major alone; inside one group
+the minors are distinct and ordered as vLLM's ranks. A group keeps its evictable keys in a dict in
+rank order -- ascending, or descending for a request's group, whose chunks arrive head to tail --
+while ``ordered`` (``_sort`` restores it). Eviction walks the groups by id (``_gids``) and each
+group's keys in order: the n smallest unprotected ranks, as vLLM's heap pops them, with no stale
+entries; a store completion appends its job to the request's group, a finish renames the group.
+
+Invariants (``check_integrity``): every resident chunk has a registered group whose ``population``
+counts it; the groups' ``keys`` are exactly the evictable (ref_cnt 0) keys, each in its chunk's
+group; ``_gids`` is sorted and names exactly the registered groups (emptied ones are dropped when an
+eviction walks past them); an ``ordered`` group's keys are strictly monotone in its direction.
+Eviction never takes a pending (ref_cnt -1), pinned (> 0) or protected chunk. Imports nothing from
+the project beyond this package.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable, Sequence
+from bisect import insort
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 
-from sim.core.offload.policy import CachePolicy, ChunkStatus, OffloadKey, ReqContext, order_request_keys
+from sim.core.offload.policy import CachePolicy, ChunkStatus, OffloadKey, RankGroup, ReqContext, order_request_keys
 
 Rank = tuple[int, int]
-_HeapEntry = tuple[Rank, OffloadKey]
+
+
+def _in_order(group: RankGroup) -> Iterator[OffloadKey]:
+    """Query: a group's evictable keys, smallest rank first (when ordered)."""
+    return iter(group.keys) if group.asc else reversed(group.keys)
 
 
 class LRUCachePolicy(CachePolicy):
@@ -34,12 +56,11 @@ class LRUCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self.chunks: dict[OffloadKey, ChunkStatus] = {}
-        self.ranks: dict[OffloadKey, Rank] = {}
-        self.evictable: set[OffloadKey] = set()
-        self._heap: list[_HeapEntry] = []
+        self._groups: dict[int, RankGroup] = {}
+        self._gids: list[int] = []
         self._next_rank = 0
 
-    # -- ranks --------------------------------------------------------------------------------
+    # -- ranks and groups ---------------------------------------------------------------------
     def _request_rank(self, ctx: ReqContext) -> int:
         """The request's rank, assigned at its first access (vLLM ``_get_request_rank``)."""
         if ctx.lru_rank == 0:
@@ -47,29 +68,66 @@ class LRUCachePolicy(CachePolicy):
             ctx.lru_rank = self._next_rank
         return ctx.lru_rank
 
-    def _update_heap(self, updated: Sequence[OffloadKey]) -> None:
-        if not updated:
-            return
-        # vLLM rebuilds for a long update and pushes otherwise; both leave one current entry per
-        # evictable key, which is all eviction reads
-        if len(updated) >= max(64, len(self.evictable) // 4):
-            self._rebuild()
+    def _new_group(self, gid: int, asc: bool, finished: bool = False) -> RankGroup:
+        group = RankGroup(gid, asc, finished)
+        self._groups[gid] = group
+        gids = self._gids
+        if not gids or gids[-1] < gid:
+            gids.append(gid)
         else:
-            for key in updated:
-                heapq.heappush(self._heap, (self.ranks[key], key))
-            self._maybe_compact()
+            insort(gids, gid)
+        return group
 
-    def _rebuild(self) -> None:
-        self._heap = [(self.ranks[k], k) for k in self.evictable]
-        heapq.heapify(self._heap)
+    def _request_group(self, ctx: ReqContext) -> RankGroup:
+        rank = self._request_rank(ctx)
+        group = self._groups.get(rank)
+        return group if group is not None else self._new_group(rank, False)
 
-    def _maybe_compact(self) -> None:
-        if len(self._heap) >= max(64, 2 * len(self.evictable)):
-            self._rebuild()
+    def _add(self, key: OffloadKey, chunk: ChunkStatus) -> None:
+        """``key`` became evictable, or moved, in ``chunk.group``."""
+        group = chunk.group
+        assert group is not None
+        members = group.keys
+        minor = chunk.minor
+        if not members:
+            group.bound = minor
+            group.ordered = True
+        elif group.ordered:
+            if minor > group.bound if group.asc else minor < group.bound:
+                group.bound = minor
+            else:
+                group.ordered = False
+        members[key] = None
+
+    def _move(self, key: OffloadKey, chunk: ChunkStatus, group: RankGroup, minor: int) -> None:
+        """Give ``key`` the rank ``(group.gid, minor)``."""
+        old = chunk.group
+        assert old is not None
+        old.population -= 1
+        member = key in old.keys
+        if member:
+            del old.keys[key]
+        chunk.group = group
+        chunk.minor = minor
+        group.population += 1
+        if member:
+            self._add(key, chunk)
+
+    def _sort(self, group: RankGroup) -> None:
+        chunks = self.chunks
+        order = sorted(group.keys, key=lambda k: (chunks[k].minor, k), reverse=not group.asc)
+        group.keys = dict.fromkeys(order)
+        group.ordered = True
+        if order:
+            group.bound = chunks[order[-1]].minor
 
     # -- CachePolicy --------------------------------------------------------------------------
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         return self.chunks.get(key)
+
+    def get_many(self, keys: Sequence[OffloadKey]) -> list[ChunkStatus | None]:
+        get = self.chunks.get
+        return [get(k) for k in keys]
 
     def keys(self) -> Iterable[OffloadKey]:
         return self.chunks.keys()
@@ -79,103 +137,217 @@ class LRUCachePolicy(CachePolicy):
         position = ctx.key_positions.get(key)
         if position is None:
             self._next_rank += 1
-            self.ranks[key] = (self._next_rank, 0)
+            group = self._new_group(self._next_rank, True)
+            chunk.minor = 0
         else:
-            self.ranks[key] = (self._request_rank(ctx), -position)
+            group = self._request_group(ctx)
+            chunk.minor = -position
+        chunk.group = group
+        group.population += 1
         if chunk.ref_cnt == 0:
-            self.evictable.add(key)
-            heapq.heappush(self._heap, (self.ranks[key], key))
+            self._add(key, chunk)
+
+    def insert_many(self, keys: Sequence[OffloadKey], chunks: Sequence[ChunkStatus], ctx: ReqContext) -> None:
+        positions = ctx.key_positions
+        if not keys:
+            return
+        if not positions.keys() >= set(keys):  # a key without a position: one by one
+            for key, chunk in zip(keys, chunks, strict=True):
+                self.insert(key, chunk, ctx)
+            return
+        self.chunks.update(zip(keys, chunks, strict=True))
+        group = self._request_group(ctx)  # every key at (request rank, -position)
+        ready: list[OffloadKey] = []
+        for key, chunk in zip(keys, chunks, strict=True):
+            chunk.group = group
+            chunk.minor = -positions[key]
+            if chunk.ref_cnt == 0:
+                ready.append(key)
+        group.population += len(keys)
+        for key in ready:
+            self._add(key, self.chunks[key])
 
     def remove(self, key: OffloadKey) -> None:
-        del self.chunks[key]
-        self.ranks.pop(key, None)
-        self.evictable.discard(key)
+        chunk = self.chunks.pop(key)
+        group = chunk.group
+        assert group is not None
+        group.population -= 1
+        group.keys.pop(key, None)
 
     def on_request_access(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         # vLLM LRUCachePolicy.on_request_access: the request's rank is taken even when no key is
-        # resident yet (its inserts then share it)
-        request_rank = self._request_rank(ctx)
-        updated: list[OffloadKey] = []
+        # resident yet (its inserts then share it); a touch only raises a rank
+        rank = self._request_rank(ctx)
+        positions, chunks = ctx.key_positions, self.chunks
+        group: RankGroup | None = None
         for key in keys:
-            position = ctx.key_positions.get(key)
-            if position is None or key not in self.chunks:
+            position = positions.get(key)
+            if position is None:
                 continue
-            rank = (request_rank, -position)
-            if self.ranks[key] >= rank:
+            chunk = chunks.get(key)
+            if chunk is None:
                 continue
-            self.ranks[key] = rank
-            if key in self.evictable:
-                updated.append(key)
-        self._update_heap(updated)
+            old = chunk.group
+            assert old is not None
+            if old.gid > rank or (old.gid == rank and chunk.minor >= -position):
+                continue
+            if group is None:
+                group = self._request_group(ctx)
+            self._move(key, chunk, group, -position)
 
     def on_request_finished(
         self, keys: Sequence[OffloadKey], insertion_only: set[OffloadKey], reused: set[OffloadKey], ctx: ReqContext
     ) -> None:
         # fresh ranks tail first, head last (vLLM: touch(reversed(order_request_keys(...)))), so the
         # request's head chunk is the most recently used
-        updated: list[OffloadKey] = []
-        for key in reversed(order_request_keys(keys, ctx)):
-            if key not in self.chunks:
-                continue
-            self._next_rank += 1
-            self.ranks[key] = (self._next_rank, 0)
-            if key in self.evictable:
-                updated.append(key)
-        self._update_heap(updated)
+        chunks = self.chunks
+        resident = [k for k in keys if k in chunks]
+        if not resident:
+            return
+        gid = self._next_rank + 1
+        self._next_rank += len(resident)
+        own = self._groups.get(ctx.lru_rank) if ctx.lru_rank else None
+        if own is not None and own.population == len(resident):
+            # the batch may be exactly the request's own group, whose order (descending position)
+            # is the batch's when every key has a position: rename the group
+            key_set = set(keys)
+            if (
+                len(key_set) == len(keys)
+                and ctx.key_positions.keys() >= key_set
+                and [chunks[k].group for k in resident].count(own) == len(resident)
+            ):
+                del self._groups[own.gid]
+                self._gids.remove(own.gid)
+                own.gid = gid
+                own.finished = True
+                self._groups[gid] = own
+                self._gids.append(gid)  # gid exceeds every group id
+                return
+        group = self._new_group(gid, True, True)
+        for i, key in enumerate(k for k in reversed(order_request_keys(keys, ctx)) if k in chunks):
+            self._move(key, chunks[key], group, i)
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
         if n == 0:
             return []
-        selected: list[_HeapEntry] = []
-        selected_keys: set[OffloadKey] = set()
-        deferred: list[_HeapEntry] = []
-        heap = self._heap
-        while heap and len(selected) < n:
-            entry = heapq.heappop(heap)
-            rank, key = entry
-            if key not in self.evictable or self.ranks.get(key) != rank:
-                continue  # stale entry
-            if key in selected_keys:
-                continue  # an equal duplicate entry (re-pinned without a rank change)
-            if key in protected:
-                deferred.append(entry)
+        selected: list[OffloadKey] = []
+        taken: list[tuple[RankGroup, int]] = []  # (group, keys taken from it)
+        groups, gids = self._groups, self._gids
+        walked = 0
+        for gid in gids:
+            walked += 1
+            group = groups[gid]
+            if not group.keys:
                 continue
-            selected.append(entry)
-            selected_keys.add(key)
-        if len(selected) < n:  # atomic: put everything back
-            for entry in selected:
-                heapq.heappush(heap, entry)
-            for entry in deferred:
-                heapq.heappush(heap, entry)
+            if not group.ordered:
+                self._sort(group)
+            before = len(selected)
+            if group.keys.keys().isdisjoint(protected):
+                selected.extend(islice(_in_order(group), n - before))
+            else:
+                for key in _in_order(group):
+                    if key not in protected:
+                        selected.append(key)
+                        if len(selected) == n:
+                            break
+            taken.append((group, len(selected) - before))
+            if len(selected) == n:
+                break
+        if len(selected) < n:  # atomic: nothing changed (a sort keeps the order)
             return None
-        for entry in deferred:
-            heapq.heappush(heap, entry)
-        out: list[tuple[OffloadKey, ChunkStatus]] = []
-        for _, key in selected:
-            chunk = self.chunks.pop(key)
-            assert chunk.ref_cnt == 0
-            self.evictable.remove(key)
-            del self.ranks[key]
-            out.append((key, chunk))
-        self._maybe_compact()
+        chunks = self.chunks
+        out = [(key, chunks.pop(key)) for key in selected]
+        start = 0
+        for group, count in taken:
+            if count == len(group.keys):
+                group.keys = {}
+            else:
+                members = group.keys
+                for key in selected[start : start + count]:
+                    del members[key]
+            group.population -= count
+            start += count
+        # drop the groups the walk found without any chunk
+        kept = [g for g in gids[:walked] if groups[g].population]
+        if len(kept) < walked:
+            for g in gids[:walked]:
+                if not groups[g].population:
+                    del groups[g]
+            gids[:walked] = kept
         return out
 
     def mark_evictable(self, key: OffloadKey) -> None:
-        self.evictable.add(key)
-        heapq.heappush(self._heap, (self.ranks[key], key))
-        self._maybe_compact()
+        self._add(key, self.chunks[key])
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        chunks = self.chunks
+        cs = [chunks[k] for k in keys]
+        if not cs:
+            return
+        group = cs[0].group
+        assert group is not None
+        if len(cs) > 1 and [c.group for c in cs].count(group) == len(cs):
+            minors = [c.minor for c in cs]
+            run = sorted(minors, reverse=not group.asc)
+            members = group.keys
+            joins = not members or (group.ordered and (run[0] > group.bound if group.asc else run[0] < group.bound))
+            if joins and run == minors and len(set(minors)) == len(minors):
+                # a run in the group's order past its end: append it whole
+                members.update(dict.fromkeys(keys))
+                group.bound = run[-1]
+                group.ordered = True
+                return
+        for key, chunk in zip(keys, cs, strict=True):
+            self._add(key, chunk)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
-        self.evictable.remove(key)
+        group = self.chunks[key].group
+        assert group is not None
+        del group.keys[key]
 
     # -- queries ------------------------------------------------------------------------------
+    def _order_key(self, key: OffloadKey) -> tuple[int, int, OffloadKey]:
+        chunk = self.chunks[key]
+        assert chunk.group is not None
+        return (chunk.group.gid, chunk.minor, key)
+
     def eviction_order(self) -> list[OffloadKey]:
-        """Query: the evictable keys, next victim first (for tests)."""
-        return sorted(self.evictable, key=lambda k: (self.ranks[k], k))
+        """Query: the evictable keys, next victim first."""
+        return sorted((k for g in self._groups.values() for k in g.keys), key=self._order_key)
+
+    def rank_order(self) -> list[OffloadKey]:
+        """Query: every resident key, smallest rank first."""
+        return sorted(self.chunks, key=self._order_key)
+
+    @property
+    def ranks(self) -> dict[OffloadKey, Rank]:
+        """Query: every resident key's rank in vLLM's numbering (a finish batch's keys numbered
+        in order from ``m + 1``: exact until one of them is evicted; the order always is)."""
+        members: dict[int, list[OffloadKey]] = {}
+        for key, chunk in self.chunks.items():
+            assert chunk.group is not None
+            members.setdefault(chunk.group.gid, []).append(key)
+        out: dict[OffloadKey, Rank] = {}
+        for gid, keys in members.items():
+            keys.sort(key=self._order_key)
+            finished = self._groups[gid].finished
+            for i, key in enumerate(keys):
+                out[key] = (gid + i, 0) if finished else (gid, self.chunks[key].minor)
+        return out
 
     def check_integrity(self) -> None:
         """Query: assert the module docstring's invariants."""
-        assert self.ranks.keys() == self.chunks.keys()
-        assert self.evictable == {k for k, c in self.chunks.items() if c.ref_cnt == 0}
-        current = {k for r, k in self._heap if k in self.evictable and self.ranks[k] == r}
-        assert current == self.evictable, "an evictable key lacks a current heap entry"
+        assert self._gids == sorted(self._groups), "group ids out of order"
+        population: dict[int, int] = {}
+        for key, chunk in self.chunks.items():
+            group = chunk.group
+            assert group is not None and self._groups.get(group.gid) is group, "a chunk's group is not registered"
+            population[group.gid] = population.get(group.gid, 0) + 1
+            assert (key in group.keys) == (chunk.ref_cnt == 0), "evictable keys and group members differ"
+        num_ready = sum(1 for c in self.chunks.values() if c.ref_cnt == 0)
+        assert sum(len(g.keys) for g in self._groups.values()) == num_ready, "a key sits in two groups"
+        for gid, group in self._groups.items():
+            assert group.gid == gid and group.population == population.get(gid, 0), "a group's population is off"
+            if group.ordered:
+                minors = [self.chunks[k].minor for k in _in_order(group)]
+                assert all(a < b for a, b in zip(minors, minors[1:], strict=False)), "an ordered group is out of order"

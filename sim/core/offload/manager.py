@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from sim.core.offload.arc import ARCCachePolicy
 from sim.core.offload.lru import LRUCachePolicy
+from sim.core.offload.lru_reference import HeapLRUCachePolicy
 from sim.core.offload.policy import CachePolicy, ChunkStatus, OffloadKey, ReqContext
 
 MAX_TRACKER_SIZE = 64_000
@@ -77,6 +78,8 @@ def make_policy(name: str, capacity: int) -> CachePolicy:
         return LRUCachePolicy(capacity)
     if name == "arc":
         return ARCCachePolicy(capacity)
+    if name == "lru_reference":  # vLLM's heap as written: the oracle of "lru" (tests)
+        return HeapLRUCachePolicy(capacity)
     raise ValueError(f"unknown offload eviction policy {name!r} (expected 'lru' or 'arc')")
 
 
@@ -89,7 +92,7 @@ class CPUOffloadingManager:
         self.num_chunks = num_chunks
         self.policy: CachePolicy = make_policy(policy, num_chunks)
         self.num_allocated = 0  # slots ever handed out (fresh ones are 0 .. num_allocated - 1)
-        self.free_list: list[int] = []
+        self.free_list: list[ChunkStatus] = []  # freed chunk records, reused last-freed first
         self.num_evictable = 0
         self.num_write_pending = 0
         self.store_threshold = store_threshold
@@ -106,8 +109,15 @@ class CPUOffloadingManager:
         num_fresh = min(n, self.num_chunks - self.num_allocated)
         chunks = [ChunkStatus(self.num_allocated + i) for i in range(num_fresh)]
         self.num_allocated += num_fresh
-        for _ in range(n - num_fresh):
-            chunks.append(ChunkStatus(self.free_list.pop()))
+        if n > num_fresh:  # freed slots, last freed first (vLLM ``_free_list.pop()``)
+            free = self.free_list
+            reused = free[len(free) - (n - num_fresh) :]
+            del free[len(free) - (n - num_fresh) :]
+            reused.reverse()
+            for chunk in reused:
+                chunk.ref_cnt = -1
+                chunk.group = None
+            chunks.extend(reused)
         return chunks
 
     def _record_accesses(self, keys: Sequence[OffloadKey]) -> None:
@@ -145,18 +155,17 @@ class CPUOffloadingManager:
         """Note keys the request observed (first time only, prefix order) and tell the policy
         (vLLM ``_record_request_cache_access``)."""
         state = self._access(ctx)
-        new_keys = []
-        for key in keys:
-            if key in state.seen:
-                continue
-            assert not state.finished, "new cache keys observed after request finalization"
-            state.keys.append(key)
-            state.seen.add(key)
-            new_keys.append(key)
+        seen = state.seen
+        new_keys = [k for k in dict.fromkeys(keys) if k not in seen]
         if new_keys:
+            assert not state.finished, "new cache keys observed after request finalization"
+            state.keys.extend(new_keys)
+            seen.update(new_keys)
             self.policy.on_request_access(new_keys, ctx)
-        # re-reading a chunk this request inserted is not a second access
-        state.reused.update(k for k in reused if k not in state.inserted)
+        if reused:
+            # re-reading a chunk this request inserted is not a second access
+            inserted = state.inserted
+            state.reused.update(k for k in reused if k not in inserted)
 
     # -- the manager interface ----------------------------------------------------------------
     def lookup(self, key: OffloadKey) -> LookupResult:
@@ -193,28 +202,29 @@ class CPUOffloadingManager:
         they cannot all be allocated (then no chunk was allocated or evicted)."""
         if self.counts is not None:
             self._record_accesses(keys)
-        to_store: list[OffloadKey] = []
-        ready_existing: list[OffloadKey] = []
-        for key in keys:
-            chunk = self.policy.get(key)
-            if chunk is None:
-                to_store.append(key)
-            elif chunk.is_ready:
-                ready_existing.append(key)
+        found = self.policy.get_many(keys)
+        to_store = [k for k, c in zip(keys, found, strict=True) if c is None]
+        ready_existing = [k for k, c in zip(keys, found, strict=True) if c is not None and c.ref_cnt >= 0]
         if self.counts is not None:
             n = len(to_store)
-            to_store = [k for k in to_store if self.counts.get(k, 0) >= self.store_threshold]
+            counts, threshold = self.counts, self.store_threshold
+            to_store = [k for k in to_store if counts.get(k, 0) >= threshold]
             self.stats.stores_skipped += n - len(to_store)
         state = self._access(ctx)
-        misses = [k for k in to_store if k not in state.store_misses]
+        store_misses = state.store_misses
+        misses = [k for k in to_store if k not in store_misses]
         if misses:
             # ARC learns from B1/B2 before insert() drops the ghost; once per key per request
             self.policy.on_store_miss(misses, ctx)
-            state.store_misses.update(misses)
+            store_misses.update(misses)
         # recorded before any early return; candidates count as insertions only once allocated
-        recorded = set(to_store)
-        recorded.update(ready_existing)
-        self._record_request_access([k for k in keys if k in recorded], ctx, reused=ready_existing)
+        if len(to_store) + len(ready_existing) == len(keys):
+            recorded_keys = keys  # every key is recorded (no pending resident, none filtered)
+        else:
+            recorded = set(to_store)
+            recorded.update(ready_existing)
+            recorded_keys = [k for k in keys if k in recorded]
+        self._record_request_access(recorded_keys, ctx, reused=ready_existing)
         if not to_store:
             return PrepareStoreOutput([], [])
         num_to_evict = len(to_store) - self.num_free_chunks()
@@ -227,13 +237,10 @@ class CPUOffloadingManager:
             if evicted is None:
                 return None
             self.num_evictable -= len(evicted)
-            for key, chunk in evicted:
-                self.free_list.append(chunk.chunk_id)
-                evicted_keys.append(key)
+            self.free_list.extend([chunk for _, chunk in evicted])
+            evicted_keys = [key for key, _ in evicted]
             self.stats.chunks_evicted += len(evicted)
-        chunks = self._allocate_chunks(len(to_store))
-        for key, chunk in zip(to_store, chunks, strict=True):
-            self.policy.insert(key, chunk, ctx)
+        self.policy.insert_many(to_store, self._allocate_chunks(len(to_store)), ctx)
         self.num_write_pending += len(to_store)
         state.inserted.update(to_store)
         self.stats.chunks_stored += len(to_store)
@@ -242,13 +249,15 @@ class CPUOffloadingManager:
 
     def complete_store(self, keys: Collection[OffloadKey]) -> None:
         """Make the chunks of a finished store ready and evictable."""
-        for key in keys:
-            chunk = self.policy.get(key)
-            if chunk is not None and not chunk.is_ready:
+        key_list = keys if isinstance(keys, list) else list(keys)
+        ready: list[OffloadKey] = []
+        for key, chunk in zip(key_list, self.policy.get_many(key_list), strict=True):
+            if chunk is not None and chunk.ref_cnt < 0:
                 chunk.ref_cnt = 0
-                self.num_write_pending -= 1
-                self.num_evictable += 1
-                self.policy.mark_evictable(key)
+                ready.append(key)
+        self.num_write_pending -= len(ready)
+        self.num_evictable += len(ready)
+        self.policy.mark_evictable_many(ready)
 
     def on_request_finished(self, ctx: ReqContext) -> None:
         """Commit the finished request's accesses to the policy (once)."""
@@ -273,7 +282,7 @@ class CPUOffloadingManager:
         resident = {k: self.policy.get(k) for k in self.policy.keys()}
         assert len(resident) == self.num_resident(), (len(resident), self.num_resident())
         assert self.num_allocated <= self.num_chunks
-        ids = [c.chunk_id for c in resident.values() if c is not None] + self.free_list
+        ids = [c.chunk_id for c in resident.values() if c is not None] + [c.chunk_id for c in self.free_list]
         assert len(set(ids)) == len(ids) == self.num_allocated, "chunk ids overlap"
         assert self.num_evictable == sum(1 for c in resident.values() if c is not None and c.ref_cnt == 0)
         assert self.num_write_pending == sum(1 for c in resident.values() if c is not None and c.ref_cnt == -1)

@@ -22,14 +22,35 @@ from collections.abc import Iterable, Sequence
 OffloadKey = bytes
 
 
-class ChunkStatus:
-    """One CPU chunk slot: ``chunk_id`` (its buffer index) and ``ref_cnt`` (-1: being written)."""
+class RankGroup:
+    """The LRU policy's rank group (``sim.core.offload.lru``): the chunks whose rank has major
+    ``gid``. ``keys`` holds its evictable ones in rank order -- ascending minor, or descending when
+    ``not asc`` -- while ``ordered``; ``bound`` is the extreme minor appended since; ``population``
+    counts its resident chunks (evictable or not); ``finished``: a finish batch's group."""
 
-    __slots__ = ("chunk_id", "ref_cnt")
+    __slots__ = ("gid", "keys", "asc", "bound", "ordered", "population", "finished")
+
+    def __init__(self, gid: int, asc: bool, finished: bool = False) -> None:
+        self.gid = gid
+        self.keys: dict[OffloadKey, None] = {}
+        self.asc = asc
+        self.bound = 0
+        self.ordered = True
+        self.population = 0
+        self.finished = finished
+
+
+class ChunkStatus:
+    """One CPU chunk slot: ``chunk_id`` (its buffer index) and ``ref_cnt`` (-1: being written);
+    the LRU policy also keeps the chunk's rank on it: ``group`` (its major) and ``minor``."""
+
+    __slots__ = ("chunk_id", "ref_cnt", "group", "minor")
 
     def __init__(self, chunk_id: int) -> None:
         self.chunk_id = chunk_id
         self.ref_cnt = -1  # not ready until complete_store
+        self.group: RankGroup | None = None
+        self.minor = 0
 
     @property
     def is_ready(self) -> bool:
@@ -74,9 +95,18 @@ class CachePolicy(ABC):
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         """Query: the resident chunk of ``key`` (ready or not), or None."""
 
+    def get_many(self, keys: Sequence[OffloadKey]) -> list[ChunkStatus | None]:
+        """Query: ``get`` of each key, in order."""
+        return [self.get(k) for k in keys]
+
     @abstractmethod
     def insert(self, key: OffloadKey, chunk: ChunkStatus, ctx: ReqContext) -> None:
         """A newly allocated (not ready) chunk stored by ``ctx``'s request."""
+
+    def insert_many(self, keys: Sequence[OffloadKey], chunks: Sequence[ChunkStatus], ctx: ReqContext) -> None:
+        """``insert`` of each key with its chunk, in order."""
+        for key, chunk in zip(keys, chunks, strict=True):
+            self.insert(key, chunk, ctx)
 
     @abstractmethod
     def remove(self, key: OffloadKey) -> None:
@@ -103,6 +133,11 @@ class CachePolicy(ABC):
     def mark_evictable(self, key: OffloadKey) -> None:
         """``key``'s ref_cnt became 0."""
         return
+
+    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
+        """``mark_evictable`` of each key, in order."""
+        for key in keys:
+            self.mark_evictable(key)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:
         """``key``'s ref_cnt left 0."""

@@ -1,0 +1,265 @@
+"""The reference CPU-tier manager: ``sim.core.offload.manager`` as it was before the batched calls
+(one policy call per key), over the heap LRU of ``sim.core.offload.lru_reference`` -- the oracle
+``test_offload_lru_equivalence`` compares the tier against, call for call."""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from sim.core.offload.arc import ARCCachePolicy
+from sim.core.offload.lru_reference import HeapLRUCachePolicy as LRUCachePolicy
+from sim.core.offload.policy import CachePolicy, ChunkStatus, OffloadKey, ReqContext
+
+MAX_TRACKER_SIZE = 64_000
+"""vLLM's ``max_tracker_size``: keys the ``store_threshold`` tracker remembers (LRU)."""
+
+
+class LookupResult(enum.Enum):
+    MISS = enum.auto()
+    HIT = enum.auto()
+    HIT_PENDING = enum.auto()
+
+
+@dataclass(slots=True)
+class RequestCacheAccess:
+    """Keys one request observed, in prefix order (vLLM ``_RequestCacheAccess``)."""
+
+    keys: list[OffloadKey] = field(default_factory=list)
+    seen: set[OffloadKey] = field(default_factory=set)
+    inserted: set[OffloadKey] = field(default_factory=set)
+    reused: set[OffloadKey] = field(default_factory=set)
+    store_misses: set[OffloadKey] = field(default_factory=set)
+    finished: bool = False
+
+
+@dataclass(slots=True)
+class PrepareStoreOutput:
+    """What ``prepare_store`` decided: the keys to copy (in offer order) and the keys it evicted."""
+
+    keys_to_store: list[OffloadKey]
+    evicted_keys: list[OffloadKey]
+
+
+@dataclass(slots=True)
+class ManagerStats:
+    """Cumulative CPU-tier counters (vLLM's ``CPUOffloadingMetrics`` and allocation histogram)."""
+
+    chunks_stored: int = 0  # chunks allocated by prepare_store
+    chunks_evicted: int = 0
+    chunks_loaded: int = 0  # chunks pinned by prepare_load
+    stores_skipped: int = 0  # store_threshold filter
+    allocations: int = 0  # prepare_store calls that allocated (vLLM cpu_allocation_size samples)
+
+
+def make_policy(name: str, capacity: int) -> CachePolicy:
+    """The policy named ``name`` ("lru" or "arc", vLLM ``CachePolicyFactory``)."""
+    if name == "lru":
+        return LRUCachePolicy(capacity)
+    if name == "arc":
+        return ARCCachePolicy(capacity)
+    raise ValueError(f"unknown offload eviction policy {name!r} (expected 'lru' or 'arc')")
+
+
+class CPUOffloadingManager:
+    """The CPU tier (see the module docstring). Every method changes state unless it says Query."""
+
+    def __init__(self, num_chunks: int, policy: str = "lru", store_threshold: int = 0) -> None:
+        if num_chunks < 1:
+            raise ValueError(f"the CPU tier needs at least one chunk, got {num_chunks}")
+        self.num_chunks = num_chunks
+        self.policy: CachePolicy = make_policy(policy, num_chunks)
+        self.num_allocated = 0  # slots ever handed out (fresh ones are 0 .. num_allocated - 1)
+        self.free_list: list[int] = []
+        self.num_evictable = 0
+        self.num_write_pending = 0
+        self.store_threshold = store_threshold
+        # vLLM: the tracker exists only for a threshold of 2 or more (1 would admit every key)
+        self.counts: OrderedDict[OffloadKey, int] | None = OrderedDict() if store_threshold >= 2 else None
+        self.stats = ManagerStats()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def num_free_chunks(self) -> int:
+        """Query: never-used plus freed slots."""
+        return len(self.free_list) + self.num_chunks - self.num_allocated
+
+    def _allocate_chunks(self, n: int) -> list[ChunkStatus]:
+        num_fresh = min(n, self.num_chunks - self.num_allocated)
+        chunks = [ChunkStatus(self.num_allocated + i) for i in range(num_fresh)]
+        self.num_allocated += num_fresh
+        for _ in range(n - num_fresh):
+            chunks.append(ChunkStatus(self.free_list.pop()))
+        return chunks
+
+    def _record_accesses(self, keys: Sequence[OffloadKey]) -> None:
+        """The threshold tracker sees one offer without evicting the offer's own tracked keys
+        (vLLM ``_record_accesses``)."""
+        counts = self.counts
+        assert counts is not None
+        protected: set[OffloadKey] = set()
+        for key in keys:
+            if key in counts:
+                counts.move_to_end(key)
+                counts[key] += 1
+                protected.add(key)
+        num_unprotected = len(counts) - len(protected)
+        for key in keys:
+            if key in counts:
+                continue
+            if len(counts) >= MAX_TRACKER_SIZE:
+                if num_unprotected == 0:
+                    continue
+                counts.popitem(last=False)
+                num_unprotected -= 1
+            counts[key] = 1
+
+    @staticmethod
+    def _access(ctx: ReqContext) -> RequestCacheAccess:
+        if ctx.access is None:
+            ctx.access = RequestCacheAccess()
+        assert isinstance(ctx.access, RequestCacheAccess)
+        return ctx.access
+
+    def _record_request_access(
+        self, keys: Sequence[OffloadKey], ctx: ReqContext, reused: Sequence[OffloadKey] = ()
+    ) -> None:
+        """Note keys the request observed (first time only, prefix order) and tell the policy
+        (vLLM ``_record_request_cache_access``)."""
+        state = self._access(ctx)
+        new_keys = []
+        for key in keys:
+            if key in state.seen:
+                continue
+            assert not state.finished, "new cache keys observed after request finalization"
+            state.keys.append(key)
+            state.seen.add(key)
+            new_keys.append(key)
+        if new_keys:
+            self.policy.on_request_access(new_keys, ctx)
+        # re-reading a chunk this request inserted is not a second access
+        state.reused.update(k for k in reused if k not in state.inserted)
+
+    # -- the manager interface ----------------------------------------------------------------
+    def lookup(self, key: OffloadKey) -> LookupResult:
+        """Query: whether ``key`` is resident and readable."""
+        chunk = self.policy.get(key)
+        if chunk is None:
+            return LookupResult.MISS
+        return LookupResult.HIT if chunk.is_ready else LookupResult.HIT_PENDING
+
+    def prepare_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        """Pin ready chunks for a load (they must all be resident and ready)."""
+        for key in keys:
+            chunk = self.policy.get(key)
+            assert chunk is not None and chunk.is_ready, f"chunk {key!r} is not loadable"
+            if chunk.ref_cnt == 0:
+                self.policy.mark_non_evictable(key)
+                self.num_evictable -= 1
+            chunk.ref_cnt += 1
+        self.stats.chunks_loaded += len(keys)
+        self._record_request_access(keys, ctx, reused=keys)
+
+    def complete_load(self, keys: Collection[OffloadKey]) -> None:
+        """Unpin the chunks of a finished load."""
+        for key in keys:
+            chunk = self.policy.get(key)
+            assert chunk is not None and chunk.ref_cnt > 0, f"chunk {key!r} was not being loaded"
+            chunk.ref_cnt -= 1
+            if chunk.ref_cnt == 0:
+                self.num_evictable += 1
+                self.policy.mark_evictable(key)
+
+    def prepare_store(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> PrepareStoreOutput | None:
+        """Allocate chunks for the absent keys of an offer (see the module docstring); None when
+        they cannot all be allocated (then no chunk was allocated or evicted)."""
+        if self.counts is not None:
+            self._record_accesses(keys)
+        to_store: list[OffloadKey] = []
+        ready_existing: list[OffloadKey] = []
+        for key in keys:
+            chunk = self.policy.get(key)
+            if chunk is None:
+                to_store.append(key)
+            elif chunk.is_ready:
+                ready_existing.append(key)
+        if self.counts is not None:
+            n = len(to_store)
+            to_store = [k for k in to_store if self.counts.get(k, 0) >= self.store_threshold]
+            self.stats.stores_skipped += n - len(to_store)
+        state = self._access(ctx)
+        misses = [k for k in to_store if k not in state.store_misses]
+        if misses:
+            # ARC learns from B1/B2 before insert() drops the ghost; once per key per request
+            self.policy.on_store_miss(misses, ctx)
+            state.store_misses.update(misses)
+        # recorded before any early return; candidates count as insertions only once allocated
+        recorded = set(to_store)
+        recorded.update(ready_existing)
+        self._record_request_access([k for k in keys if k in recorded], ctx, reused=ready_existing)
+        if not to_store:
+            return PrepareStoreOutput([], [])
+        num_to_evict = len(to_store) - self.num_free_chunks()
+        evicted_keys: list[OffloadKey] = []
+        if num_to_evict > 0:
+            if num_to_evict > self.num_evictable:
+                return None
+            # the offer's own keys are never victims: a chunk already stored stays
+            evicted = self.policy.evict(num_to_evict, set(keys))
+            if evicted is None:
+                return None
+            self.num_evictable -= len(evicted)
+            for key, chunk in evicted:
+                self.free_list.append(chunk.chunk_id)
+                evicted_keys.append(key)
+            self.stats.chunks_evicted += len(evicted)
+        chunks = self._allocate_chunks(len(to_store))
+        for key, chunk in zip(to_store, chunks, strict=True):
+            self.policy.insert(key, chunk, ctx)
+        self.num_write_pending += len(to_store)
+        state.inserted.update(to_store)
+        self.stats.chunks_stored += len(to_store)
+        self.stats.allocations += 1
+        return PrepareStoreOutput(to_store, evicted_keys)
+
+    def complete_store(self, keys: Collection[OffloadKey]) -> None:
+        """Make the chunks of a finished store ready and evictable."""
+        for key in keys:
+            chunk = self.policy.get(key)
+            if chunk is not None and not chunk.is_ready:
+                chunk.ref_cnt = 0
+                self.num_write_pending -= 1
+                self.num_evictable += 1
+                self.policy.mark_evictable(key)
+
+    def on_request_finished(self, ctx: ReqContext) -> None:
+        """Commit the finished request's accesses to the policy (once)."""
+        state = ctx.access
+        if not isinstance(state, RequestCacheAccess) or state.finished:
+            return
+        state.finished = True
+        self.policy.on_request_finished(state.keys, state.inserted - state.reused, state.reused, ctx)
+
+    # -- queries ------------------------------------------------------------------------------
+    def usage(self) -> float:
+        """Query: vLLM's CPU cache usage gauge -- resident chunks not evictable, over capacity."""
+        used = self.num_allocated - len(self.free_list) - self.num_evictable
+        return used / self.num_chunks
+
+    def num_resident(self) -> int:
+        """Query: chunks holding a key (ready or not)."""
+        return self.num_allocated - len(self.free_list)
+
+    def check_integrity(self) -> None:
+        """Query: assert the module docstring's invariants (and the policy's)."""
+        resident = {k: self.policy.get(k) for k in self.policy.keys()}
+        assert len(resident) == self.num_resident(), (len(resident), self.num_resident())
+        assert self.num_allocated <= self.num_chunks
+        ids = [c.chunk_id for c in resident.values() if c is not None] + self.free_list
+        assert len(set(ids)) == len(ids) == self.num_allocated, "chunk ids overlap"
+        assert self.num_evictable == sum(1 for c in resident.values() if c is not None and c.ref_cnt == 0)
+        assert self.num_write_pending == sum(1 for c in resident.values() if c is not None and c.ref_cnt == -1)
+        check = getattr(self.policy, "check_integrity", None)
+        if check is not None:
+            check()
