@@ -139,7 +139,7 @@ TIER_KEYS = ("allocation_failures", "load_jobs", "store_jobs", "loaded_chunks", 
              "lookups_deferred")
 
 
-def apcsim_offload_side(trace: Path, e: dict, o: dict) -> dict[str, Any]:
+def apcsim_offload_side(trace: Path, e: dict, o: dict, check: bool = True) -> dict[str, Any]:
     """apcsim with a CPU tier: the core scheduler driven by sim.core.step_driver with
     StepDelayWorker, as tests/test_offload_agreement.py replays the offload fixtures (requests here
     carry salts, LoRA names, priorities and prompt logprobs too)."""
@@ -170,7 +170,7 @@ def apcsim_offload_side(trace: Path, e: dict, o: dict) -> dict[str, Any]:
                 o["num_cpu_chunks"], o["blocks_per_chunk"], o["policy"], o["offload_prompt_only"],
                 o["store_threshold"])),
             hasher)
-        res = drive(sched, reqs, e["step_time"], StepDelayWorker(o["transfer_delay_steps"]))
+        res = drive(sched, reqs, e["step_time"], StepDelayWorker(o["transfer_delay_steps"]), check=check)
     except Exception as exc:  # a stall is an outcome to compare, not a crash of the fuzzer
         return {"error": f"{type(exc).__name__}: {exc}"}
     rows = {rid: (x.hit_tokens, x.num_preemptions, ";".join(str(g) for g, _ in x.readmit_hits),

@@ -514,8 +514,7 @@ def replay(args) -> tuple[list[ReqResult], dict]:
     KVConnectorOutput = OffloadingWorkerMetadata = None
     if conn is not None:
         from offload_stub import OffloadObserver, StubWorker, fix_finished_order
-        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
-            OffloadingWorkerMetadata)
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
         from vllm.v1.outputs import KVConnectorOutput
         observer = OffloadObserver(conn)
         worker = StubWorker(delay_steps=args.transfer_delay_steps)

@@ -12,6 +12,15 @@ preemption and re-admission of long contexts), the trace's own arrival bursts::
 
     PYTHONPATH=../.. python real_traces.py --out out/real [--only agent] [--limit-scale 0.5]
     PYTHONPATH=../.. python real_traces.py --fixtures ../../tests/fixtures/vllm_oracle/real   # CI's cases
+    PYTHONPATH=../.. python real_traces.py --offload --out out/real_offload   # vLLM 0.33.0 + CPU tier
+    PYTHONPATH=../.. python real_traces.py --vllm-version 0.33.0 \
+        --fixtures ../../tests/fixtures/vllm_oracle_033/real                  # CI's slices, 0.33.0
+
+``--offload`` runs ``OFFLOAD_CASES`` instead: the same kind of slices through vLLM 0.33.0 (``venv033``)
+with its native CPU offloading (OffloadingConnector, the oracle's stub worker, K=1 unless set)
+against apcsim's tier (``fuzz.apcsim_offload_side``: sim.core.step_driver + StepDelayWorker),
+comparing also the CPU hits, steps waiting for KV, connector stats, prompt tokens by source and the
+tier's counters. ``--vllm-version 0.33.0`` runs ``CASES`` (no tier) against 0.33.0.
 
 Each case's canonical trace is written by apcsim's own loader (``workloads.build_workload`` then
 ``write_trace``), so both sides replay the same token ids; a disagreeing case keeps its trace,
@@ -38,13 +47,16 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from fuzz import (  # noqa: E402
+    apcsim_offload_side,
     apcsim_outcome,
     apcsim_side,
     differences,
+    offload_argv,
     oracle_argv,
     read_report,
     start_oracle,
     submit,
+    vllm_offload_side,
     vllm_side,
 )
 
@@ -91,6 +103,37 @@ CASES: list[tuple[str, dict[str, Any], int, dict[str, Any]]] = [
 ]
 
 
+# vLLM 0.33.0 with a CPU offload tier: (case name, workload, request limit, engine settings, offload
+# settings); issue 33's target first: Mooncake with 8,000 GPU blocks and 40,000 CPU chunks
+_OFF = dict(blocks_per_chunk=1, policy="lru", offload_prompt_only=True, store_threshold=0, transfer_delay_steps=1)
+OFFLOAD_CASES: list[tuple[str, dict[str, Any], int, dict[str, Any], dict[str, Any]]] = [
+    ("mooncake_bs16_sync_lru_gpu8000_cpu40000", _MOON, 300, dict(block_size=16, num_gpu_blocks=8000),
+     dict(_OFF, num_cpu_chunks=40000)),
+    ("mooncake_bs16_sync_arc_gpu8000_cpu40000", _MOON, 300, dict(block_size=16, num_gpu_blocks=8000),
+     dict(_OFF, num_cpu_chunks=40000, policy="arc")),
+    ("mooncake_bs16_async_lru_gpu8000_cpu40000", _MOON, 300,
+     dict(block_size=16, num_gpu_blocks=8000, async_scheduling=True), dict(_OFF, num_cpu_chunks=40000)),
+    ("mooncake_bs16_async_arc_gpu8000_cpu40000", _MOON, 300,
+     dict(block_size=16, num_gpu_blocks=8000, async_scheduling=True), dict(_OFF, num_cpu_chunks=40000, policy="arc")),
+    ("mooncake_bs16_sync_arc_chunk64_threshold2_k3", _MOON, 300, dict(block_size=16, num_gpu_blocks=8000),
+     dict(_OFF, num_cpu_chunks=6000, policy="arc", blocks_per_chunk=4, store_threshold=2, transfer_delay_steps=3)),
+    # a pool that cannot hold the conversations' reuse distance, so the CPU tier hits
+    ("mooncake_bs16_sync_lru_gpu3000_cpu15000", _MOON, 600, dict(block_size=16, num_gpu_blocks=3000),
+     dict(_OFF, num_cpu_chunks=15000)),
+    ("mooncake_bs16_async_arc_gpu3000_cpu15000", _MOON, 600,
+     dict(block_size=16, num_gpu_blocks=3000, async_scheduling=True), dict(_OFF, num_cpu_chunks=15000, policy="arc")),
+    ("agent_bs64_sync_lru_tight", _AGENT, 200, dict(block_size=64, num_gpu_blocks=9000),
+     dict(_OFF, num_cpu_chunks=30000)),
+    ("agent_bs64_async_arc_salted", _AGENT_SALTED, 200,
+     dict(block_size=64, num_gpu_blocks=10000, async_scheduling=True), dict(_OFF, num_cpu_chunks=20000, policy="arc")),
+    ("ragpulse_bs16_async_lru_tight", _RAG, 600, dict(block_size=16, num_gpu_blocks=1200, async_scheduling=True),
+     dict(_OFF, num_cpu_chunks=6000)),
+    ("ragpulse_bs32_sync_arc_plp_salts_all_tokens", _RAG_PLP, 600,
+     dict(block_size=32, num_gpu_blocks=800, max_num_seqs=32), dict(_OFF, num_cpu_chunks=2000, policy="arc",
+                                                                     offload_prompt_only=False)),
+]
+
+
 # the fixture slices tests/test_vllm_agreement_real.py replays in CI (case -> request limit): sized
 # for about a second of apcsim each, with preemptions, salts, LoRA, prompt logprobs, async, priority
 FIXTURES: dict[str, int] = {
@@ -120,9 +163,10 @@ def write_case_trace(workload: dict[str, Any], limit: int, path: Path) -> tuple[
 
 
 def fixture_case(name: str, workload: dict[str, Any], limit: int, e: dict[str, Any], case_dir: Path,
-                 v_res: dict[str, Any]) -> dict[str, Any]:
+                 v_res: dict[str, Any], vllm_version: str = "0.25.1") -> dict[str, Any]:
     """The manifest entry of an agreeing case (its ``diff``: the direct replay's differences, if any);
-    keeps vLLM's outputs in ``case_dir``."""
+    keeps vLLM's outputs in ``case_dir``. (0.33.0: no direct replay -- test_vllm_agreement_real's
+    case_config replays the 0.25.1 profile; the written trace was compared under 0.33.0.)"""
     sys.path.insert(0, str(HERE.parents[1] / "tests"))
     from test_vllm_agreement_real import CONFIGS, case_config, stream_digest
 
@@ -133,14 +177,16 @@ def fixture_case(name: str, workload: dict[str, Any], limit: int, e: dict[str, A
     cfg = case_config(case)
     wl = build_workload(cfg.workload, seed=cfg.seed, base_dir=CONFIGS)
     case["stream_sha256"] = stream_digest(itertools.islice(wl.requests, limit))
-    res, _ = replay_experiment(cfg, progress=False)
-    direct = apcsim_outcome(res)
-    case["diff"] = [f"direct replay: {d}" for d in differences(v_res, direct, e["async_scheduling"])]
+    case["diff"] = []
+    if vllm_version == "0.25.1":
+        res, _ = replay_experiment(cfg, progress=False)
+        direct = apcsim_outcome(res)
+        case["diff"] = [f"direct replay: {d}" for d in differences(v_res, direct, e["async_scheduling"])]
     argv = oracle_argv(Path(f"{name}.jsonl"), Path("."), e, [])
     case["oracle_command"] = " ".join(["python", "oracle.py", *argv])
     case["vllm"] = {"requests": len(v_res["rows"]), "steps": v_res["steps"],
-                    "preemptions": sum(p for _, p, _ in v_res["rows"].values()),
-                    "hit_tokens": sum(h for h, _, _ in v_res["rows"].values())}
+                    "preemptions": sum(r[1] for r in v_res["rows"].values()),
+                    "hit_tokens": sum(r[0] for r in v_res["rows"].values())}
     return case
 
 
@@ -157,7 +203,7 @@ def table(report: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_fixtures(folder: Path, cases: dict[str, Any], out: Path) -> None:
+def write_fixtures(folder: Path, cases: dict[str, Any], out: Path, vllm_version: str = "0.25.1") -> None:
     """vLLM's rows and stats of every case, and the manifest, into ``folder`` (replaced whole)."""
     if folder.exists():
         shutil.rmtree(folder)
@@ -167,7 +213,9 @@ def write_fixtures(folder: Path, cases: dict[str, Any], out: Path) -> None:
         shutil.copy(src / "vllm.csv", folder / f"{name}.csv")
         shutil.copy(src / "vllm.stats.json", folder / f"{name}.stats.json")
         shutil.rmtree(src)
-    manifest = {"vllm_version": "0.25.1", "generator": "tools/vllm_oracle/real_traces.py --fixtures", "cases": cases}
+    gen = "tools/vllm_oracle/real_traces.py --fixtures" + ("" if vllm_version == "0.25.1" else
+                                                           f" --vllm-version {vllm_version}")
+    manifest = {"vllm_version": vllm_version, "generator": gen, "cases": cases}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"wrote {len(cases)} fixture cases into {folder}")
 
@@ -180,8 +228,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fixtures", default=None, help="write the FIXTURES slices' expected outputs into this folder")
     ap.add_argument("--results", default=None,
                     help="also keep the report as a results folder (report.json, table.md, meta.json)")
-    ap.add_argument("--python", default=str(HERE / "venv" / "bin" / "python"), help="the oracle venv's python")
+    ap.add_argument("--vllm-version", default="0.25.1", choices=["0.25.1", "0.33.0"])
+    ap.add_argument("--offload", action="store_true", help="run OFFLOAD_CASES (vLLM 0.33.0 with a CPU tier)")
+    ap.add_argument("--python", default=None, help="the oracle venv's python (default venv/ or venv033/)")
     a = ap.parse_args(argv)
+    if a.offload:
+        a.vllm_version = "0.33.0"
+    if a.fixtures and a.offload:
+        ap.error("--fixtures writes the no-connector slices (the offload fixtures: make_offload_fixtures.py)")
+    a.python = a.python or str(HERE / ("venv" if a.vllm_version == "0.25.1" else "venv033") / "bin" / "python")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     folder = None
@@ -202,7 +257,8 @@ def _run(a: argparse.Namespace, out: Path, folder: Any) -> int:
     report: list[dict[str, Any]] = []
     bad = 0
     fixtures: dict[str, Any] = {}
-    for name, workload, limit, settings in CASES:
+    cases = OFFLOAD_CASES if a.offload else [(*c, None) for c in CASES]
+    for name, workload, limit, settings, off in cases:
         if (a.only and a.only not in name) or (a.fixtures and name not in FIXTURES):
             continue
         t0 = time.time()
@@ -217,26 +273,31 @@ def _run(a: argparse.Namespace, out: Path, folder: Any) -> int:
             e["num_gpu_blocks"] = int(factor * -(-need // e["block_size"])) + 1
         if not e["enable_chunked_prefill"]:  # vLLM refuses a budget below max_model_len without chunking
             e["max_num_batched_tokens"] = max(e["max_num_batched_tokens"], need)
-        submit(proc, name, oracle_argv(tpath, case_dir, e, []))
-        a_res = apcsim_side(tpath, e)  # meanwhile vLLM runs the same case
-        v_res = vllm_side(case_dir, read_report(proc))
+        submit(proc, name, oracle_argv(tpath, case_dir, e, offload_argv(off, e["block_size"]) if off else []))
+        # meanwhile vLLM runs the same case
+        a_res = (apcsim_offload_side(tpath, e, off, check=False) if off  # no per-step integrity check
+                 else apcsim_side(tpath, e, a.vllm_version))
+        rep = read_report(proc)
+        v_res = vllm_offload_side(case_dir, rep) if off else vllm_side(case_dir, rep)
         diff = differences(v_res, a_res, e["async_scheduling"])
         if a.fixtures and not diff:
-            fixtures[name] = fixture_case(name, workload, limit, e, case_dir, v_res)
+            fixtures[name] = fixture_case(name, workload, limit, e, case_dir, v_res, a.vllm_version)
             diff = fixtures[name].pop("diff")
-        row: dict[str, Any] = {"case": name, "requests": n, "prompt_tokens": tokens, "engine": e,
+        row: dict[str, Any] = {"case": name, "requests": n, "prompt_tokens": tokens, "engine": e, "offload": off,
                                "seconds": round(time.time() - t0, 1), "agree": not diff}
         if "error" in v_res:
             row["refused"] = v_res["error"][:200]
         else:
             rows = v_res["rows"].values()
-            row |= {"steps": v_res["steps"], "preemptions": sum(p for _, p, _ in rows),
-                    "hit_tokens": sum(h for h, _, _ in rows), "stats": v_res["stats"]}
-        print(json.dumps({k: v for k, v in row.items() if k not in ("engine", "stats")}), flush=True)
+            row |= {"steps": v_res["steps"], "preemptions": sum(r[1] for r in rows),
+                    "hit_tokens": sum(r[0] for r in rows), "stats": v_res["stats"]}
+            if off:
+                row |= {"external_hit_tokens": sum(r[3] for r in rows), "cpu_tier": v_res["extra"]["cpu_tier"]}
+        print(json.dumps({k: v for k, v in row.items() if k not in ("engine", "stats", "offload")}), flush=True)
         if diff:
             bad += 1
             row["diff"] = diff[:50]
-            (case_dir / "settings.json").write_text(json.dumps({"engine": e, "diff": diff}, indent=1))
+            (case_dir / "settings.json").write_text(json.dumps({"engine": e, "offload": off, "diff": diff}, indent=1))
         elif not a.fixtures:
             shutil.rmtree(case_dir)
         report.append(row)
@@ -246,10 +307,10 @@ def _run(a: argparse.Namespace, out: Path, folder: Any) -> int:
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"{len(report)} cases, {bad} disagreeing")
     if a.fixtures and not bad:
-        write_fixtures(Path(a.fixtures), fixtures, out)
+        write_fixtures(Path(a.fixtures), fixtures, out, a.vllm_version)
     if folder is not None:
         path = folder.write({"report.json": report, "table.md": table(report)},
-                            {"tool": "tools/vllm_oracle/real_traces.py", "vllm_version": "0.25.1",
+                            {"tool": "tools/vllm_oracle/real_traces.py", "vllm_version": a.vllm_version,
                              "argv": sys.argv[1:], "cases": len(report), "disagreeing": bad})
         print(f"results: {path}")
     return 1 if bad else 0
