@@ -227,3 +227,22 @@ def test_finish_without_every_position_keeps_the_observation_order() -> None:
         p.on_request_finished([K(2), K(1), K(9)], set(), set(), a)
         orders.append(p.eviction_order())
     assert orders[0] == orders[1]
+
+
+def test_finish_with_a_shared_head_in_a_later_group() -> None:
+    """A request whose head chunks were re-ranked by another request's later finish (a shared
+    prefix) finishes with them: renamed own group first, then the head -- or, with a foreign chunk
+    between its own ones, key by key; both as vLLM's heap."""
+    for foreign in ([K(1), K(2)], [K(2)], [K(1), K(3)]):
+        orders = []
+        for p in (LRUCachePolicy(8), HeapLRUCachePolicy(8)):
+            a, b, c = _contexts(set())[:3]
+            _ready(p, a, foreign)  # a stores the shared chunks ...
+            _ready(p, b, [K(j) for j in range(1, 6) if K(j) not in foreign])  # ... b the rest
+            p.on_request_access([K(j) for j in range(1, 6)], b)
+            p.on_request_finished(foreign, set(), set(), a)  # the shared chunks now rank after b
+            p.on_request_finished([K(j) for j in range(1, 6)], set(), set(), b)
+            _ready(p, c, [K(9)])
+            orders.append((p.eviction_order(), p._next_rank, p.evict(3, set())))
+        assert [o[:2] for o in orders[0:1]] == [o[:2] for o in orders[1:2]], foreign
+        assert [k for k, _ in orders[0][2] or []] == [k for k, _ in orders[1][2] or []]

@@ -110,6 +110,8 @@ class LRUCachePolicy(CachePolicy):
         chunk.group = group
         chunk.minor = minor
         group.population += 1
+        if minor > group.top:
+            group.top = minor
         if member:
             self._add(key, chunk)
 
@@ -144,6 +146,8 @@ class LRUCachePolicy(CachePolicy):
             chunk.minor = -position
         chunk.group = group
         group.population += 1
+        if chunk.minor > group.top:
+            group.top = chunk.minor
         if chunk.ref_cnt == 0:
             self._add(key, chunk)
 
@@ -158,11 +162,16 @@ class LRUCachePolicy(CachePolicy):
         self.chunks.update(zip(keys, chunks, strict=True))
         group = self._request_group(ctx)  # every key at (request rank, -position)
         ready: list[OffloadKey] = []
+        top = group.top
         for key, chunk in zip(keys, chunks, strict=True):
+            minor = -positions[key]
             chunk.group = group
-            chunk.minor = -positions[key]
+            chunk.minor = minor
+            if minor > top:
+                top = minor
             if chunk.ref_cnt == 0:
                 ready.append(key)
+        group.top = top
         group.population += len(keys)
         for key in ready:
             self._add(key, self.chunks[key])
@@ -207,25 +216,54 @@ class LRUCachePolicy(CachePolicy):
         gid = self._next_rank + 1
         self._next_rank += len(resident)
         own = self._groups.get(ctx.lru_rank) if ctx.lru_rank else None
-        if own is not None and own.population == len(resident):
-            # the batch may be exactly the request's own group, whose order (descending position)
-            # is the batch's when every key has a position: rename the group
-            key_set = set(keys)
-            if (
-                len(key_set) == len(keys)
-                and ctx.key_positions.keys() >= key_set
-                and [chunks[k].group for k in resident].count(own) == len(resident)
-            ):
-                del self._groups[own.gid]
-                self._gids.remove(own.gid)
-                own.gid = gid
-                own.finished = True
-                self._groups[gid] = own
-                self._gids.append(gid)  # gid exceeds every group id
-                return
+        if own is not None and self._finish_by_rename(keys, resident, own, gid, ctx):
+            return
         group = self._new_group(gid, True, True)
         for i, key in enumerate(k for k in reversed(order_request_keys(keys, ctx)) if k in chunks):
             self._move(key, chunks[key], group, i)
+
+    def _finish_by_rename(
+        self, keys: Sequence[OffloadKey], resident: list[OffloadKey], own: RankGroup, gid: int, ctx: ReqContext
+    ) -> bool:
+        """The finish batch of ``on_request_finished`` without moving the request's own group key
+        by key, when that is exact; False (nothing changed) otherwise.
+
+        With every key positioned (and none repeated) the batch runs in descending position. When it
+        holds the whole own group (``own.population`` of its keys) and every other key of the batch
+        sits before the group's first position, the batch is: the own group in its order (descending
+        position = ascending minor), then the others -- so the group is renamed ``gid`` (its keys
+        take ``gid .. gid + P - 1``) and only the others move, into group ``gid + P``."""
+        chunks = self.chunks
+        cs = [chunks[k] for k in resident]
+        of = [c.group for c in cs]
+        num_own = of.count(own)
+        if num_own != own.population:
+            return False
+        positions = ctx.key_positions
+        key_set = set(keys)
+        if len(key_set) != len(keys) or not positions.keys() >= key_set:
+            return False
+        others = [k for k, g in zip(resident, of, strict=True) if g is not own] if num_own < len(resident) else []
+        if others and num_own:
+            last_other = max([positions[k] for k in others])
+            # own.top bounds the group's minors from above (-top: at most its first position)
+            if last_other >= -own.top and last_other >= -max(
+                [c.minor for c, g in zip(cs, of, strict=True) if g is own]
+            ):
+                return False
+        if num_own:
+            del self._groups[own.gid]
+            self._gids.remove(own.gid)
+            own.gid = gid
+            own.finished = True
+            self._groups[gid] = own
+            self._gids.append(gid)  # gid exceeds every group id
+        if others:
+            rest = self._new_group(gid + num_own, True, True)
+            others.sort(key=positions.__getitem__, reverse=True)
+            for j, key in enumerate(others):
+                self._move(key, chunks[key], rest, j)
+        return True
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
         if n == 0:
@@ -348,6 +386,7 @@ class LRUCachePolicy(CachePolicy):
         assert sum(len(g.keys) for g in self._groups.values()) == num_ready, "a key sits in two groups"
         for gid, group in self._groups.items():
             assert group.gid == gid and group.population == population.get(gid, 0), "a group's population is off"
+            assert all(c.minor <= group.top for c in self.chunks.values() if c.group is group), "top is too low"
             if group.ordered:
                 minors = [self.chunks[k].minor for k in _in_order(group)]
                 assert all(a < b for a, b in zip(minors, minors[1:], strict=False)), "an ordered group is out of order"

@@ -26,9 +26,10 @@ class RankGroup:
     """The LRU policy's rank group (``sim.core.offload.lru``): the chunks whose rank has major
     ``gid``. ``keys`` holds its evictable ones in rank order -- ascending minor, or descending when
     ``not asc`` -- while ``ordered``; ``bound`` is the extreme minor appended since; ``population``
-    counts its resident chunks (evictable or not); ``finished``: a finish batch's group."""
+    counts its resident chunks (evictable or not), ``top`` bounds their minors from above;
+    ``finished``: a finish batch's group."""
 
-    __slots__ = ("gid", "keys", "asc", "bound", "ordered", "population", "finished")
+    __slots__ = ("gid", "keys", "asc", "bound", "ordered", "population", "top", "finished")
 
     def __init__(self, gid: int, asc: bool, finished: bool = False) -> None:
         self.gid = gid
@@ -37,6 +38,7 @@ class RankGroup:
         self.bound = 0
         self.ordered = True
         self.population = 0
+        self.top = -(1 << 62)
         self.finished = finished
 
 
