@@ -6,7 +6,9 @@ recorded by a run with ``replay.attribution: full`` in ``blocks.parquet``).
 its index, token range, short hash, hit or miss and cause, and for a miss what explains it -- when
 and by which request the block was cached, when and for which request's allocation it was evicted,
 which other namespace (salt, LoRA adapter, multimodal input) holds the same tokens, which running
-request was computing it, how many tokens a partial block lacks.
+request was computing it, how many tokens a partial block lacks. With a CPU offload tier a block the
+admission loaded from it is a ``cpu_hit`` (a hit), a missed block the tier held names its chunk
+(``cpu_partial_chunk``, or ``unreachable`` behind a gap), and ``evicted`` is evicted from both tiers.
 
 Invariants: reads the run folder only (``requests.*``, ``blocks.parquet``, ``config.resolved.yaml``
 is not needed); a missing table is an :class:`ExplainError` that says how to record it. Imports
@@ -22,13 +24,13 @@ from typing import Any
 import pandas as pd
 
 from sim.core.errors import ApcsimError
-from sim.replay.attribution_records import CAUSES, ISOLATION_KEYS
+from sim.replay.attribution_records import CAUSES, CPU_HIT, ISOLATION_KEYS, TIER_CAUSES
 
 HASH_CHARS = 12
 """Hex characters of a block hash shown (the full key is in ``blocks.parquet``)."""
 
 _DETAILS = ("tokens_short", "in_flight_by", "cached_step", "cached_by", "evicted_step", "evicted_for",
-            "evicted_block_id", "evict_reason", "other_namespace", "other_request")
+            "evicted_block_id", "evict_reason", "other_namespace", "other_request", "cpu_chunk", "cpu_state")
 
 
 class ExplainError(ApcsimError, ValueError):
@@ -62,7 +64,8 @@ def explain(run_dir: Path, request_id: str) -> dict[str, Any]:
     blocks = pd.read_parquet(blocks_path, filters=[("request_id", "==", request_id)])
     if f"miss_{CAUSES[0]}_tokens" not in row.index:
         raise ExplainError(f"{run_dir}: requests without miss_<cause>_tokens columns (run without attribution)")
-    causes = {c: int(row[f"miss_{c}_tokens"]) for c in CAUSES if row[f"miss_{c}_tokens"]}
+    tier = "miss_cpu_partial_chunk_tokens" in row.index  # a run with a CPU offload tier
+    causes = {c: int(row[f"miss_{c}_tokens"]) for c in (TIER_CAUSES if tier else CAUSES) if row[f"miss_{c}_tokens"]}
     isolation = {k: int(row[f"miss_isolation_{k}_tokens"]) for k in ISOLATION_KEYS if row[f"miss_isolation_{k}_tokens"]}
     out_blocks = []
     for rec in blocks.sort_values("block").to_dict("records"):
@@ -70,29 +73,44 @@ def explain(run_dir: Path, request_id: str) -> dict[str, Any]:
         entry = {k: b[k] for k in ("block", "start", "end", "group")}
         entry.update(hash=b["hash"][:HASH_CHARS] if isinstance(b["hash"], str) else None, hit=bool(b["hit"]),
                      cause=b["cause"])
-        entry.update({k: b[k] for k in _DETAILS if b[k] is not None})
+        entry.update({k: b[k] for k in _DETAILS if b.get(k) is not None})
         out_blocks.append(entry)
     namespace = {k: _value(row.get(k)) for k in ("salt", "lora") if _value(row.get(k)) not in (None, "")}
-    return {
+    ext = int(row["external_hit_tokens"]) if tier else 0
+    out: dict[str, Any] = {
         "request_id": request_id,
         "prompt_tokens": int(row["prompt_tokens"]),
         "hit_tokens": int(row["hit_tokens"]),
-        "missed_tokens": int(row["prompt_tokens"]) - int(row["hit_tokens"]),
+    }
+    if tier:
+        out["cpu_hit_tokens"] = ext
+    out.update({
+        "missed_tokens": int(row["prompt_tokens"]) - int(row["hit_tokens"]) - ext,
         "namespace": namespace,
         "prompt_logprobs": bool(_value(row.get("prompt_logprobs")) or False),
         "miss_tokens": causes,
         "miss_isolation_tokens": isolation,
         "blocks": out_blocks,
-    }
+    })
+    return out
 
 
-def why(b: dict[str, Any], namespace: dict[str, Any], prompt_logprobs: bool = False) -> str:
-    """One block's explanation, in words (``namespace`` and ``prompt_logprobs``: its request's)."""
+def why(b: dict[str, Any], namespace: dict[str, Any], prompt_logprobs: bool = False, tier: bool = False) -> str:
+    """One block's explanation, in words (``namespace`` and ``prompt_logprobs``: its request's;
+    ``tier``: the run has a CPU offload tier)."""
     cause = b["cause"]
     cached = (f"cached at step {b['cached_step']} by {b['cached_by']}" if b.get("cached_by") is not None
               else "cached")
+    held = f"held by the CPU tier (chunk {b.get('cpu_chunk')}, {b.get('cpu_state')})"
     if cause == "hit":
         return ""
+    if cause == CPU_HIT:
+        return f"loaded from the CPU tier (chunk {b.get('cpu_chunk')}) at admission"
+    if cause == "cpu_partial_chunk":
+        return (f"{held}, but the run past the GPU hit is under one chunk: vLLM loads whole chunks "
+                "(hit < tokens_per_chunk -> 0)")
+    if cause == "unreachable" and b.get("cpu_state") is not None:
+        return f"{held}, but an earlier block missed in both tiers (hits are a contiguous prefix)"
     if cause == "skip":
         return ("prompt_logprobs: the request skips reading the prefix cache" if prompt_logprobs
                 else "prefix caching is off")
@@ -110,8 +128,9 @@ def why(b: dict[str, Any], namespace: dict[str, Any], prompt_logprobs: bool = Fa
         reason = b.get("evict_reason")
         what = (f"for {b['evicted_for']}'s allocation" if reason == "reused" and b.get("evicted_for")
                 else f"by {reason}")
-        return f"{cached}; evicted at step {b.get('evicted_step')} (block {b.get('evicted_block_id')} reused {what})" \
-            if reason == "reused" else f"{cached}; evicted at step {b.get('evicted_step')} {what}"
+        text = (f"{cached}; evicted at step {b.get('evicted_step')} (block {b.get('evicted_block_id')} reused {what})"
+                if reason == "reused" else f"{cached}; evicted at step {b.get('evicted_step')} {what}")
+        return text + ("; not in the CPU tier at this lookup (evicted from both tiers)" if tier else "")
     if cause.startswith("isolation_"):
         key = {"salt": "cache salt", "lora": "LoRA adapter", "mm": "multimodal input"}[cause[10:]]
         mine = ", ".join(f"{k} {v!r}" for k, v in namespace.items()) or "no salt, no LoRA"
@@ -126,18 +145,21 @@ def why(b: dict[str, Any], namespace: dict[str, Any], prompt_logprobs: bool = Fa
 def render(e: dict[str, Any]) -> str:
     """``apcsim explain``'s text: a header, the causes, one line per block."""
     ns = ", ".join(f"{k} {v!r}" for k, v in e["namespace"].items()) or "no salt, no LoRA"
+    tier = "cpu_hit_tokens" in e
+    width = 17 if tier else 15  # the cause column fits cpu_partial_chunk
+    hits = f"{e['hit_tokens']} GPU hit, {e['cpu_hit_tokens']} CPU hit" if tier else f"{e['hit_tokens']} hit"
     lines = [
-        f"request {e['request_id']}: {e['prompt_tokens']} prompt tokens, {e['hit_tokens']} hit, "
+        f"request {e['request_id']}: {e['prompt_tokens']} prompt tokens, {hits}, "
         f"{e['missed_tokens']} missed ({ns}{', prompt_logprobs' if e['prompt_logprobs'] else ''})",
         "missed tokens by cause: " + (", ".join(
             f"{k} {v}" + (" (" + ", ".join(f"{i} {n}" for i, n in e["miss_isolation_tokens"].items()) + ")"
                           if k == "isolation" else "") for k, v in e["miss_tokens"].items()) or "none"),
         "",
-        f"{'block':>5}  {'tokens':<13} {'hash':<{HASH_CHARS}}  {'hit?':<4}  {'cause':<15} why",
+        f"{'block':>5}  {'tokens':<13} {'hash':<{HASH_CHARS}}  {'hit?':<4}  {'cause':<{width}} why",
     ]
     for b in e["blocks"]:
         group = f" g{b['group']}" if b["group"] else ""
-        text = why(b, e["namespace"], e["prompt_logprobs"])
+        text = why(b, e["namespace"], e["prompt_logprobs"], tier)
         lines.append(f"{b['block']:>5}  {str(b['start']) + '-' + str(b['end']):<13} {b['hash'] or '-':<{HASH_CHARS}}  "
-                     f"{'hit' if b['hit'] else 'miss':<4}  {b['cause'] + group:<15} {text}".rstrip())
+                     f"{'hit' if b['hit'] else 'miss':<4}  {b['cause'] + group:<{width}} {text}".rstrip())
     return "\n".join(lines)

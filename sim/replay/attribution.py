@@ -38,6 +38,20 @@ precedence order (each token takes the first cause that applies):
 The last five are disjoint by their definitions (``in_flight`` is checked before ``evicted``, the
 one overlap), so the issue's precedence order holds among them too.
 
+**CPU offload tier** (vLLM 0.33.0's native offloading, ``Scheduler.tier``; the rules are in
+:mod:`sim.replay.attribution_tier`): the ``ext`` tokens the first admission loads from the tier
+(``Request.num_external_computed_tokens``, right after the GPU hit ``h``) are a hit source, not a
+miss, so the causes add up to ``P - h - ext``; ``last_token`` is what the CPU hit leaves of the last
+full block (the connector's lookup is bounded by ``P``, not ``P - 1``); ``eagle`` needs no CPU hit
+(the dropped block is the first past the GPU hit); the missed blocks are those in
+``[(h + ext) / B, L)``, and one the GPU does not cache but the CPU tier holds is
+``cpu_partial_chunk`` or ``unreachable`` before the rules above, so ``evicted`` reads "evicted from
+both tiers". The classification happens at the admission's first allocation -- for an async load,
+``allocate_for_load`` at the load's start (the request then waits in WAITING_FOR_REMOTE_KVS and is
+admitted into ``running`` later, by an ``allocate_slots`` with computed tokens: not classified
+again, it files its in-flight claims then) -- right after both lookups, so the GPU cache and the
+CPU tier it reads are the ones the lookups saw.
+
 **Groups** (sliding-window and hybrid models): a missed scheduler block ``j`` is classified by the
 group blocks a hit ending at its boundary ``b = (j + 1) * B`` needs that lie inside it (every
 full-attention block of the span; the sliding-window blocks of the span among the
@@ -88,6 +102,7 @@ from sim.replay.attribution_namespace import (
 )
 from sim.replay.attribution_records import (
     COLD,
+    CPU_PARTIAL_CHUNK,
     EAGLE,
     EVICTED,
     IN_FLIGHT,
@@ -96,6 +111,7 @@ from sim.replay.attribution_records import (
     BlockRow,
     check_attribution,
 )
+from sim.replay.attribution_tier import CpuBlock, TierLookup
 
 if TYPE_CHECKING:  # the requests table comes in built; pandas is not imported by the replay itself
     import pandas as pd
@@ -119,7 +135,9 @@ class MissAttribution:
         self.eagle = bool(getattr(coord, "use_eagle", False)) or any(m.use_eagle for m in managers)
         self.max_model_len = kvm.max_model_len
         self.full = full
-        self.records = AttributionRecords(full, kvm.hash_block_size)
+        self.tier = TierLookup(scheduler.tier) if scheduler.tier is not None else None
+        self.records = AttributionRecords(full, kvm.hash_block_size,
+                                          self.tier.blocks_per_chunk if self.tier is not None else None)
         self.evicted: set[BlockKey] | dict[BlockKey, tuple[Any, ...]] = {} if full else set()
         self.flight = InFlightClaims(scheduler, kvm.hash_block_size, self.unitary)
         self.cached_by: dict[int, tuple[int, str]] = {}  # full: block id -> (step, request) that cached it
@@ -147,9 +165,13 @@ class MissAttribution:
             return
         self.flight.sweep()
         hashes, tokens = self._chains(request)
+        done = request.num_computed_tokens
+        if done:  # CPU tier: admitted into running after its load (classified at the load's start)
+            self.flight.claim(request, done, hashes, tokens)
+            return
         if status == WAITING and request.num_preemptions == 0:
             self._attribute(request, num_new_computed_tokens, hashes, tokens)
-        self.flight.claim(request, num_new_computed_tokens, hashes, tokens)
+        self.flight.claim(request, num_new_computed_tokens, hashes, tokens)  # not filed for a load (claims)
 
     def on_allocate_new_blocks(self, request_id: str) -> None:
         self.owner = request_id
@@ -206,37 +228,58 @@ class MissAttribution:
             rec.add_request(r, num_hits, self.block_size, skip=True, hashes=hashes)
             return
         bs = self.block_size
-        first, cap = num_hits // bs, (r.num_prompt_tokens - 1) // bs
+        ext = r.num_external_computed_tokens if self.tier is not None else 0
+        first, cap = (num_hits + ext) // bs, (r.num_prompt_tokens - 1) // bs
+        held = self.tier.held_blocks(r, num_hits, ext, first, cap) if self.tier is not None else {}
         if self.unitary and not self.full:
-            rec.add_request(r, num_hits, bs, blocks=self._count_unitary(r, hashes, tokens, first, cap))
+            blocks = self._count_unitary(r, hashes, tokens, first, cap, ext == 0, held)
+            rec.add_request(r, num_hits, bs, blocks=blocks, ext=ext)
             return
         causes: list[int] = []
         rows: list[BlockRow] | None = [] if self.full else None
         for j in range(first, cap):
             if self.unitary:
-                cause, row = self._classify_key(r, hashes, tokens, j, j, 0, hashes[j], (j + 1) * bs, j == first)
+                cpu = held.get(j)
+                if cpu is not None and self.pool.cached_block_hash_to_block.get_one_block(hashes[j]) is None:
+                    cause, row = self._classify_held(j, hashes[j], cpu)
+                else:
+                    cause, row = self._classify_key(r, hashes, tokens, j, j, 0, hashes[j], (j + 1) * bs,
+                                                    j == first and ext == 0)
             else:
                 cause, row = self._classify_groups(r, hashes, tokens, j, j == first)
             causes.append(cause)
             if rows is not None:
                 rows.append(row)
-        rec.add_request(r, num_hits, bs, causes=causes, rows=rows, hashes=hashes)
+        rec.add_request(r, num_hits, bs, causes=causes, rows=rows, hashes=hashes, ext=ext)
+
+    def _classify_held(self, j: int, key: BlockKey, cpu: CpuBlock) -> tuple[int, BlockRow]:
+        """A missed block the GPU does not cache but the CPU tier holds (attribution_tier)."""
+        cause = CPU_PARTIAL_CHUNK if cpu.in_run else UNREACHABLE
+        return cause, ((j, 0, key, cause, {"cpu_chunk": cpu.chunk, "cpu_state": cpu.state}) if self.full else None)
 
     def _count_unitary(
-        self, r: Request, hashes: list[BlockHash], tokens: list[BlockHash] | None, first: int, cap: int
+        self, r: Request, hashes: list[BlockHash], tokens: list[BlockHash] | None, first: int, cap: int,
+        gpu_boundary: bool = True, held: dict[int, CpuBlock] | None = None,
     ) -> dict[int, int]:
         """Missed blocks per cause over ``[first, cap)`` for one full-attention group, by set
         operations on the chain's keys (which are distinct): the same rule as :meth:`_classify_key`,
-        its oracle (a test compares the two)."""
+        its oracle (a test compares the two). ``gpu_boundary``: ``first`` is the GPU hit's end (no
+        CPU hit; EAGLE's dropped block); ``held``: the blocks the CPU tier holds (attribution_tier)."""
         if first >= cap:
             return {}
         keys = hashes[first:cap]
         out: dict[int, int] = {}
         cached = self.pool.cached_block_hash_to_block.keys() & keys  # each a C pass over keys
         if cached:
-            if self.eagle and keys[0] in cached:
+            if self.eagle and gpu_boundary and keys[0] in cached:
                 out[EAGLE] = 1
             out[UNREACHABLE] = len(cached) - out.get(EAGLE, 0)
+        if held:  # held by the CPU tier, not cached: before in_flight and evicted
+            for j, cpu in held.items():
+                if hashes[j] not in cached:
+                    code = CPU_PARTIAL_CHUNK if cpu.in_run else UNREACHABLE
+                    out[code] = out.get(code, 0) + 1
+            cached = cached | {hashes[j] for j in held}
         flying: set[BlockHash] = set()
         claims = self.flight.claims
         if claims:

@@ -7,7 +7,10 @@ gives its answer, the answer's blocks) past what its admission found or cached a
 hash is *in flight* while its claimer runs and has not yet computed past the block. The claims of
 an admission are filed lazily (:meth:`InFlightClaims.flush`, at the next allocation, before any
 lookup), once the admission has cached what it could, and the claims of finished requests are
-dropped at every admission (:meth:`InFlightClaims.sweep`).
+dropped at every admission (:meth:`InFlightClaims.sweep`). With a CPU offload tier, a request whose
+admission starts an async load (WAITING_FOR_REMOTE_KVS) computes nothing until it is admitted into
+``running`` after the load: its claims are dropped at the flush and made again at that admission
+(so it never takes over a running claimer's hashes while it waits).
 
 Invariants: reads requests and the KV manager, changes neither. Imports sim.core only.
 """
@@ -18,7 +21,7 @@ from collections import deque
 from itertools import repeat
 
 from sim.core.hashing import BlockHash
-from sim.core.request import PREEMPTED, RUNNING, Request
+from sim.core.request import PREEMPTED, RUNNING, WAITING_FOR_REMOTE_KVS, Request
 from sim.core.scheduler import Scheduler
 from sim.replay.attribution_namespace import Namespace, namespace_of
 
@@ -70,6 +73,8 @@ class InFlightClaims:
             return
         r, chain, num_hits = self._pending
         self._pending = None
+        if r.status == WAITING_FOR_REMOTE_KVS:
+            return  # loading: it claims at its admission into running (module docstring)
         done = num_hits // self.hash_block_size
         if self.unitary:
             done = max(done, self.scheduler.kv_cache_manager.get_num_cached_blocks(r.request_id))
