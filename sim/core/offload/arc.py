@@ -52,6 +52,10 @@ class ARCCachePolicy(CachePolicy):
         chunk = self.t1.get(key)
         return chunk if chunk is not None else self.t2.get(key)
 
+    def get_many(self, keys: Sequence[OffloadKey]) -> list[ChunkStatus | None]:
+        t1_get, t2_get = self.t1.get, self.t2.get
+        return [t1_get(k) or t2_get(k) for k in keys]  # a ChunkStatus is always true
+
     def keys(self) -> Iterable[OffloadKey]:
         return [*self.t1, *self.t2]
 
@@ -59,6 +63,13 @@ class ARCCachePolicy(CachePolicy):
         self.t1[key] = chunk
         self.b1.pop(key, None)
         self.b2.pop(key, None)
+
+    def insert_many(self, keys: Sequence[OffloadKey], chunks: Sequence[ChunkStatus], ctx: ReqContext) -> None:
+        self.t1.update(zip(keys, chunks, strict=True))
+        for ghost in (self.b1, self.b2):
+            if ghost and not ghost.keys().isdisjoint(keys):
+                for key in keys:
+                    ghost.pop(key, None)
 
     def remove(self, key: OffloadKey) -> None:
         if self.t1.pop(key, None) is None:
@@ -75,6 +86,8 @@ class ARCCachePolicy(CachePolicy):
             self.b2.move_to_end(key)
 
     def on_store_miss(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
+        if self.b1.keys().isdisjoint(keys) and self.b2.keys().isdisjoint(keys):
+            return  # no ghost hit: nothing adapts
         for key in reversed(keys):  # vLLM ARCCachePolicy.on_store_miss: tail first
             self._adapt_to_ghost_hit(key)
 
@@ -96,45 +109,52 @@ class ARCCachePolicy(CachePolicy):
                     self.t2.move_to_end(key)
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        out = self.evict_split(n, protected)
+        return None if out is None else list(zip(out[0], out[1], strict=True))
+
+    def evict_split(self, n: int, protected: set[OffloadKey]) -> tuple[list[OffloadKey], list[ChunkStatus]] | None:
         if n == 0:
-            return []
-        candidates: list[tuple[OffloadKey, ChunkStatus, bool]] = []
+            return [], []
+        keys: list[OffloadKey] = []
+        chunks: list[ChunkStatus] = []
+        from_t1: list[bool] = []
         virtual_t1 = len(self.t1)
+        target = int(self.target_t1_size)
         # one iterator per list for the whole call (vLLM keeps the scans monotonic): a chunk
         # skipped once (pinned, pending, protected) is not revisited in this call
         t1_iter = iter(self.t1.items())
         t2_iter = iter(self.t2.items())
         for _ in range(n):
-            cand: tuple[OffloadKey, ChunkStatus, bool] | None = None
-            if virtual_t1 >= int(self.target_t1_size):
-                e = _next_candidate(t1_iter, protected)
-                if e is not None:
-                    cand = (e[0], e[1], True)
+            cand = None
+            if virtual_t1 >= target:
+                cand = _next_candidate(t1_iter, protected)
+                if cand is not None:
                     virtual_t1 -= 1
+                    from_t1.append(True)
             if cand is None:
-                e = _next_candidate(t2_iter, protected)
-                if e is not None:
-                    cand = (e[0], e[1], False)
+                cand = _next_candidate(t2_iter, protected)
+                if cand is not None:
+                    from_t1.append(False)
             if cand is None:
-                e = _next_candidate(t1_iter, protected)
-                if e is None:
+                cand = _next_candidate(t1_iter, protected)
+                if cand is None:
                     return None
-                cand = (e[0], e[1], True)
                 virtual_t1 -= 1
-            candidates.append(cand)
-        out: list[tuple[OffloadKey, ChunkStatus]] = []
-        for key, chunk, from_t1 in candidates:
-            if from_t1:
-                del self.t1[key]
-                self.b1[key] = None
+                from_t1.append(True)
+            keys.append(cand[0])
+            chunks.append(cand[1])
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        for key, src in zip(keys, from_t1, strict=True):
+            if src:
+                del t1[key]
+                b1[key] = None
             else:
-                del self.t2[key]
-                self.b2[key] = None
-            out.append((key, chunk))
-        for ghost in (self.b1, self.b2):
+                del t2[key]
+                b2[key] = None
+        for ghost in (b1, b2):
             for _ in range(len(ghost) - self.cache_capacity):
                 ghost.popitem(last=False)
-        return out
+        return keys, chunks
 
     def check_integrity(self) -> None:
         """Query: assert T1/T2 disjoint and the target in range."""

@@ -155,23 +155,21 @@ class LRUCachePolicy(CachePolicy):
         positions = ctx.key_positions
         if not keys:
             return
-        if not positions.keys() >= set(keys):  # a key without a position: one by one
+        try:
+            minors = [-positions[k] for k in keys]
+        except KeyError:  # a key without a position: one by one
             for key, chunk in zip(keys, chunks, strict=True):
                 self.insert(key, chunk, ctx)
             return
         self.chunks.update(zip(keys, chunks, strict=True))
         group = self._request_group(ctx)  # every key at (request rank, -position)
         ready: list[OffloadKey] = []
-        top = group.top
-        for key, chunk in zip(keys, chunks, strict=True):
-            minor = -positions[key]
+        for key, chunk, minor in zip(keys, chunks, minors, strict=True):
             chunk.group = group
             chunk.minor = minor
-            if minor > top:
-                top = minor
             if chunk.ref_cnt == 0:
                 ready.append(key)
-        group.top = top
+        group.top = max(group.top, max(minors))
         group.population += len(keys)
         for key in ready:
             self._add(key, self.chunks[key])
@@ -266,8 +264,12 @@ class LRUCachePolicy(CachePolicy):
         return True
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
+        out = self.evict_split(n, protected)
+        return None if out is None else list(zip(out[0], out[1], strict=True))
+
+    def evict_split(self, n: int, protected: set[OffloadKey]) -> tuple[list[OffloadKey], list[ChunkStatus]] | None:
         if n == 0:
-            return []
+            return [], []
         selected: list[OffloadKey] = []
         taken: list[tuple[RankGroup, int]] = []  # (group, keys taken from it)
         groups, gids = self._groups, self._gids
@@ -293,8 +295,8 @@ class LRUCachePolicy(CachePolicy):
                 break
         if len(selected) < n:  # atomic: nothing changed (a sort keeps the order)
             return None
-        chunks = self.chunks
-        out = [(key, chunks.pop(key)) for key in selected]
+        pop = self.chunks.pop
+        victims = [pop(key) for key in selected]
         start = 0
         for group, count in taken:
             if count == len(group.keys):
@@ -312,14 +314,13 @@ class LRUCachePolicy(CachePolicy):
                 if not groups[g].population:
                     del groups[g]
             gids[:walked] = kept
-        return out
+        return selected, victims
 
     def mark_evictable(self, key: OffloadKey) -> None:
         self._add(key, self.chunks[key])
 
-    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        chunks = self.chunks
-        cs = [chunks[k] for k in keys]
+    def mark_evictable_many(self, keys: Sequence[OffloadKey], chunks: Sequence[ChunkStatus]) -> None:
+        cs = chunks
         if not cs:
             return
         group = cs[0].group

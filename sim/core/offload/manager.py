@@ -150,10 +150,16 @@ class CPUOffloadingManager:
         return ctx.access
 
     def _record_request_access(
-        self, keys: Sequence[OffloadKey], ctx: ReqContext, reused: Sequence[OffloadKey] = ()
+        self,
+        keys: Sequence[OffloadKey],
+        ctx: ReqContext,
+        reused: Sequence[OffloadKey] = (),
+        resident: Sequence[OffloadKey] | None = None,
     ) -> None:
         """Note keys the request observed (first time only, prefix order) and tell the policy
-        (vLLM ``_record_request_cache_access``)."""
+        (vLLM ``_record_request_cache_access``). ``resident``: the only keys of ``keys`` the tier
+        holds (None: any); the policy is told the new ones among them -- the same for both
+        policies, which act on resident keys only (LRU) or not at all (ARC)."""
         state = self._access(ctx)
         seen = state.seen
         new_keys = [k for k in dict.fromkeys(keys) if k not in seen]
@@ -161,6 +167,9 @@ class CPUOffloadingManager:
             assert not state.finished, "new cache keys observed after request finalization"
             state.keys.extend(new_keys)
             seen.update(new_keys)
+            if resident is not None:
+                held = set(resident)
+                new_keys = [k for k in new_keys if k in held] if held else []
             self.policy.on_request_access(new_keys, ctx)
         if reused:
             # re-reading a chunk this request inserted is not a second access
@@ -224,7 +233,7 @@ class CPUOffloadingManager:
             recorded = set(to_store)
             recorded.update(ready_existing)
             recorded_keys = [k for k in keys if k in recorded]
-        self._record_request_access(recorded_keys, ctx, reused=ready_existing)
+        self._record_request_access(recorded_keys, ctx, reused=ready_existing, resident=ready_existing)
         if not to_store:
             return PrepareStoreOutput([], [])
         num_to_evict = len(to_store) - self.num_free_chunks()
@@ -233,13 +242,13 @@ class CPUOffloadingManager:
             if num_to_evict > self.num_evictable:
                 return None
             # the offer's own keys are never victims: a chunk already stored stays
-            evicted = self.policy.evict(num_to_evict, set(keys))
+            evicted = self.policy.evict_split(num_to_evict, set(keys))
             if evicted is None:
                 return None
-            self.num_evictable -= len(evicted)
-            self.free_list.extend([chunk for _, chunk in evicted])
-            evicted_keys = [key for key, _ in evicted]
-            self.stats.chunks_evicted += len(evicted)
+            evicted_keys, freed = evicted
+            self.num_evictable -= len(freed)
+            self.free_list.extend(freed)
+            self.stats.chunks_evicted += len(freed)
         self.policy.insert_many(to_store, self._allocate_chunks(len(to_store)), ctx)
         self.num_write_pending += len(to_store)
         state.inserted.update(to_store)
@@ -251,13 +260,15 @@ class CPUOffloadingManager:
         """Make the chunks of a finished store ready and evictable."""
         key_list = keys if isinstance(keys, list) else list(keys)
         ready: list[OffloadKey] = []
+        ready_chunks: list[ChunkStatus] = []
         for key, chunk in zip(key_list, self.policy.get_many(key_list), strict=True):
             if chunk is not None and chunk.ref_cnt < 0:
                 chunk.ref_cnt = 0
                 ready.append(key)
+                ready_chunks.append(chunk)
         self.num_write_pending -= len(ready)
         self.num_evictable += len(ready)
-        self.policy.mark_evictable_many(ready)
+        self.policy.mark_evictable_many(ready, ready_chunks)
 
     def on_request_finished(self, ctx: ReqContext) -> None:
         """Commit the finished request's accesses to the policy (once)."""

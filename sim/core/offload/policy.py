@@ -132,12 +132,19 @@ class CachePolicy(ABC):
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
         """Exactly ``n`` evictable chunks not in ``protected``, removed -- or None and nothing changed."""
 
+    def evict_split(self, n: int, protected: set[OffloadKey]) -> tuple[list[OffloadKey], list[ChunkStatus]] | None:
+        """``evict`` as two lists: the victims' keys and their chunks, in eviction order."""
+        out = self.evict(n, protected)
+        if out is None:
+            return None
+        return [k for k, _ in out], [c for _, c in out]
+
     def mark_evictable(self, key: OffloadKey) -> None:
         """``key``'s ref_cnt became 0."""
         return
 
-    def mark_evictable_many(self, keys: Sequence[OffloadKey]) -> None:
-        """``mark_evictable`` of each key, in order."""
+    def mark_evictable_many(self, keys: Sequence[OffloadKey], chunks: Sequence[ChunkStatus]) -> None:
+        """``mark_evictable`` of each key (its chunk beside it), in order."""
         for key in keys:
             self.mark_evictable(key)
 
