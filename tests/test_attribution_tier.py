@@ -182,6 +182,11 @@ def test_replay_tables_summary_and_explain(tmp_path: Path) -> None:
     assert s["miss_attribution_hits"] == {"gpu_hit": 0, "cpu_hit": 32}
     assert sum(s["miss_attribution"].values()) + 32 == s["prompt_tokens"]
     assert s["prompt_tokens_by_source"]["external_kv_transfer"] == 32
+    # what b's GPU miss became: untiered, its 64 tokens are evicted; tiered, 32 CPU hit + 32 evicted from both
+    from test_attribution import sched
+
+    plain = replay(reqs, sched(num_blocks=9, block_size=BS, profile=V0_33_0)).requests.set_index("request_id")
+    assert plain.loc["b", ["hit_tokens", "miss_evicted_tokens"]].tolist() == [0, 64]
     res.requests.to_parquet(tmp_path / "requests.parquet")
     res.blocks.to_parquet(tmp_path / "blocks.parquet")
     e = explain(tmp_path, "b")
