@@ -288,3 +288,17 @@ def test_summary_level_matches_full_on_a_shared_prefix_mix(bpc: int) -> None:
     got = [replay(reqs, tier_sched(24, 6, bpc), level).requests.set_index("request_id")[list(TIER_MISS_COLUMNS)]
            for level in ("full", "summary")]
     pd.testing.assert_frame_equal(got[0], got[1])
+
+
+def test_explain_words_for_the_tier_causes() -> None:
+    from sim.analysis.explain import why
+
+    held = {"cpu_chunk": 3, "cpu_state": "ready"}
+    assert why({"cause": "cpu_hit", "cpu_chunk": 2}, {}) == "loaded from the CPU tier (chunk 2) at admission"
+    assert why({"cause": "cpu_partial_chunk", **held}, {}).startswith(
+        "held by the CPU tier (chunk 3, ready), but the run past the GPU hit is under one chunk")
+    assert "earlier block missed in both tiers" in why({"cause": "unreachable", **held}, {})
+    assert "both tiers" not in why({"cause": "unreachable"}, {})  # cached on the GPU
+    ev = {"cause": "evicted", "evict_reason": "reused", "evicted_step": 5, "evicted_block_id": 1, "evicted_for": "f"}
+    assert why(ev, {}, tier=True).endswith("not in the CPU tier at this lookup (evicted from both tiers)")
+    assert "CPU" not in why(ev, {})
