@@ -22,6 +22,8 @@ is reported exactly one step later: the oracle's stub worker with ``--transfer-d
 A step that schedules nothing runs no forward pass, but the engine keeps stepping while transfers
 are pending (vLLM's ``has_pending_push_work``): such a step lasts until the first pending job that
 it may report is done (the engine polls until then), or no time when none may be reported yet.
+A job counts as done by a step's end to 1 ns (``ARRIVAL_EPS_S``, the clock's tolerance for "at the
+same time"), so the jobs a fast link lands together are reported together.
 
 Invariants: every submitted job is reported exactly once; ``in_flight`` holds the jobs submitted
 and not yet reported; completion times come from one :class:`~sim.timing.transfer_link.TransferLink`.
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sim.core.transfer_job import KVConnectorOutput
+from sim.replay.intake import ARRIVAL_EPS_S
 from sim.timing.transfer_link import TransferLink
 
 
@@ -140,7 +143,7 @@ class LinkKVWorker:
         completed: set[int] = set()
         recving: set[str] = set()
         for job_id, f in self.in_flight.items():
-            if f.first_report_step <= step and f.done_at <= end:
+            if f.first_report_step <= step and f.done_at <= end + ARRIVAL_EPS_S:
                 completed.add(job_id)
                 if f.load_request_id is not None:
                     recving.add(f.load_request_id)

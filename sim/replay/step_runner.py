@@ -22,6 +22,7 @@ from typing import Protocol
 
 from sim.core.executor import Executor, StepResult, step_shape
 from sim.core.kv_cache_spec import cdiv
+from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.core.scheduler_output import SchedulerOutput
 from sim.core.transfer_job import KVConnectorOutput
@@ -84,6 +85,10 @@ class StepRunner:
         # (with an offload tier, only while its connector is quiet: sim.replay.tier_window)
         self.fast_forward = fast_forward and hasattr(executor, "price") and not scheduler.config.async_scheduling
         self.kv_worker = kv_worker
+        # finished requests whose tokens are dropped after the next schedule(): with an offload tier
+        # its build_connector_meta makes their final store pass (vLLM _build_store_jobs visits the
+        # requests finished since the previous step), which reads their tokens and block hashes
+        self._release_after_schedule: list[Request] = []
         self.integrity_check = integrity_check
         self.max_window_steps = max_window_steps
         self.on_step = on_step
@@ -95,7 +100,12 @@ class StepRunner:
         sched = self.scheduler
         start = self.clock.now
         self.num_plain_steps += 1
+        finished_before = self._release_after_schedule
         out = sched.schedule()
+        if finished_before:
+            for r in finished_before:
+                r.release_tokens()
+            self._release_after_schedule = []
         result = self.executor.execute(out)
         if out.is_empty():
             # nothing scheduled: vLLM runs no forward pass (GPUModelRunner.execute_model returns
@@ -135,9 +145,17 @@ class StepRunner:
                 self.rec.first_token(r, now)
         for r in finished:
             self.rec.finished(r, now)
-            r.release_tokens()
+            self.release(r)
         self.rec.add_stats(sched.make_stats())
         return len(finished)
+
+    def release(self, request: Request) -> None:
+        """Drop a finished request's tokens (bounded replay memory): now, or with an offload tier
+        after the next ``schedule()``, whose connector still reads them."""
+        if self.scheduler.tier is None:
+            request.release_tokens()
+        else:
+            self._release_after_schedule.append(request)
 
     def busy(self) -> bool:
         """Query: the synchronous engine has a step to run -- unfinished requests, or with an offload

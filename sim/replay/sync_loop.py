@@ -88,7 +88,7 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
     now = starts[k]
     for r in window.finished:  # in running order (apply_window frees them in that order)
         rec.finished(r, now)
-        r.release_tokens()
+        run.release(r)
     run.after_step()
 
 
