@@ -157,10 +157,17 @@ def _tiers(s: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _losses(loss: Mapping[str, float]) -> str:
+_TIER_LABELS = {"evicted": "evicted from both tiers", "cpu_partial_chunk": "CPU partial chunk"}
+"""The causes named for what they mean with a CPU offload tier (``sim.replay.attribution_tier``)."""
+
+
+def _losses(loss: Mapping[str, float], tiered: bool = False) -> str:
     if "cold" in loss:  # the engine's miss attribution (sim.replay.attribution): every cause it counted
+        def label(k: str) -> str:
+            return _TIER_LABELS.get(k, k.replace("_", " ")) if tiered else k.replace("_", " ")
+
         return "missed prompt tokens by cause: " + ", ".join(
-            f"{k.replace('_', ' ')} {sig(v)}" for k, v in sorted(loss.items(), key=lambda kv: -kv[1]) if v)
+            f"{label(k)} {sig(v)}" for k, v in sorted(loss.items(), key=lambda kv: -kv[1]) if v)
     names = (("capacity", "capacity"), ("overload", "overload"), ("isolation", "isolation"),
              ("block_granularity", "block granularity"))
     shown = [f"{label} {sig(loss[k]) if _ok(loss.get(k)) else 'n/a'}" for k, label in names if k in loss]
@@ -225,5 +232,5 @@ def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
     lines += ["", *wrap.wrap(d.line)]
     if d.losses and d.cause not in ("caching_off", "unknown"):
         wrap.initial_indent = " " * 12
-        lines += wrap.wrap(_losses(d.losses))
+        lines += wrap.wrap(_losses(d.losses, tiered="hit_rate_by_source" in s))
     return "\n".join(lines)
