@@ -1,6 +1,6 @@
 """The reference CPU-tier manager: ``sim.core.offload.manager`` as it was before the batched calls
 (one policy call per key), over the heap LRU of ``sim.core.offload.lru_reference`` and the ARC of
-``offload_arc_reference`` -- the oracle ``test_offload_lru_equivalence`` compares the tier against,
+``sim.core.offload.arc_reference`` -- the oracle ``test_offload_lru_equivalence`` compares the tier against,
 call for call."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from offload_arc_reference import ARCCachePolicy
-
+from sim.core.offload.arc_reference import ARCCachePolicy
 from sim.core.offload.lru_reference import HeapLRUCachePolicy as LRUCachePolicy
 from sim.core.offload.policy import CachePolicy, ChunkStatus, OffloadKey, ReqContext
 

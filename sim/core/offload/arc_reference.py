@@ -1,7 +1,8 @@
 """The reference ARC policy: ``sim.core.offload.arc`` as it was before its batched calls (vLLM
 0.33.0's ``ARCCachePolicy``, ``v1/kv_offload/cpu/policies/arc.py``, one call per key), the oracle
-``test_offload_lru_equivalence`` compares the tier's ARC against through
-``offload_manager_reference``."""
+``tests/test_offload_lru_equivalence.py`` compares the tier's ARC against (through
+``tests/offload_manager_reference.py``). A module of the package, not of the tests, so that it
+compiles with the others (an interpreted class cannot subclass the compiled ``CachePolicy``)."""
 
 from __future__ import annotations
 
