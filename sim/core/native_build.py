@@ -29,6 +29,14 @@ ENGINE_MODULES = (
     "sim.replay.sync_loop",
     "sim.replay.decode_window",
     "sim.replay.window_apply",
+    # the CPU offload tier's per-chunk structures (its policies, their references, the manager):
+    # an interpreted class cannot subclass a compiled one, so the references compile too
+    "sim.core.offload.policy",
+    "sim.core.offload.lru",
+    "sim.core.offload.lru_reference",
+    "sim.core.offload.arc",
+    "sim.core.offload.arc_reference",
+    "sim.core.offload.manager",
 )
 """The modules ``setup.py`` compiles: the one list of the group (``setup.py`` runs this file on its
 own to read it, so the module imports nothing beyond the stdlib)."""

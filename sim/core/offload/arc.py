@@ -53,8 +53,8 @@ class ARCCachePolicy(CachePolicy):
         return chunk if chunk is not None else self.t2.get(key)
 
     def get_many(self, keys: Sequence[OffloadKey]) -> list[ChunkStatus | None]:
-        t1_get, t2_get = self.t1.get, self.t2.get
-        return [t1_get(k) or t2_get(k) for k in keys]  # a ChunkStatus is always true
+        t1, t2 = self.t1, self.t2
+        return [t1.get(k) or t2.get(k) for k in keys]  # a ChunkStatus is always true
 
     def keys(self) -> Iterable[OffloadKey]:
         return [*self.t1, *self.t2]
@@ -84,6 +84,9 @@ class ARCCachePolicy(CachePolicy):
             delta = max(1, len(self.b1) / len(self.b2))
             self.target_t1_size = max(self.target_t1_size - delta, 0)
             self.b2.move_to_end(key)
+
+    def observes_store_misses(self) -> bool:
+        return True
 
     def on_store_miss(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         if self.b1.keys().isdisjoint(keys) and self.b2.keys().isdisjoint(keys):

@@ -128,8 +128,8 @@ class LRUCachePolicy(CachePolicy):
         return self.chunks.get(key)
 
     def get_many(self, keys: Sequence[OffloadKey]) -> list[ChunkStatus | None]:
-        get = self.chunks.get
-        return [get(k) for k in keys]
+        chunks = self.chunks
+        return [chunks.get(k) for k in keys]
 
     def keys(self) -> Iterable[OffloadKey]:
         return self.chunks.keys()
@@ -161,10 +161,10 @@ class LRUCachePolicy(CachePolicy):
             for key, chunk in zip(keys, chunks, strict=True):
                 self.insert(key, chunk, ctx)
             return
-        self.chunks.update(zip(keys, chunks, strict=True))
+        self.chunks.update(zip(keys, chunks))
         group = self._request_group(ctx)  # every key at (request rank, -position)
         ready: list[OffloadKey] = []
-        for key, chunk, minor in zip(keys, chunks, minors, strict=True):
+        for key, chunk, minor in zip(keys, chunks, minors):
             chunk.group = group
             chunk.minor = minor
             if chunk.ref_cnt == 0:
@@ -295,8 +295,8 @@ class LRUCachePolicy(CachePolicy):
                 break
         if len(selected) < n:  # atomic: nothing changed (a sort keeps the order)
             return None
-        pop = self.chunks.pop
-        victims = [pop(key) for key in selected]
+        chunks = self.chunks
+        victims = [chunks.pop(key) for key in selected]
         start = 0
         for group, count in taken:
             if count == len(group.keys):

@@ -99,6 +99,7 @@ class CPUOffloadingManager:
         # vLLM: the tracker exists only for a threshold of 2 or more (1 would admit every key)
         self.counts: OrderedDict[OffloadKey, int] | None = OrderedDict() if store_threshold >= 2 else None
         self.stats = ManagerStats()
+        self._tracks_misses = self.policy.observes_store_misses()  # LRU: on_store_miss does nothing
 
     # -- helpers ------------------------------------------------------------------------------
     def num_free_chunks(self) -> int:
@@ -212,8 +213,8 @@ class CPUOffloadingManager:
         if self.counts is not None:
             self._record_accesses(keys)
         found = self.policy.get_many(keys)
-        to_store = [k for k, c in zip(keys, found, strict=True) if c is None]
-        ready_existing = [k for k, c in zip(keys, found, strict=True) if c is not None and c.ref_cnt >= 0]
+        to_store = [k for k, c in zip(keys, found) if c is None]
+        ready_existing = [k for k, c in zip(keys, found) if c is not None and c.ref_cnt >= 0]
         if self.counts is not None:
             n = len(to_store)
             counts, threshold = self.counts, self.store_threshold
@@ -221,7 +222,7 @@ class CPUOffloadingManager:
             self.stats.stores_skipped += n - len(to_store)
         state = self._access(ctx)
         store_misses = state.store_misses
-        misses = [k for k in to_store if k not in store_misses]
+        misses = [k for k in to_store if k not in store_misses] if self._tracks_misses else []
         if misses:
             # ARC learns from B1/B2 before insert() drops the ghost; once per key per request
             self.policy.on_store_miss(misses, ctx)
@@ -261,7 +262,7 @@ class CPUOffloadingManager:
         key_list = keys if isinstance(keys, list) else list(keys)
         ready: list[OffloadKey] = []
         ready_chunks: list[ChunkStatus] = []
-        for key, chunk in zip(key_list, self.policy.get_many(key_list), strict=True):
+        for key, chunk in zip(key_list, self.policy.get_many(key_list)):
             if chunk is not None and chunk.ref_cnt < 0:
                 chunk.ref_cnt = 0
                 ready.append(key)

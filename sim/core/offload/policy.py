@@ -114,6 +114,10 @@ class CachePolicy(ABC):
     def remove(self, key: OffloadKey) -> None:
         """Drop a chunk (a failed store)."""
 
+    def observes_store_misses(self) -> bool:
+        """Query: whether ``on_store_miss`` does anything (else the manager need not track them)."""
+        return False
+
     def on_store_miss(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         """Keys about to be stored, observed once per request before insertion (ARC adapts)."""
         return
