@@ -67,6 +67,7 @@ def test_link_bandwidth_defaults_to_the_gpu_spec_and_can_be_overridden() -> None
         ({"num_cpu_blocks": 5, "enable_prefix_caching": False}, "CPU offload needs prefix caching"),
         ({"store_threshold": 2}, "store_threshold needs a CPU offload tier"),
         ({"num_cpu_blocks": 0}, "engine.num_cpu_blocks: Input should be greater than 0"),
+        ({"num_cpu_blocks": 5, "vllm_version": "0.25.1"}, "engine.vllm_version 0.25.1 has none (use 0.33.0)"),
     ],
 )
 def test_bad_tier_keys_are_one_clear_line(engine: dict[str, object], message: str) -> None:

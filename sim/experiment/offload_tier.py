@@ -39,6 +39,8 @@ class TierKeys(Protocol):
     this module does not import the config models that import it)."""
 
     @property
+    def vllm_version(self) -> str: ...
+    @property
     def block_size(self) -> int: ...
     @property
     def enable_prefix_caching(self) -> bool: ...
@@ -85,6 +87,9 @@ def check_offload_keys(e: TierKeys) -> None:
             raise ValueError(f"{extra[0]} needs a CPU offload tier: set kv_offloading_size (GiB) "
                              "or num_cpu_blocks (chunks)")
         return
+    if e.vllm_version != "0.33.0":
+        raise ValueError(f"kv_offloading_size / num_cpu_blocks: the CPU offload tier is vLLM 0.33.0's native "
+                         f"offloading; engine.vllm_version {e.vllm_version} has none (use 0.33.0)")
     if not e.enable_prefix_caching:
         raise ValueError("kv_offloading_size / num_cpu_blocks: CPU offload needs prefix caching "
                          "(enable_prefix_caching: true); the connector keys chunks by block hash")
