@@ -787,7 +787,15 @@ def replay(args) -> tuple[list[ReqResult], dict]:
             idle = not sched.has_requests() and not inflight
         else:
             idle = sched.get_num_unfinished_requests() == 0 and not inflight
-        if idle and next_arrival < len(trace):
+        # 8. stuck: `deadlock_after` steps in a row scheduled nothing, no batch with tokens is in
+        # flight and no connector job is pending, so nothing can change until the next arrival;
+        # empty steps being free, the clock would never reach it (an endless loop before).
+        # A real engine spins empty steps while time passes: jump to the next arrival. (Never
+        # taken by a run that finishes without it: the state repeats exactly.)
+        stuck = (empty_streak >= deadlock_after
+                 and all(b.total_num_scheduled_tokens == 0 for b in inflight)
+                 and not (worker is not None and worker.pending()))
+        if (idle or stuck) and next_arrival < len(trace):
             t_next = t_base + n_in_base * d
             nxt = trace[next_arrival].arrival
             if nxt > t_next:

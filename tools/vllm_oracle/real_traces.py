@@ -117,11 +117,12 @@ OFFLOAD_CASES: list[tuple[str, dict[str, Any], int, dict[str, Any], dict[str, An
      dict(block_size=16, num_gpu_blocks=8000, async_scheduling=True), dict(_OFF, num_cpu_chunks=40000, policy="arc")),
     ("mooncake_bs16_sync_arc_chunk64_threshold2_k3", _MOON, 300, dict(block_size=16, num_gpu_blocks=8000),
      dict(_OFF, num_cpu_chunks=6000, policy="arc", blocks_per_chunk=4, store_threshold=2, transfer_delay_steps=3)),
-    # a pool that cannot hold the conversations' reuse distance, so the CPU tier hits
-    ("mooncake_bs16_sync_lru_gpu3000_cpu15000", _MOON, 600, dict(block_size=16, num_gpu_blocks=3000),
-     dict(_OFF, num_cpu_chunks=15000)),
-    ("mooncake_bs16_async_arc_gpu3000_cpu15000", _MOON, 600,
-     dict(block_size=16, num_gpu_blocks=3000, async_scheduling=True), dict(_OFF, num_cpu_chunks=15000, policy="arc")),
+    # twice the requests (the conversations' reuse distance is ~1,100 rows; the largest of these
+    # 600 requests needs 7,620 blocks, so 8,000 is about the smallest pool that serves them all)
+    ("mooncake600_bs16_sync_lru_gpu8000_cpu40000", _MOON, 600, dict(block_size=16, num_gpu_blocks=8000),
+     dict(_OFF, num_cpu_chunks=40000)),
+    ("mooncake600_bs16_async_arc_gpu8000_cpu40000", _MOON, 600,
+     dict(block_size=16, num_gpu_blocks=8000, async_scheduling=True), dict(_OFF, num_cpu_chunks=40000, policy="arc")),
     ("agent_bs64_sync_lru_tight", _AGENT, 200, dict(block_size=64, num_gpu_blocks=9000),
      dict(_OFF, num_cpu_chunks=30000)),
     ("agent_bs64_async_arc_salted", _AGENT_SALTED, 200,
