@@ -239,8 +239,7 @@ def cases(draw: Any) -> Case:
         slen = draw(st.sampled_from([0, 1, BS, 2 * BS + 3]))
         prompt = (base[:cut] + draw(st.lists(st.integers(0, 2), min_size=slen, max_size=slen))) or [7]
         t += draw(st.sampled_from([0.0, 0.005, 0.02, 0.2, 1.0]))
-        # prompt_logprobs with async scheduling can stall the tiered engine (reported in coord.md, 11:12)
-        logprobs = not is_async and draw(st.integers(0, 19)) == 0
+        logprobs = draw(st.integers(0, 19)) == 0
         reqs.append(treq(f"r{i}", t, prompt, draw(st.integers(1, 6)), prompt_logprobs=logprobs))
     need = -(-(max(len(r.tokens) for r in reqs) + 8) // BS) + 1
     return Case(
