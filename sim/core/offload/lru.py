@@ -208,20 +208,29 @@ class LRUCachePolicy(CachePolicy):
         # fresh ranks tail first, head last (vLLM: touch(reversed(order_request_keys(...)))), so the
         # request's head chunk is the most recently used
         chunks = self.chunks
-        resident = [k for k in keys if k in chunks]
+        found = [chunks.get(k) for k in keys]
+        resident = [k for k, c in zip(keys, found) if c is not None]
         if not resident:
             return
         gid = self._next_rank + 1
         self._next_rank += len(resident)
         own = self._groups.get(ctx.lru_rank) if ctx.lru_rank else None
-        if own is not None and self._finish_by_rename(keys, resident, own, gid, ctx):
+        if own is not None and self._finish_by_rename(
+            keys, resident, [c for c in found if c is not None], own, gid, ctx
+        ):
             return
         group = self._new_group(gid, True, True)
         for i, key in enumerate(k for k in reversed(order_request_keys(keys, ctx)) if k in chunks):
             self._move(key, chunks[key], group, i)
 
     def _finish_by_rename(
-        self, keys: Sequence[OffloadKey], resident: list[OffloadKey], own: RankGroup, gid: int, ctx: ReqContext
+        self,
+        keys: Sequence[OffloadKey],
+        resident: list[OffloadKey],
+        cs: list[ChunkStatus],
+        own: RankGroup,
+        gid: int,
+        ctx: ReqContext,
     ) -> bool:
         """The finish batch of ``on_request_finished`` without moving the request's own group key
         by key, when that is exact; False (nothing changed) otherwise.
@@ -232,7 +241,6 @@ class LRUCachePolicy(CachePolicy):
         position = ascending minor), then the others -- so the group is renamed ``gid`` (its keys
         take ``gid .. gid + P - 1``) and only the others move, into group ``gid + P``."""
         chunks = self.chunks
-        cs = [chunks[k] for k in resident]
         of = [c.group for c in cs]
         num_own = of.count(own)
         if num_own != own.population:

@@ -163,11 +163,14 @@ class CPUOffloadingManager:
         policies, which act on resident keys only (LRU) or not at all (ARC)."""
         state = self._access(ctx)
         seen = state.seen
-        new_keys = [k for k in dict.fromkeys(keys) if k not in seen]
+        new_keys = [k for k in keys if k not in seen]
         if new_keys:
             assert not state.finished, "new cache keys observed after request finalization"
-            state.keys.extend(new_keys)
+            num_seen = len(seen)
             seen.update(new_keys)
+            if len(seen) - num_seen < len(new_keys):  # a key repeated in the offer: first one only
+                new_keys = list(dict.fromkeys(new_keys))
+            state.keys.extend(new_keys)
             if resident is not None:
                 held = set(resident)
                 new_keys = [k for k in new_keys if k in held] if held else []
@@ -242,8 +245,9 @@ class CPUOffloadingManager:
         if num_to_evict > 0:
             if num_to_evict > self.num_evictable:
                 return None
-            # the offer's own keys are never victims: a chunk already stored stays
-            evicted = self.policy.evict_split(num_to_evict, set(keys))
+            # the offer's own keys are never victims: a chunk already stored stays (of them, only
+            # the ready residents can be evictable at all, so they are the whole protected set)
+            evicted = self.policy.evict_split(num_to_evict, set(ready_existing))
             if evicted is None:
                 return None
             evicted_keys, freed = evicted
