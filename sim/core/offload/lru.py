@@ -18,13 +18,12 @@ in its request's group ``r``; for the ``i``-th key of a finish batch ``(m + 1, i
 + i, 0)``) or, when the batch is exactly the request's own group, that group renamed ``m + 1`` with
 its minors ``-position`` kept (the batch's order *is* descending position); ``(n, 0)`` alone in
 group ``n`` without a position. This orders as vLLM's ranks do: a finish batch takes the majors
-``m + 1 .. m + k`` at once, so every other rank (earlier or later, request ranks included) has a
-major outside that range and compares with the batch's keys on the major alone; inside one group
-the minors are distinct and ordered as vLLM's ranks. A group keeps its evictable keys in a dict in
-rank order -- ascending, or descending for a request's group, whose chunks arrive head to tail --
-while ``ordered`` (``_sort`` restores it). Eviction walks the groups by id (``_gids``) and each
-group's keys in order: the n smallest unprotected ranks, as vLLM's heap pops them, with no stale
-entries; a store completion appends its job to the request's group, a finish renames the group.
+``m + 1 .. m + k`` at once, so every other rank (request ranks included) has a major outside that
+range and compares with the batch's keys on the major alone; inside a group the minors are distinct
+and ordered as vLLM's ranks. A group keeps its evictable keys in a dict in rank order (descending
+for a request's group, whose chunks arrive head to tail) while ``ordered``. Eviction walks the
+groups by id (``_gids``) and each group's keys in order: the n smallest unprotected ranks, as
+vLLM's heap pops them, with no stale entries (a finish renames or refills groups, no re-pushes).
 
 Invariants (``check_integrity``): every resident chunk has a registered group whose ``population``
 counts it; the groups' ``keys`` are exactly the evictable (ref_cnt 0) keys, each in its chunk's
