@@ -239,8 +239,7 @@ class LRUCachePolicy(CachePolicy):
         sits before the group's first position, the batch is: the own group in its order (descending
         position = ascending minor), then the others -- so the group is renamed ``gid`` (its keys
         take ``gid .. gid + P - 1``) and only the others move, into group ``gid + P``."""
-        chunks = self.chunks
-        of = [c.group for c in cs]
+        chunks, of = self.chunks, [c.group for c in cs]
         num_own = of.count(own)
         if num_own != own.population:
             return False
