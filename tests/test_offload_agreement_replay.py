@@ -31,9 +31,10 @@ ONE_STEP = [name for name, c in MANIFEST["cases"].items()
 
 def _config(case: dict[str, Any], fast_forward: bool) -> Any:
     e, o = case["engine"], case["offload"]
+    w = case.get("workload") or {}
     workload = ({"kind": "trace", "path": case["trace"]} if "trace" in case else
-                {"kind": "mooncake", "path": case["workload"]["path"], "tokens_per_id": case["workload"]["tokens_per_id"],
-                 "time_scale": case["workload"]["time_scale"]})
+                {"kind": "mooncake", "path": w["path"], "tokens_per_id": w["tokens_per_id"],
+                 "time_scale": w["time_scale"]})
     return config_from_dict({
         "name": "offload-agreement",
         "latency": {"kind": "fixed", "step_time_s": e["step_time"]},
