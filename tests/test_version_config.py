@@ -132,3 +132,13 @@ def test_fast_forward_equals_plain_steps_under_033(extra: dict[str, Any]) -> Non
         results.append(replay_experiment(cfg, progress=False)[0])
     assert results[0].summary == results[1].summary
     assert results[0].summary["vllm_version"] == "0.33.0"
+
+
+def test_long_prefill_threshold_above_max_model_len_refused_under_033_only() -> None:
+    # vLLM 0.33.0 SchedulerConfig.verify_max_model_len raises for any threshold above max_model_len;
+    # 0.25.1 only with max_num_partial_prefills > 1 (found by fuzz.py against both oracles)
+    assert _error(long_prefill_token_threshold=5000) == (
+        "f.yaml: engine.long_prefill_token_threshold: 5000 is greater than max_model_len 4096; "
+        "vLLM 0.33.0 rejects this")
+    assert resolve(_cfg(long_prefill_token_threshold=5000, vllm_version="0.25.1")).max_model_len == 4096
+    assert resolve(_cfg(long_prefill_token_threshold=4096)).scheduler_config.long_prefill_token_threshold == 4096

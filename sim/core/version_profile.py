@@ -37,6 +37,9 @@ switched by the fields of one frozen :class:`VersionProfile`, resolved once in
 * ``tagged_extra_keys`` -- 0.33.0 ``generate_block_hash_extra_keys`` tags every extra key:
   ``("lora", name, path)``, ``("mm", identifier, offset)``, ``("cache_salt", salt)`` (the hash bytes
   change, and a LoRA name can no longer equal a salt; KV events keep the bare forms).
+* ``threshold_within_max_model_len`` -- 0.33 ``SchedulerConfig.verify_max_model_len`` refuses a
+  ``long_prefill_token_threshold`` above ``max_model_len`` always; 0.25.1 only with
+  ``max_num_partial_prefills > 1`` (which apcsim does not model), so never.
 * ``priority_preemption_scans_on`` -- 0.33's priority preemption in the running loop: the cursor
   steps back when the victim sat before it (scheduled or not), and a request that preempted
   itself lets the loop go on to the higher-priority ones behind it; 0.25.1 stepped back only for a
@@ -65,6 +68,7 @@ class VersionProfile:
     in_flight_admission_cap: bool
     fixed_none_hash_seed: str | None
     priority_preemption_scans_on: bool
+    threshold_within_max_model_len: bool
     mm_resume_scan_from_last: bool
     tagged_extra_keys: bool
 
@@ -88,6 +92,7 @@ V0_25_1 = VersionProfile(
     in_flight_admission_cap=False,
     fixed_none_hash_seed=None,
     priority_preemption_scans_on=False,
+    threshold_within_max_model_len=False,
     mm_resume_scan_from_last=True,
     tagged_extra_keys=False,
 )
@@ -103,6 +108,7 @@ V0_33_0 = VersionProfile(
     in_flight_admission_cap=True,
     fixed_none_hash_seed="vllm-none-hash",
     priority_preemption_scans_on=True,
+    threshold_within_max_model_len=True,
     mm_resume_scan_from_last=False,
     tagged_extra_keys=True,
 )

@@ -181,6 +181,11 @@ def resolve(cfg: ExperimentConfig) -> EngineDescription:
             f"max_model_len={max_model_len} sequence ({needed} blocks); vLLM refuses to start -- enlarge the "
             f"pool or lower engine.max_model_len"
         )
+    if profile.threshold_within_max_model_len and e.long_prefill_token_threshold > max_model_len:
+        raise ConfigError(
+            f"{cfg.source}: engine.long_prefill_token_threshold: {e.long_prefill_token_threshold} is greater than "
+            f"max_model_len {max_model_len}; vLLM {profile.version} rejects this"
+        )
     if not e.enable_chunked_prefill and e.max_num_batched_tokens < max_model_len:
         raise ConfigError(
             f"{cfg.source}: engine.max_num_batched_tokens: {e.max_num_batched_tokens} is smaller than "
