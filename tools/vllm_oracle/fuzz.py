@@ -151,6 +151,9 @@ def apcsim_offload_side(trace: Path, e: dict, o: dict, check: bool = True) -> di
     from sim.core.step_driver import drive
     from sim.core.version_profile import V0_33_0
 
+    if V0_33_0.threshold_within_max_model_len and e["long_prefill_token_threshold"] > e["max_model_len"]:
+        # the config rule sim.experiment.engine_description applies (this side builds the core directly)
+        return {"error": "ConfigError: long_prefill_token_threshold > max_model_len (vLLM 0.33.0 refuses it)"}
     lines = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
     hasher = make_block_hasher("fast", e["block_size"])
     reqs = [(float(d["arrival"]), Request(
