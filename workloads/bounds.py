@@ -356,17 +356,23 @@ def lru_hit_rate(refs: BlockReferences, capacity: int, *, compiled: bool = True)
         hits += _leading_hits(ids, s, lk, lru)
         if capacity == 0:
             continue
-        # vLLM's kv_cache_manager.free frees a request's blocks in reverse order, so the deepest
-        # block of a chain reaches the free queue first and is evicted before its ancestors
-        for p in range(s + ln - 1, s - 1, -1):
-            b = ids[p]
-            if b in lru:
-                lru.move_to_end(b)
-            else:
-                lru[b] = None
-        while len(lru) > capacity:
-            lru.popitem(last=False)
+        lru_cache_request(lru, ids, s, ln, capacity)
     return _rate(hits, refs)
+
+
+def lru_cache_request(lru: OrderedDict[int, None], ids: Sequence[int], start: int, length: int, capacity: int) -> None:
+    """Changes ``lru``: a request's blocks ``ids[start:start + length]`` become the most recently used,
+    then the least recently used beyond ``capacity`` go. vLLM's kv_cache_manager.free frees a
+    request's blocks in reverse order, so the deepest block of a chain reaches the free queue first
+    and is evicted before its ancestors."""
+    for p in range(start + length - 1, start - 1, -1):
+        b = ids[p]
+        if b in lru:
+            lru.move_to_end(b)
+        else:
+            lru[b] = None
+    while len(lru) > capacity:
+        lru.popitem(last=False)
 
 
 def offline_bounds(refs: BlockReferences, capacity: int | None, *, infinite: float | None = None) -> dict[str, float]:

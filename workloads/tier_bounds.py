@@ -74,7 +74,7 @@ from typing import Literal
 import numpy as np
 
 from sim.core.config import OffloadConfig
-from workloads.bounds import BlockReferences, _leading_hits
+from workloads.bounds import BlockReferences, _leading_hits, lru_cache_request
 
 Source = Literal["gpu", "cpu", "total"]
 
@@ -367,14 +367,7 @@ def two_tier_sequential(refs: BlockReferences, gpu_capacity: int, cpu_chunks: in
         c = (g + e) // bpc if e else 0  # loaded [g // bpc, c), offered from c (cdiv(local + external))
         tier.serve(chunk[g // bpc : c] if e else [], chunk[c:])
         if gpu_capacity:  # every block the request holds is cached, loaded ones included
-            for p in range(s + ln - 1, s - 1, -1):
-                b = ids[p]
-                if b in lru:
-                    lru.move_to_end(b)
-                else:
-                    lru[b] = None
-            while len(lru) > gpu_capacity:
-                lru.popitem(last=False)
+            lru_cache_request(lru, ids, s, ln, gpu_capacity)
     return TierHits(refs.prompt_tokens, gpu, cpu, tier.stored, tier.evicted, tier.failures, tier.reused)
 
 
