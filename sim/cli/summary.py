@@ -149,9 +149,12 @@ def _tiers(s: Mapping[str, Any]) -> list[str]:
             lines.append(_row(f"  {label}", f"{sig(s.get(f'{key}_hit_rate')):<7}",
                               f"GPU {sig(s.get(f'{key}_gpu_hit_rate'))} + CPU {sig(s.get(f'{key}_cpu_hit_rate'))}; "
                               + note))
+    fleet = "cluster" in s  # a fleet's counters and chunks are its replicas' summed (sim.cluster.cluster_tier)
     lines.append(
-        f"cpu tier    {exact(size.get('num_chunks', cpu.get('num_chunks')))} chunks"
-        + (f" ({sig(size['gib'])} GiB, {size['policy'].upper()}, link {sig(size['link_gb_s'])} GB/s)" if size else "")
+        (f"cpu tier    {exact(cpu.get('num_chunks'))} chunks in the fleet" if fleet else
+         f"cpu tier    {exact(size.get('num_chunks', cpu.get('num_chunks')))} chunks")
+        + (f" ({sig(size['gib'])} GiB, {size['policy'].upper()}, link {sig(size['link_gb_s'])} GB/s)"
+           if size and not fleet else "")
         + f": {exact(cpu.get('chunks_stored'))} stored, {exact(cpu.get('chunks_loaded'))} loaded, "
         f"{exact(cpu.get('chunks_evicted'))} evicted, {exact(cpu.get('allocation_failures'))} allocation failures")
     return lines

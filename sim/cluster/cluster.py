@@ -19,7 +19,9 @@ next routing instant (the next arrival or fault: any of them may send it work).
 Results: one request table (``replica`` where the request finished, ``reroutes``,
 ``believed_hit_tokens``), one step table (``replica`` column), the summary of the whole fleet
 (``sim.replay.metrics.summarize`` over the combined tables, plus the ``cluster`` block of
-:mod:`sim.cluster.cluster_summary`), and each replica's own tables and summary.
+:mod:`sim.cluster.cluster_summary`), and each replica's own tables and summary; with CPU offload
+tiers, the tier's request columns and summary keys, per replica and summed over the fleet
+(:mod:`sim.cluster.cluster_tier`).
 
 Invariants: with one replica and no faults, replica 0's tables and summary equal
 ``sim.replay.engine.Replay``'s for the same stream, for every router (tested); every request
@@ -38,6 +40,7 @@ from typing import Any
 import pandas as pd
 
 from sim.cluster.cluster_summary import cluster_block
+from sim.cluster.cluster_tier import fleet_tier_summary, replica_tier_summary, tier_row
 from sim.cluster.kv_event_pipeline import DelaySampler, KVEventPipeline
 from sim.cluster.replica import ClusterHooks, Replica, ReplicaSpec, row_metrics, step_end_times, window_metrics
 from sim.cluster.router import ClusterView, ReplicaMetrics, Router, RouterRequest
@@ -285,9 +288,15 @@ class ClusterReplay(ClusterHooks, ClusterView):
     def _result(self, wall: float) -> ClusterResult:
         per: list[ReplayResult] = []
         req_frames, step_frames = [], []
-        for r in self.replicas:
+        tiers = [replica_tier_summary(r.tier_parts) for r in self.replicas]  # {} without a CPU tier
+        if any(tiers):  # a mixed fleet: an untiered replica's requests loaded nothing (0, "", 0)
+            for r, tier in zip(self.replicas, tiers, strict=True):
+                if not tier:
+                    r.rec.enable_tier()
+        for r, tier in zip(self.replicas, tiers, strict=True):
             rq, st = (as_frame(t) for t in r.rec.tables())
             s = summarize(rq, st, r.rec.stats, sim_time_s=r.end_time, num_evictions=r.total_evictions)
+            s.update(tier)
             per.append(ReplayResult(rq, st, r.rec.stats, s, wall))
             req_frames.append(rq.assign(replica=r.index))
             step_frames.append(st.assign(replica=r.index))
@@ -310,12 +319,15 @@ class ClusterReplay(ClusterHooks, ClusterView):
         base_cols = [c for c in requests.columns if c not in ("replica", "reroutes", "believed_hit_tokens")]
         summary = summarize(requests[base_cols], steps, stats, sim_time_s=sim_time,
                             num_evictions=sum(r.total_evictions for r in self.replicas))
+        summary.update(fleet_tier_summary(tiers))
         span = float(requests["finish"].max() - requests["arrival"].min()) if len(requests) else 0.0
         kv = {"batches": self.pipeline.num_batches, "events": self.pipeline.num_events} if self.pipeline else {}
         summary["cluster"] = cluster_block(
             requests, steps, [r.rec.stats for r in self.replicas], router=self.router_info,
             ttft_slo_s=self.ttft_slo_s, span_s=span, faults=self._fault_log, kv_events=kv,
         )
+        for row, tier in zip(summary["cluster"]["replicas"], tiers, strict=True):
+            row.update(tier_row(tier))
         recorded = self.pipeline.recorded if self.pipeline is not None and self.pipeline.recorded else []
         return ClusterResult(requests, steps, stats, summary, wall, events=[(s, e) for _, s, e in recorded],
                              replicas=per, event_replicas=[r for r, _, _ in recorded])

@@ -15,7 +15,11 @@ process on the cluster's shared clock. What differs from ``sim.replay.engine.Rep
   first tokens and finishes (the responses the router proxies) and step ends (published metrics
   and KV-event batches);
 * :meth:`Replica.stop` / :meth:`Replica.start` -- a fault: the loop is stopped where it stands,
-  the engine with its cache is dropped, and a fresh one is built when the replica comes back.
+  the engine with its cache is dropped, and a fresh one is built when the replica comes back;
+* a replica with vLLM 0.33.0's CPU offload tier (its engine's ``CacheConfig.offload``) has its own
+  tier and transfer worker (``sim.replay.kv_transfer.LinkKVWorker``), rebuilt empty with the engine
+  after a fault; its requests get the tier columns, and :attr:`Replica.tier_parts` keeps each
+  incarnation's tier and worker for the summary (``sim.cluster.cluster_tier``).
 
 With one replica and no faults every engine operation happens in the single engine's order, so
 its tables equal ``Replay``'s exactly (tested). Imports neither simpy nor torch.
@@ -34,11 +38,13 @@ from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.replay.engine import LoopProcess, SimClock, engine_loop
 from sim.replay.intake import RequestIntake
+from sim.replay.kv_transfer import LinkKVWorker
 from sim.replay.recorder import ReplayRecorder
 from sim.replay.step_runner import StepRunner
 from workloads.trace_format import TraceRequest
 
 if TYPE_CHECKING:  # pragma: no cover
+    from sim.core.offload.tier import OffloadTier
     from sim.replay.step_runner import Wait
 
 _RUNNING, _WAITING, _KV_USAGE = 10, 11, 14  # indexes in sim.replay.metrics.STEP_COLUMNS
@@ -54,6 +60,8 @@ class ReplicaSpec:
     build_executor: Callable[[Scheduler], Executor]
     fast_forward: bool = True
     reject_invalid: bool = True  # a request the engine refuses is recorded as rejected (else ReplayError)
+    # the CPU offload tier's worker of one incarnation (sim.replay.kv_transfer); None: no tier
+    build_kv_worker: Callable[[], LinkKVWorker | None] | None = None
 
 
 class ClusterHooks:
@@ -184,6 +192,7 @@ class Replica:
         self.end_time = 0.0
         self.scheduler: Scheduler
         self.intake: RoutedIntake
+        self.tier_parts: list[tuple[OffloadTier, LinkKVWorker | None]] = []  # one per tiered incarnation
 
     def start(self) -> None:
         """Changes state: build a fresh engine (empty cache) and start its loop now."""
@@ -191,11 +200,18 @@ class Replica:
         if self.event_sink is not None:
             sched.kv_cache_manager.block_pool.event_sink = self.event_sink(sched)
         executor = self.spec.build_executor(sched)
+        worker = self.spec.build_kv_worker() if self.spec.build_kv_worker is not None else None
+        if sched.tier is not None:  # the CPU offload tier: its request columns (once) and its summary
+            if worker is None:
+                raise ValueError(f"{self.spec.name}: a scheduler with a CPU offload tier needs a kv_worker")
+            if not self.tier_parts:
+                self.rec.enable_tier()
+            self.tier_parts.append((sched.tier, worker))
         self.scheduler = sched
         self.intake = RoutedIntake(self.hooks, sched, self.rec, self.spec.reject_invalid)
         runner = StepRunner(sched, executor, self.intake, self.rec, self.clock.env,
                             fast_forward=self.spec.fast_forward, integrity_check=self.integrity_check,
-                            max_window_steps=self.max_window_steps, on_step=None)
+                            max_window_steps=self.max_window_steps, on_step=None, kv_worker=worker)
         self.is_up = True
         self.incarnations += 1
         self.process = self.clock.start(self._loop(runner))
