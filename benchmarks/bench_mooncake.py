@@ -70,7 +70,8 @@ def _one(block_size: int, gpu: str, limit: int | None, fast_forward: bool, attri
          cpu_tier_gib: float = 0.0) -> dict:
     from sim.experiment.config import config_from_dict
     from sim.experiment.engine_description import resolve
-    from sim.experiment.run import build_kv_worker, build_latency, build_scheduler
+    from sim.experiment.kv_worker import build_kv_worker
+    from sim.experiment.run import build_latency, build_scheduler
     from sim.experiment.workload import build_workload
     from sim.replay.engine import Replay
     from sim.timing.simulated_executor import SimulatedExecutor

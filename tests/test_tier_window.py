@@ -42,7 +42,8 @@ def test_windows_with_a_tier_equal_the_plain_loop(engine: dict[str, Any]) -> Non
 
 def test_windows_do_play_with_a_quiet_connector() -> None:
     from sim.experiment.engine_description import resolve
-    from sim.experiment.run import build_kv_worker, build_scheduler, simulated_executor
+    from sim.experiment.kv_worker import build_kv_worker
+    from sim.experiment.run import build_scheduler, simulated_executor
     from sim.experiment.workload import build_workload
     from sim.replay.engine import Replay
 

@@ -33,10 +33,10 @@ from sim.core.executor import Executor
 from sim.core.scheduler import Scheduler
 from sim.experiment.config import ConfigError, ExperimentConfig, config_from_dict, config_to_dict
 from sim.experiment.engine_description import EngineDescription, resolve
+from sim.experiment.kv_worker import build_kv_worker
 from sim.experiment.workload import build_workload
 from sim.replay.kv_transfer import LinkKVWorker
 from sim.timing.latency import LatencyModel
-from sim.timing.transfer_link import TransferLink
 from workloads.registry import Workload
 
 _CAPACITY_KEYS = ("num_gpu_blocks", "kv_cache_gib")
@@ -102,10 +102,7 @@ def replica_specs(
             return executor_factory(sub, sched)
 
         def kv_worker(engine: EngineDescription = engine) -> LinkKVWorker | None:
-            # each incarnation's own link and worker: sim.experiment.run.build_kv_worker's
-            if engine.offload is None:
-                return None
-            return LinkKVWorker(TransferLink(engine.offload_bandwidth_gb_s), engine.kv_bytes_per_block)
+            return build_kv_worker(engine)  # each incarnation's own link and worker
 
         specs.append(ReplicaSpec(f"replica-{i}", facts, scheduler, executor, sub.replay.fast_forward,
                                  sub.replay.on_invalid_request == "reject", kv_worker))

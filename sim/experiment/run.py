@@ -24,18 +24,17 @@ from sim.core.executor import Executor
 from sim.core.scheduler import Scheduler
 from sim.experiment.config import ConfigError, ExperimentConfig, config_to_dict
 from sim.experiment.engine_description import EngineDescription, gpu_spec, model_spec, resolve
+from sim.experiment.kv_worker import build_kv_worker
 from sim.experiment.offload_tier import PAGE_ALIGNMENT, round_up
 from sim.experiment.results import run_metadata, write_results
 from sim.experiment.results_folder import ResultsFolder
 from sim.experiment.workload import build_workload
 from sim.replay.engine import Replay, ReplayResult
-from sim.replay.kv_transfer import LinkKVWorker
 from sim.timing.fitted_latency import FittedLatency
 from sim.timing.latency import FixedLatency, LatencyModel
 from sim.timing.roofline import RooflineLatency
 from sim.timing.simulated_executor import SimulatedExecutor
 from sim.timing.step_noise import StepNoise
-from sim.timing.transfer_link import TransferLink
 from workloads.registry import Workload
 from workloads.trace_format import TraceRequest
 
@@ -44,14 +43,6 @@ def build_scheduler(cfg: ExperimentConfig | EngineDescription) -> Scheduler:
     """The scheduler of a resolved engine (a config is resolved first)."""
     engine = cfg if isinstance(cfg, EngineDescription) else resolve(cfg)
     return Scheduler(engine.scheduler_config, engine.cache_config, engine.block_hasher())
-
-
-def build_kv_worker(engine: EngineDescription) -> LinkKVWorker | None:
-    """The CPU offload tier's worker on the clock (``sim.replay.kv_transfer``): its transfers cross
-    one link of the engine's ``offload_bandwidth_gb_s``; None without a tier."""
-    if engine.offload is None:
-        return None
-    return LinkKVWorker(TransferLink(engine.offload_bandwidth_gb_s), engine.kv_bytes_per_block)
 
 
 def build_latency(cfg: ExperimentConfig) -> LatencyModel:
