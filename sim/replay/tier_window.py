@@ -35,6 +35,8 @@ Invariant: a window's tables, stats, KV events and tier counters equal the plain
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sim.core.offload.tier import OffloadTier
 from sim.core.scheduler import Scheduler
 from sim.core.transfer_job import KVConnectorOutput
@@ -66,13 +68,12 @@ def window_allowed(tier: OffloadTier, window: Window) -> bool:
 
 
 def play_window_transfers(
-    sched: Scheduler, tier: OffloadTier, worker: LinkKVWorker, window: Window, apply_steps: object
+    sched: Scheduler, tier: OffloadTier, worker: LinkKVWorker, window: Window, apply_steps: Callable[[], None]
 ) -> None:
     """Changes state: the window's steps (``apply_steps()``, ``sim.replay.window_apply``) with the
     worker's reports of each step: those of the steps before the last complete before the window's
     block operations (nothing in them reads the connector), the last step's after them, as
     ``update_from_output`` completes them after freeing the finished requests."""
-    assert callable(apply_steps)
     reports: list[KVConnectorOutput] = []
     if worker.has_pending():
         first = sched.step_index
