@@ -34,7 +34,7 @@ from sim.core.hashing import BlockHasher, make_block_hasher
 from sim.core.kv_cache_spec import KVGroupSpec, blocks_for_one_sequence, cdiv, resolve_block_sizes
 from sim.core.version_profile import VersionProfile, get_profile
 from sim.experiment.config import ConfigError, ExperimentConfig
-from sim.experiment.offload_tier import offload_bandwidth_gb_s, resolve_offload
+from sim.experiment.offload_tier import chunk_bytes, offload_bandwidth_gb_s, resolve_offload
 from sim.experiment.version_keys import hash_unit, none_hash_seed
 from sim.timing.roofline import GIB, GPUSpec, ModelSpec, kv_cache_blocks, load_gpu_spec, load_model_spec
 
@@ -77,6 +77,20 @@ class EngineDescription:
     def offload(self) -> OffloadConfig | None:
         """The CPU offload tier (``sim.experiment.offload_tier``), or None."""
         return self.cache_config.offload
+
+    @property
+    def cpu_tier_gib(self) -> float:
+        """The CPU tier's memory, GiB (its chunks, each page-aligned); 0 without a tier."""
+        tier = self.offload
+        if tier is None:
+            return 0.0
+        return tier.num_cpu_chunks * chunk_bytes(self.kv_bytes_per_block, tier.blocks_per_chunk) / GIB
+
+    @property
+    def cpu_tier_capacity_tokens(self) -> int:
+        """The tokens the CPU tier holds at once (whole chunks); 0 without a tier."""
+        tier = self.offload
+        return 0 if tier is None else tier.num_cpu_chunks * tier.blocks_per_chunk * self.block_size
 
     @property
     def single_full_group(self) -> bool:

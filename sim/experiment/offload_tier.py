@@ -111,11 +111,16 @@ def check_offload_size(value: float | None) -> float | None:
     return value
 
 
+def chunk_bytes(kv_bytes_per_block: int, blocks_per_chunk: int) -> int:
+    """The CPU memory of one chunk: its blocks' KV bytes rounded up to the page (vLLM's
+    ``CPUOffloadingSpec.kv_bytes_per_chunk``, world size 1: the model spec's KV bytes per block are
+    those of all its layers)."""
+    return round_up(kv_bytes_per_block * blocks_per_chunk, PAGE_ALIGNMENT)
+
+
 def num_cpu_chunks(size_gib: float, kv_bytes_per_block: int, blocks_per_chunk: int) -> int:
-    """vLLM's ``CPUOffloadingSpec.num_chunks`` for one engine (world size 1: the model spec's KV bytes
-    per block are those of all its layers): ``int(GiB * 2**30) // round_up(bytes per chunk, 4096)``."""
-    per_chunk = round_up(kv_bytes_per_block * blocks_per_chunk, PAGE_ALIGNMENT)
-    return int(size_gib * GIB) // per_chunk
+    """vLLM's ``CPUOffloadingSpec.num_chunks`` for one engine: ``int(GiB * 2**30) // chunk_bytes``."""
+    return int(size_gib * GIB) // chunk_bytes(kv_bytes_per_block, blocks_per_chunk)
 
 
 def resolve_offload(
@@ -137,7 +142,7 @@ def resolve_offload(
         if chunks < 1:
             raise ConfigError(
                 f"{source}: {key}: {e.kv_offloading_size} GiB holds no chunk of {chunk_tokens} tokens "
-                f"({round_up(per_block * blocks_per_chunk, PAGE_ALIGNMENT) / 2**20:.2f} MiB each for {model_name}); "
+                f"({chunk_bytes(per_block, blocks_per_chunk) / 2**20:.2f} MiB each for {model_name}); "
                 "the tier must hold at least one chunk"
             )
     return OffloadConfig(

@@ -25,7 +25,6 @@ from sim.core.scheduler import Scheduler
 from sim.experiment.config import ConfigError, ExperimentConfig, config_to_dict
 from sim.experiment.engine_description import EngineDescription, gpu_spec, model_spec, resolve
 from sim.experiment.kv_worker import build_kv_worker
-from sim.experiment.offload_tier import PAGE_ALIGNMENT, round_up
 from sim.experiment.results import run_metadata, write_results
 from sim.experiment.results_folder import ResultsFolder
 from sim.experiment.workload import build_workload
@@ -153,11 +152,9 @@ def _tier_facts(engine: EngineDescription) -> dict[str, Any]:
     tier = engine.offload
     if tier is None:
         return {}
-    chunk_bytes = round_up(engine.kv_bytes_per_block * tier.blocks_per_chunk, PAGE_ALIGNMENT)
     return {"cpu_tier": {
         "num_chunks": tier.num_cpu_chunks, "blocks_per_chunk": tier.blocks_per_chunk,
-        "capacity_tokens": tier.num_cpu_chunks * tier.blocks_per_chunk * engine.block_size,
-        "gib": tier.num_cpu_chunks * chunk_bytes / 2**30, "policy": tier.policy,
+        "capacity_tokens": engine.cpu_tier_capacity_tokens, "gib": engine.cpu_tier_gib, "policy": tier.policy,
         "offload_prompt_only": tier.offload_prompt_only, "store_threshold": tier.store_threshold,
         "link_gb_s": engine.offload_bandwidth_gb_s,
     }}

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from sim.experiment.engine_description import EngineDescription
-from sim.experiment.offload_tier import PAGE_ALIGNMENT, TIER_KEYS, round_up
+from sim.experiment.offload_tier import TIER_KEYS
 
 SIZE_KEYS = ("engine.kv_offloading_size", "engine.num_cpu_blocks")
 """The axes that size the tier (one of them per point, as ``offload_tier`` requires)."""
@@ -60,10 +60,9 @@ def tier_facts(engine: EngineDescription) -> dict[str, Any]:
     tier = engine.offload
     if tier is None:
         return {}
-    chunk_bytes = round_up(engine.kv_bytes_per_block * tier.blocks_per_chunk, PAGE_ALIGNMENT)
     return {
         "num_cpu_chunks": tier.num_cpu_chunks,
-        "cpu_tier_gib": tier.num_cpu_chunks * chunk_bytes / 2**30,
-        "cpu_tier_capacity_tokens": tier.num_cpu_chunks * tier.blocks_per_chunk * engine.block_size,
+        "cpu_tier_gib": engine.cpu_tier_gib,
+        "cpu_tier_capacity_tokens": engine.cpu_tier_capacity_tokens,
         "cpu_tier_policy": tier.policy,
     }
