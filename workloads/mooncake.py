@@ -32,6 +32,7 @@ import numpy as np
 
 from workloads.errors import SkipLog
 from workloads.tokens import RunTokens
+from workloads.trace_codecs import check_trace_path
 from workloads.trace_format import (
     MAX_OUTPUT_TOKENS,
     TOKEN_ID_LIMIT,
@@ -40,7 +41,7 @@ from workloads.trace_format import (
     decode_json_line,
     is_int,
 )
-from workloads.trace_lines import TraceInputError, trace_lines
+from workloads.trace_lines import trace_lines
 
 TRACE_BLOCK_SIZE = 512
 """Tokens per hash id in the Mooncake traces."""
@@ -152,10 +153,7 @@ def load_mooncake(
     if max_output_tokens is not None and (not is_int(max_output_tokens) or max_output_tokens < 1):
         raise ValueError(f"max_output_tokens must be None or an int >= 1, got {max_output_tokens!r}")
     p = Path(path)
-    if p.is_dir():
-        raise TraceInputError(f"{p}: is a directory, expected a Mooncake trace file (JSONL, .gz/.xz/.zst)")
-    if not p.is_file():
-        raise FileNotFoundError(f"Mooncake trace not found: {p}")
+    check_trace_path(p)  # missing, a directory, a FIFO: refused by kind, before any read
     log = skip_log if skip_log is not None else SkipLog()
     return _generate(p, tokens_per_id, time_scale, start, limit, max_output_tokens, skip_bad_lines, log, allow_empty)
 

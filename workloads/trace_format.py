@@ -58,9 +58,10 @@ from sim.core.errors import ApcsimError
 from sim.core.lazy_tokens import LazyTokens
 from sim.core.request import token_array
 from workloads.tokens import RunTokens
+from workloads.trace_codecs import check_trace_path
 from workloads.trace_json import FieldProblem as _FieldError
 from workloads.trace_json import decode_line, exact_number
-from workloads.trace_lines import TraceInputError, trace_lines
+from workloads.trace_lines import trace_lines
 
 TOKEN_ID_LIMIT = 1 << 62
 """Prompt/output token ids must lie in ``[0, TOKEN_ID_LIMIT)``; larger ids are simulator-generated."""
@@ -280,10 +281,7 @@ class TraceReader:
         self.skipped = 0
         self.skipped_lines: list[int] = []
         self.origin_s: float | None = None
-        if self.path.is_dir():
-            raise TraceInputError(f"{self.path}: is a directory, expected a trace file (JSONL, .gz/.xz/.zst)")
-        if not self.path.is_file():
-            raise FileNotFoundError(f"trace file not found: {self.path}")
+        check_trace_path(self.path)  # missing, a directory, a FIFO: refused by kind, before any read
 
     def __iter__(self) -> Iterator[TraceRequest]:
         self.skipped = 0

