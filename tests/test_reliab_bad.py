@@ -79,3 +79,54 @@ def test_zst_cut_inside_its_only_frame_is_an_error(tmp_path):
     cut.write_bytes(first[: len(first) // 2])
     with pytest.raises(TraceInputError, match="truncated"):
         list(read_trace(cut))
+
+
+# -- 2. YAML alias bomb, and bad values printed as excerpts ---------------------------------------
+
+_BOMB = """\
+name: bomb
+latency: {kind: fixed, step_time_s: 0.01}
+workload: {kind: synthetic_shared_prefix, num_requests: 4, prefix_tokens: 16, suffix_tokens: 16, output_tokens: 2,
+           rate: 1.0}
+a: &a [x, x, x, x, x, x, x, x, x]
+b: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]
+c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]
+d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]
+e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]
+engine: {block_size: 16, num_gpu_blocks: 100, kv_cache_groups: [*e, *e, *e, *e, *e, *e, *e, *e, *e]}
+"""
+
+
+def test_alias_bomb_is_refused_before_validation(tmp_path, capsys):
+    p = tmp_path / "bomb.yaml"
+    p.write_text(_BOMB)
+    rc = main(["run", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
+    err = _stderr_lines(capsys.readouterr().err)
+    assert rc == 2 and len(err) == 1 and len(err[0]) < 300
+    assert "bomb.yaml:" in err[0] and "aliases expand to more than 10,000 nodes" in err[0]
+
+
+def test_a_few_aliases_still_work(tmp_path):
+    from sim.experiment.config import load_config
+
+    p = tmp_path / "ok.yaml"
+    p.write_text(_BOMB.split("a: &a")[0].replace("prefix_tokens: 16", "prefix_tokens: &n 16")
+                 .replace("suffix_tokens: 16", "suffix_tokens: *n") + "engine: {block_size: *n, num_gpu_blocks: 100}\n")
+    assert load_config(p).engine.block_size == 16
+
+
+def test_a_huge_bad_value_prints_as_a_short_excerpt(tmp_path, capsys):
+    p = tmp_path / "big.yaml"
+    p.write_text(_BOMB.split("a: &a")[0] + "engine: {block_size: 16, num_gpu_blocks: 100, kv_cache_groups: [" +
+                 ", ".join(["[1, 2]"] * 2000) + "]}\n")
+    rc = main(["run", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
+    err = _stderr_lines(capsys.readouterr().err)
+    assert rc == 2 and err[0].startswith("apcsim: error: ") and "kv_cache_groups" in err[0]
+    assert len(err) <= 21 and max(len(line) for line in err) < 600
+    assert "more problems" in err[-1]
+    many = ", ".join(["7"] * 50000)
+    p.write_text(_BOMB.split("a: &a")[0] + "engine: {block_size: 16, num_gpu_blocks: [" + many + "]}\n")
+    rc = main(["run", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
+    err = _stderr_lines(capsys.readouterr().err)
+    assert rc == 2 and len(err) == 1 and len(err[0]) < 300
+    assert "engine.num_gpu_blocks:" in err[0] and "(got [7, 7, 7" in err[0] and "(50,000 items)" in err[0]

@@ -17,7 +17,6 @@ line per bad key, ``file: key: problem``. Imports neither simpy nor torch.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,13 +30,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import ErrorDetails
 
 from sim.core.hashing import HASH_ALGOS
 from sim.core.kv_cache_spec import KVGroupSpec, check_groups
 from sim.experiment.block_size_rule import check_block_size
 from sim.experiment.cluster_config import ROUTER_TAGS, ClusterConfig
 from sim.experiment.config_error import ConfigError
+from sim.experiment.config_messages import error_lines
 from sim.experiment.offload_tier import check_offload_keys, check_offload_size
 from sim.experiment.overrides import (  # noqa: F401  (re-exported: callers import them from here)
     apply_overrides,
@@ -63,6 +62,9 @@ from workloads.schema import (  # noqa: F401  (re-exported: the workload models)
     TraceWorkload,
 )
 from workloads.schema import WorkloadConfig as _WorkloadConfig
+
+UNION_TAGS = frozenset({"fixed", "roofline", "fitted"} | _WORKLOAD_TAGS | ROUTER_TAGS)
+"""The tags of the config's tagged unions, which pydantic puts in an error's location."""
 
 
 class _Strict(BaseModel):
@@ -315,36 +317,6 @@ class ExperimentConfig(_Strict):
         return Path(self.output_dir).expanduser() / self.name
 
 
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_\-]+")
-
-
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    # a key that is not plain (a space, a dot, a control character) is quoted, so that the
-    # message stays one readable line
-    parts = [p if not isinstance(p, str) or _PLAIN_KEY.fullmatch(p) else repr(p)
-             for p in loc if not (isinstance(p, str) and p in _UNION_TAGS)]
-    return ".".join(str(p) for p in parts) or "<top level>"
-
-
-_UNION_TAGS = {"fixed", "roofline", "fitted"} | _WORKLOAD_TAGS | ROUTER_TAGS
-
-
-def _one_line(text: str) -> str:
-    """``text`` with control characters escaped (a value quoted in a message cannot break its line)."""
-    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def _describe(err: ErrorDetails) -> str:
-    if err["type"] == "extra_forbidden":
-        return "unknown key"
-    if err["type"] == "missing":
-        return "required key is missing"
-    msg = str(err["msg"])
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, ") :]
-    return f"{msg} (got {err['input']!r})" if err["type"] != "value_error" else msg
-
-
 def config_from_dict(data: Any, source: str = "<config>", base_dir: str | Path = ".", *,
                      startup_checks: bool = False) -> ExperimentConfig:
     """Validate a mapping; errors name ``source`` and each bad key. ``startup_checks``: also the
@@ -355,7 +327,7 @@ def config_from_dict(data: Any, source: str = "<config>", base_dir: str | Path =
         return ExperimentConfig.model_validate({**data, "base_dir": str(base_dir), "source": source},
                                                context={STARTUP_CHECKS: startup_checks})
     except ValidationError as exc:
-        lines = [_one_line(f"{source}: {_format_loc(e['loc'])}: {_describe(e)}") for e in exc.errors()]
+        lines = error_lines(source, exc.errors(), UNION_TAGS)
         raise ConfigError("\n".join(lines)) from None
 
 

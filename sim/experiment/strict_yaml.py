@@ -10,6 +10,10 @@ duplicate key; :func:`load_yaml_text` and :func:`load_yaml_file` turn every prob
 0xff)``, ``invalid YAML: ...``). ``sim.experiment.config`` prefixes the file name or the ``--set``
 override and raises its ``ConfigError``.
 
+Aliases are refused when, expanded, they would add more than :data:`MAX_ALIAS_NODES` nodes (an
+alias bomb: PyYAML shares the aliased objects, but validation and messages walk them expanded,
+gigabytes of them), checked on the composed node graph before anything is constructed.
+
 Invariants: a duplicate key is refused at every nesting depth, in block and flow mappings alike; a
 YAML merge key (``<<: *anchor``) still overrides what it merges (that is what merging means); the
 text is decoded as strict UTF-8 (a leading byte-order mark is allowed). Imports only PyYAML.
@@ -66,10 +70,60 @@ def _where(mark: Any) -> str:
     return f"{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
 
 
+MAX_ALIAS_NODES = 10_000
+"""How many nodes aliases may add to a document, counted as expanded: a config repeats a section
+a few times; nine nested aliases of nine (the 'billion laughs') expand to 387 million."""
+
+
+class _AliasBomb(yaml.YAMLError):
+    def __init__(self, anchor: Node) -> None:
+        super().__init__()
+        self.problem_mark = anchor.start_mark
+        self.problem = (f"aliases expand to more than {MAX_ALIAS_NODES:,} nodes (the anchor here is used "
+                        "again and again: an alias bomb?); write the values out")
+
+
+def check_alias_expansion(root: Node | None) -> None:
+    """Refuse a composed document whose aliases expand to more than :data:`MAX_ALIAS_NODES` nodes,
+    before anything is constructed or validated. Linear in the distinct nodes: each node's
+    expanded size is computed once; every further use of it (an alias) adds that size."""
+    sizes: dict[int, int] = {}
+    added = 0
+
+    def size(node: Node) -> int:
+        nonlocal added
+        known = sizes.get(id(node))
+        if known is not None:  # a node met again is an alias of it
+            added += known
+            if added > MAX_ALIAS_NODES:
+                raise _AliasBomb(node)
+            return known
+        sizes[id(node)] = 1  # provisional: a node is never its own descendant (PyYAML refuses that)
+        value = node.value
+        children = ([n for pair in value for n in pair] if isinstance(node, MappingNode)
+                    else value if isinstance(value, list) else [])
+        total = 1 + sum(size(child) for child in children)
+        sizes[id(node)] = total
+        return total
+
+    if root is not None:
+        size(root)
+
+
+def _load(text: str) -> Any:
+    loader = StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        check_alias_expansion(node)
+        return loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+
+
 def load_yaml_text(text: str) -> Any:
     """Parse one YAML document strictly; problems raise :class:`YAMLInputError`."""
     try:
-        return yaml.load(text, Loader=StrictLoader)  # StrictLoader is a SafeLoader
+        return _load(text)  # StrictLoader is a SafeLoader
     except _DuplicateKey as exc:
         mark = exc.problem_mark
         raise YAMLInputError(str(mark.line + 1) if mark is not None else "", str(exc.problem)) from None
