@@ -81,12 +81,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         meta = json.loads((folder / "meta.json").read_text())
         print(render(s, name=cfg.name, folder=str(folder), wall_time_s=result.wall_time_s,
                      bounds_wall_time_s=meta.get("bounds_wall_time_s")))
-    comparison = s.get("cluster", {}).get("comparison")
-    if comparison and not args.json:
-        print(f"{'router':<24} {'hit rate':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'goodput':>8}")
-        for row in comparison:
-            print(f"{row['router']:<24} {row['token_hit_rate']:>9.3f} {row['ttft_p50_s']:>8.2f}s "
-                  f"{row['ttft_p99_s']:>8.2f}s {row['goodput_fraction']:>8.1%}")
+    from sim.cli.summary import render_routers
+
+    routers = [] if args.json else render_routers(s)
+    if routers:
+        print("\n".join(["", *routers]))
     if args.backend != "sim":
         info = json.loads((folder / "meta.json").read_text()).get("executor", {})
         shown = ("device", "device_name", "model_shape", "dtype", "attention", "timing", "step_times")
@@ -135,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli.sidechannel import add_sidechannel_parser
 
     add_sidechannel_parser(sub)  # apcsim sidechannel STUDY.yaml
+    from sim.cli.config_cmd import add_config_parser
+
+    add_config_parser(sub)  # apcsim config schema | show CONFIG | reference
     return parser
 
 

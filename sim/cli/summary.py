@@ -88,9 +88,16 @@ _REFERENCES = (
 )
 
 
+def _router_note(s: Mapping[str, Any]) -> str:
+    """``; the fleet under the sglang router`` in a cluster run (whose hit-rate and latency lines are the
+    primary router's replay; the routers compared are in :func:`render_routers`), else empty."""
+    kind = ((s.get("cluster") or {}).get("router") or {}).get("kind")
+    return f"; the fleet under the {kind} router" if kind else ""
+
+
 def _hit_rates(s: Mapping[str, Any]) -> list[str]:
     frac = s.get("requests_with_hit_fraction")
-    lines = ["hit rate    (fractions of prompt tokens)",
+    lines = [f"hit rate    (fractions of prompt tokens{_router_note(s)})",
              _row("first admission (each request once)", f"{sig(s.get('first_admission_token_hit_rate')):<7}",
                   "first_admission_token_hit_rate")]
     if "infinite_cache_hit_rate" not in s:
@@ -219,7 +226,8 @@ def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
         *_hit_rates(s),
         f"cache       {exact(s.get('num_evictions'))} evictions, {exact(s.get('num_preemptions'))} preemptions",
         "",
-        "latency" + " " * 9 + "".join(f"{h:>10}" for h in ("p50", "p90", "p99", "mean")),
+        "latency" + " " * 9 + "".join(f"{h:>10}" for h in ("p50", "p90", "p99", "mean"))
+        + (f"    ({_router_note(s)[2:]})" if _router_note(s) else ""),
     ]
     for label, key in _LATENCIES:
         cells = [seconds(s.get(f"{key}_p{q}_s")) for q in (50, 90, 99)] + [seconds(s.get(f"{key}_mean_s"))]
@@ -237,3 +245,23 @@ def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
         wrap.initial_indent = " " * 12
         lines += wrap.wrap(_losses(d.losses, tiered="hit_rate_by_source" in s))
     return "\n".join(lines)
+
+
+def render_routers(s: Mapping[str, Any]) -> list[str]:
+    """The routers replayed on the same fleet and stream (``cluster.comparison``), the primary
+    first: first-admission hit rate, TTFT p50 / p90 / p99 in the latency table's units, and the
+    goodput under the run's TTFT SLO, named in the header; nothing without a comparison."""
+    c = s.get("cluster") or {}
+    rows = c.get("comparison") or []
+    if not rows:
+        return []
+    slo = c.get("ttft_slo_s")
+    lines = [f"routers     on the same fleet and stream; hit rate: first admission; goodput: TTFT <= {seconds(slo)}",
+             f"  {'router':<22}" + "".join(f"{h:>10}" for h in ("hit rate", "TTFT p50", "TTFT p90", "TTFT p99"))
+             + f"{'goodput':>10}"]
+    for row in rows:
+        cells = [sig(row.get("request_hit_rate"))] + [seconds(row.get(f"ttft_p{q}_s")) for q in (50, 90, 99)]
+        good = row.get("goodput_fraction")
+        lines.append(f"  {row['router']:<22}" + "".join(f"{x:>10}" for x in cells)
+                     + f"{(sig(100 * good) + ' %') if _ok(good) else 'n/a':>10}")
+    return lines
