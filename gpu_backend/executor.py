@@ -25,6 +25,11 @@ StepResult(duration_s, sampled_token_ids)``. Per step it
 A step that schedules nothing (async scheduling, or a step that only preempts) updates the block
 tables and returns zero seconds without a forward pass, as vLLM's model runner does.
 
+With a CPU offload tier (``offload``: :class:`~gpu_backend.offload_worker.TorchOffloadWorker`) the
+step's connector metadata drives real block copies around the forward, empty steps included (vLLM
+runs the connector for them too): stores and flushes, then loads, before it; the step's report
+(``kv_output``: completed jobs, finished loads) after it. The measured step time is the forward's.
+
 The executor has no ``decode_step_time``, so the replay's decode fast-forward is off: every step is
 run for real.
 """
@@ -45,8 +50,10 @@ from gpu_backend.model import LlamaModel
 from sim.core.executor import StepResult, StepShape, step_shape
 
 if TYPE_CHECKING:  # pragma: no cover
+    from gpu_backend.offload_worker import TorchOffloadWorker
     from sim.core.kv_cache_manager import KVCacheManager
     from sim.core.scheduler_output import SchedulerOutput
+    from sim.core.transfer_job import KVConnectorOutput
 
 
 def step_kind(output: SchedulerOutput) -> str:
@@ -71,6 +78,7 @@ class TorchExecutor:
         timing: Literal["wall", "cuda_events", "thread_cpu"] = "wall",
         attention_report: dict[str, Any] | None = None,
         repeats: int = 1,
+        offload: TorchOffloadWorker | None = None,
     ) -> None:
         if cache.num_kv_heads != model.num_kv_heads or cache.head_dim != model.head_dim:
             raise ValueError("cache and model disagree on KV heads / head_dim")
@@ -90,6 +98,8 @@ class TorchExecutor:
         self.repeats = repeats
         self.attention_report = attention_report or {"name": getattr(attention, "name", type(attention).__name__)}
         self.block_tables = BlockTables()
+        self.offload = offload
+        self.kv_output: KVConnectorOutput | None = None  # the offload worker's report of the last step
         self.kept_logits: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
         self.step_log: list[tuple[int, str, int, int, float]] = []  # (step, kind, seqs, tokens, seconds)
         self.step_shapes: list[StepShape] = []  # the StepShape of each logged step (validation, per-step error)
@@ -99,11 +109,20 @@ class TorchExecutor:
     # -- the Executor protocol ----------------------------------------------------------------
     def execute(self, output: SchedulerOutput) -> StepResult:
         self.block_tables.apply(output)
+        offload = self.offload
+        if offload is not None:
+            offload.start_step(output.step, output.kv_connector_metadata)
+            offload.order_forward(output)
         if self.verify_with is not None:
-            self.block_tables.verify(self.verify_with)
+            if offload is None:
+                self.block_tables.verify(self.verify_with)
+            else:  # a request holding blocks for its load is met by the runner at admission
+                self.block_tables.verify(self.verify_with, offload.awaiting_admission)
         if output.is_empty():
             # vLLM's model runner updates its state, then returns EMPTY_MODEL_RUNNER_OUTPUT without a
             # forward pass (GPUModelRunner.execute_model): no time, nothing logged
+            if offload is not None:
+                self.kv_output = offload.finish_step(output.step)
             return StepResult(0.0, {})
         seqs = []
         for s in output.scheduled:
@@ -127,6 +146,8 @@ class TorchExecutor:
         self.step_shapes.append(step_shape(output))
         if self.keep_inputs:
             self.step_inputs.append(seqs)
+        if offload is not None:
+            self.kv_output = offload.finish_step(output.step)
         return StepResult(duration, sampled)
 
     def time_step(self, seqs: list[SeqInput]) -> float:
@@ -208,4 +229,10 @@ class TorchExecutor:
             "sampling": "teacher forcing (each request's planned next token)",
             "step_times": self.step_time_summary(),
         }
+        if self.offload is not None:
+            oc = self.offload.counters
+            info["offload"] = {"num_loads": oc.num_loads, "num_stores": oc.num_stores, "load_bytes": oc.load_bytes,
+                               "store_bytes": oc.store_bytes, "flushes": oc.flushes,
+                               "pinned_host_memory": self.offload.store.pinned,
+                               "copy_seconds": sum(t for _, _, t in oc.transfers)}
         return info

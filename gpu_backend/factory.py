@@ -5,7 +5,11 @@
 device, attention, seed, threads, timing and its repeats), sizes the paged KV cache to the scheduler's pool
 (``engine.num_gpu_blocks`` blocks of ``engine.block_size``, block 0 the null block), builds the
 model directly on the device, and selects the attention path (the choice and every probe go to
-``meta.json`` under ``executor``). Problems are reported as :class:`sim.experiment.config.ConfigError`.
+``meta.json`` under ``executor``). With a CPU offload tier (``engine.kv_offloading_size`` or
+``engine.num_cpu_blocks``) it adds the worker that performs the tier's copies
+(:class:`~gpu_backend.offload_worker.TorchOffloadWorker`, a CPU store of the tier's chunks, pinned on
+CUDA); the replay's link model still decides when the scheduler hears of each transfer. Problems are
+reported as :class:`sim.experiment.config.ConfigError`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from gpu_backend.attention import select_attention
 from gpu_backend.executor import TorchExecutor
 from gpu_backend.kv_cache import PagedKVCache
 from gpu_backend.model import DTYPES, LlamaModel
+from gpu_backend.offload_worker import TorchOffloadWorker
 from gpu_backend.shapes import resolve_model_shape
 from sim.core.scheduler import Scheduler
 from sim.experiment.config import ConfigError, ExperimentConfig
@@ -54,6 +59,17 @@ def make_torch_executor(cfg: ExperimentConfig, scheduler: Scheduler) -> TorchExe
     pool_bytes = 2 * spec.num_layers * cc.num_gpu_blocks * cc.block_size * spec.num_kv_heads * spec.head_dim * elt
     weight_bytes = spec.num_params * elt
     need = pool_bytes + weight_bytes
+    tier = scheduler.tier
+    if tier is not None:  # the CPU store sits in host memory whatever the device
+        conn = tier.connector
+        store_bytes = pool_bytes // cc.num_gpu_blocks * conn.manager.num_chunks * conn.blocks_per_chunk
+        have = _host_memory_bytes()
+        if have is not None and store_bytes + (need if b.device == "cpu" else 0) > have // 2:
+            raise ConfigError(
+                f"{src}: engine.num_cpu_blocks: a CPU store of {conn.manager.num_chunks} chunks "
+                f"({store_bytes / GIB:.1f} GiB for {spec.name}) exceeds half of this machine's memory; "
+                f"set a smaller engine.num_cpu_blocks / kv_offloading_size"
+            )
     if b.device == "cpu":
         have = _host_memory_bytes()
         if have is not None and need > have // 2:
@@ -80,9 +96,10 @@ def make_torch_executor(cfg: ExperimentConfig, scheduler: Scheduler) -> TorchExe
                                              head_dim=spec.head_dim)
     except RuntimeError as exc:
         raise ConfigError(f"{src}: backend.attention: {exc}") from None
+    offload = TorchOffloadWorker.for_scheduler(cache, scheduler) if tier is not None else None
     try:
         return TorchExecutor(model, cache, attention,
                              verify_with=scheduler.kv_cache_manager if b.verify_block_tables else None,
-                             timing=b.timing, attention_report=report, repeats=b.timing_repeats)
+                             timing=b.timing, attention_report=report, repeats=b.timing_repeats, offload=offload)
     except ValueError as exc:
         raise ConfigError(f"{src}: backend.timing: {exc} (set backend.num_threads: 1)") from None

@@ -22,6 +22,7 @@ request holding blocks, and the tracked computed-token counts match the schedule
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import torch
@@ -98,8 +99,9 @@ class BlockTables:
             if s.admitted:
                 if rid in self.tables:
                     raise AssertionError(f"{rid}: admitted while the runner still holds its state")
-                if s.num_computed_before != s.hit_tokens:
-                    raise AssertionError(f"{rid}: admitted after {s.num_computed_before} tokens, hit {s.hit_tokens}")
+                if s.num_computed_before != s.hit_tokens + s.external_hit_tokens:  # GPU hit + CPU-tier load
+                    raise AssertionError(f"{rid}: admitted after {s.num_computed_before} tokens, hit {s.hit_tokens} "
+                                         f"+ {s.external_hit_tokens} loaded")
                 self.tables[rid] = list(s.new_block_ids)
             else:
                 if rid not in self.tables:
@@ -111,9 +113,11 @@ class BlockTables:
                 self.tables[rid].extend(s.new_block_ids)
             self.computed[rid] = s.num_computed_before + s.num_new_tokens
 
-    def verify(self, kv_manager: KVCacheManager) -> None:
-        """Assert the mirror equals the KV-cache manager's allocation, request by request."""
-        expected = {rid: kv_manager.get_block_ids(rid) for rid in kv_manager.request_ids()}
+    def verify(self, kv_manager: KVCacheManager, loading: Collection[str] = ()) -> None:
+        """Assert the mirror equals the KV-cache manager's allocation, request by request; ``loading``:
+        requests holding blocks for a CPU-tier load, not scheduled yet (the runner meets them at
+        admission, as vLLM's model runner does)."""
+        expected = {rid: kv_manager.get_block_ids(rid) for rid in kv_manager.request_ids() if rid not in loading}
         if expected != self.tables:
             bad = sorted(set(expected) ^ set(self.tables)) or sorted(
                 rid for rid in expected if expected[rid] != self.tables[rid]

@@ -83,7 +83,7 @@ def test_block_tables_reject_inconsistent_streams():
     with pytest.raises(AssertionError, match="unknown to the runner"):
         BlockTables().apply(NS(finished_req_ids=set(), preempted=[], scheduled=[running]))
     admitted = NS(request=req, admitted=True, num_computed_before=16, num_new_tokens=4, new_block_ids=[2, 3],
-                  hit_tokens=16)
+                  hit_tokens=16, external_hit_tokens=0)
     t = BlockTables()
     t.apply(NS(finished_req_ids=set(), preempted=[], scheduled=[admitted]))
     assert t.tables == {"r": [2, 3]} and t.computed == {"r": 20}
