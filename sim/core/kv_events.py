@@ -1,5 +1,10 @@
 """KV-cache events, with the fields of vLLM 0.25.1's ``vllm/distributed/kv_events.py``.
 
+``medium`` names where the block lives, with vLLM's strings: ``"GPU"`` for the block pool's
+events, ``"CPU"`` for the CPU offload tier's (``sim.core.offload.events``; vLLM 0.33.0's
+``MEDIUM_CPU``). 0.33.0's ``locality`` / ``ownership`` / ``session_id`` fields stay unset for both
+(the CPU manager is the primary, local tier) and are left out.
+
 Invariants: hashes are ints, the low 64 bits of the hash bytes read big-endian, which is vLLM's
 default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``); events are emitted by the block pool in the
 order its operations happen. A sink is any callable taking one event. Imports nothing from the
@@ -13,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
 
 
 @dataclass(slots=True)
