@@ -14,6 +14,7 @@ of 2026-12-07 and passes since.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,42 @@ def test_a_huge_bad_value_prints_as_a_short_excerpt(tmp_path, capsys):
     err = _stderr_lines(capsys.readouterr().err)
     assert rc == 2 and len(err) == 1 and len(err[0]) < 300
     assert "engine.num_gpu_blocks:" in err[0] and "(got [7, 7, 7" in err[0] and "(50,000 items)" in err[0]
+
+
+# -- 3. a fleet that cannot fit the machine ------------------------------------------------------
+
+_FLEET = {
+    "name": "fleet", "model": "llama-3-8b", "gpu": "H100-SXM", "engine": {"block_size": 16},
+    "latency": {"kind": "roofline"},
+    "workload": {"kind": "synthetic_shared_prefix", "num_requests": 6, "prefix_tokens": 64, "suffix_tokens": 16,
+                 "output_tokens": 2, "rate": 50.0},
+}
+
+
+def test_a_fleet_too_large_for_the_machine_is_refused_up_front(tmp_path, capsys):
+    p = tmp_path / "fleet.yaml"
+    p.write_text(yaml.safe_dump({**_FLEET, "cluster": {"replicas": 100000, "router": "round_robin"}}))
+    rc = main(["run", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
+    err = _stderr_lines(capsys.readouterr().err)
+    assert rc == 2 and len(err) == 1 and not (tmp_path / "o").exists()
+    assert "fleet.yaml: cluster.replicas: a fleet of 100,000 replicas needs about " in err[0]
+    assert "GiB of memory" in err[0] and "GiB available" in err[0]
+
+
+def test_the_fleet_estimate_is_in_the_summary_and_scales_with_the_pool(tmp_path):
+    from sim.experiment.config import config_from_dict
+    from sim.experiment.engine_description import resolve
+    from sim.experiment.fleet_memory import BLOCK_BYTES, check_fleet_memory, estimate_fleet
+
+    p = tmp_path / "fleet.yaml"
+    p.write_text(yaml.safe_dump({**_FLEET, "cluster": {"replicas": 2, "router": "round_robin"}}))
+    assert main(["run", str(p), "--out", str(tmp_path / "o"), "--no-progress", "--no-bounds"]) == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    engine = resolve(config_from_dict({**_FLEET, "cluster": {"replicas": 2}}, "f.yaml"))
+    est = estimate_fleet([engine, engine])
+    assert summary["cluster"]["memory_estimate_bytes"] == est.total_bytes
+    assert estimate_fleet([engine] * 3).total_bytes - est.total_bytes == est.largest_replica_bytes
+    assert est.largest_replica_bytes > engine.num_gpu_blocks * BLOCK_BYTES["compiled"]
+    with pytest.raises(Exception, match=r"f\.yaml: cluster\.replicas: a fleet of 2 replicas"):
+        check_fleet_memory("f.yaml", [engine, engine], available=est.total_bytes)
+    assert check_fleet_memory("f.yaml", [engine, engine], available=2 * est.total_bytes) == est

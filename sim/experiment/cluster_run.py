@@ -10,6 +10,10 @@ The results folder is the single engine's (``sim.experiment.results``) with the 
 (``requests`` with ``replica``, ``reroutes``, ``believed_hit_tokens``; ``steps`` with
 ``replica``), the summary with its ``cluster`` block, and ``replicas.csv`` (one row per replica).
 
+Before anything is built, the fleet's memory is estimated from the resolved engines
+(``sim.experiment.fleet_memory``): a fleet that cannot fit the machine is refused, naming
+``cluster.replicas``; the estimate goes into the summary (``cluster.memory_estimate_bytes``).
+
 Invariants: a replica group's problem is reported as ``<file>: cluster.replicas[k]: <key>: ...``;
 the router is seeded with ``cluster.seed`` (default: the experiment seed) and the KV-event
 delays with ``cluster.kv_events.seed`` (default: the experiment seed + 1). Imports neither torch
@@ -33,6 +37,7 @@ from sim.core.executor import Executor
 from sim.core.scheduler import Scheduler
 from sim.experiment.config import ConfigError, ExperimentConfig, config_from_dict, config_to_dict
 from sim.experiment.engine_description import EngineDescription, resolve
+from sim.experiment.fleet_memory import check_fleet_memory
 from sim.experiment.kv_worker import build_kv_worker
 from sim.experiment.workload import build_workload
 from sim.replay.kv_transfer import LinkKVWorker
@@ -93,7 +98,8 @@ def replica_specs(
         engine, latency = cache[id(sub)]
         facts = ReplicaFacts(engine.block_size, engine.num_gpu_blocks,
                              engine.scheduler_config.max_num_batched_tokens, engine.hash_algo, engine.hash_seed,
-                             latency, engine.num_hash_lookahead_tokens, engine.profile.tagged_extra_keys)
+                             latency, engine.num_hash_lookahead_tokens, engine.profile.tagged_extra_keys,
+                             engine.offload is not None)
 
         def scheduler(engine: EngineDescription = engine) -> Scheduler:
             return Scheduler(engine.scheduler_config, engine.cache_config, engine.block_hasher())
@@ -119,6 +125,9 @@ def replay_cluster(
     """Build the fleet, the router and the workload, and replay (no files written)."""
     cluster = cfg.cluster
     assert cluster is not None
+    subs = replica_configs(cfg)
+    resolved = {id(sub): resolve(sub) for sub in {id(sub): sub for sub in subs}.values()}  # once per group
+    memory = check_fleet_memory(cfg.source, [resolved[id(sub)] for sub in subs])  # before anything is built
     specs, engines = replica_specs(cfg, executor_factory, build_latency)
     router, info = build_router(cfg)
     workload = build_workload(cfg, engines[0])
@@ -140,6 +149,7 @@ def replay_cluster(
         **replay_kwargs,
     )
     result = replay.run()
+    result.summary["cluster"]["memory_estimate_bytes"] = memory.total_bytes  # sim.experiment.fleet_memory
     if cluster.compare:
         result.summary["cluster"]["comparison"] = [_headline(info, result.summary)] + [
             _headline(*_replay_with(cfg, rc.model_dump(), executor_factory, build_latency, **replay_kwargs))
