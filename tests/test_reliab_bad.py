@@ -170,3 +170,41 @@ def test_the_fleet_estimate_is_in_the_summary_and_scales_with_the_pool(tmp_path)
     with pytest.raises(Exception, match=r"f\.yaml: cluster\.replicas: a fleet of 2 replicas"):
         check_fleet_memory("f.yaml", [engine, engine], available=est.total_bytes)
     assert check_fleet_memory("f.yaml", [engine, engine], available=2 * est.total_bytes) == est
+
+
+# -- 4. a user's folder named like a result file -------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["folder", "link", "fifo"])
+def test_an_entry_named_like_a_result_file_but_not_a_file_is_never_replaced(tmp_path, capsys, kind):
+    import os
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(_trace_lines(3))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "meta.json").write_text("{}")
+    target = out / "summary.json"
+    if kind == "folder":
+        target.mkdir()
+        (target / "inner.txt").write_text("keep me")
+    elif kind == "link":
+        (tmp_path / "elsewhere.json").write_text("keep me")
+        target.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        os.mkfifo(target)
+    rc = main(["run", str(_trace_config(tmp_path, trace)), "--out", str(out), "--no-progress", "--no-bounds"])
+    err = _stderr_lines(capsys.readouterr().err)
+    assert rc == 2 and len(err) == 1 and "summary.json (a " in err[0] and "apcsim refuses" in err[0]
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "summary.json"]
+    if kind == "folder":
+        assert (target / "inner.txt").read_text() == "keep me"
+
+
+def test_a_folder_of_result_files_is_still_replaced(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(_trace_lines(3))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    assert main(["run", str(_trace_config(tmp_path, trace)), "--out", str(out), "--no-progress", "--no-bounds"]) == 0
+    assert json.loads((out / "summary.json").read_text())["num_requests"] == 3

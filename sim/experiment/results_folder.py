@@ -4,7 +4,9 @@
 it, in the same parent folder (so every rename stays on one file system):
 
 1. :meth:`~ResultsFolder.open` -- *before the replay*: refuses a target that is a file, or a
-   folder holding anything but result files (it will be replaced whole); creates the parent; takes
+   folder holding anything but result files (it will be replaced whole) -- checked by name *and*
+   kind: an entry named like a result file must be a regular file, not a folder, link or FIFO
+   (a user's folder named ``summary.json`` is never deleted); creates the parent; takes
    the lock ``.<name>.lock`` (``flock``, non-blocking: a second run on the same target *refuses*
    with a message naming the lock, it does not wait); puts back a folder that an interrupted swap
    left aside and removes leftovers of killed runs; creates the private temporary folder
@@ -37,6 +39,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -117,6 +120,15 @@ def os_problem(exc: OSError) -> str:
         found = re.search(r"\[errno (\d+)\]", str(exc), re.IGNORECASE)
         code = int(found.group(1)) if found else None
     return os.strerror(code) if code else str(exc)
+
+
+def _not_a_file(p: Path) -> str:
+    """'' for a regular file (not a link), else what ``p`` is (``a folder``, ``a symbolic link``)."""
+    mode = os.lstat(p).st_mode
+    if stat.S_ISREG(mode):
+        return ""
+    return ("a folder" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file")
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -223,8 +235,16 @@ class ResultsFolder:
         if final.exists() and not final.is_dir():
             raise ResultsError(f"{final}: exists and is not a folder; remove it or pick another --out")
         if final.is_dir():
-            foreign = sorted(p.name for p in final.iterdir()
-                             if not self._allowed(p.name) and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+            entries = sorted(final.iterdir())
+            foreign = [p.name for p in entries
+                       if not self._allowed(p.name) and not (p.name.startswith(".") and p.name.endswith(".tmp"))]
+            # names are not enough: a user's folder (or link) named summary.json is not a result file
+            odd = [f"{p.name} ({kind})" for p in entries if p.name not in foreign and (kind := _not_a_file(p))]
+            if odd:
+                raise ResultsError(
+                    f"{final}: holds {', '.join(odd[:3])}{', ...' if len(odd) > 3 else ''} where apcsim writes a "
+                    f"result file; it would be replaced whole, so apcsim refuses: move it or pick another --out"
+                )
             if foreign:
                 raise ResultsError(
                     f"{final}: holds files that are not apcsim results ({', '.join(foreign[:3])}"
