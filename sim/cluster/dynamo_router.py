@@ -15,6 +15,18 @@ from its ``KvIndexer`` radix tree of KV events (``lib/kv-router/src/indexer``). 
 * ``logit_w = prefill_load_scale * max(raw_prefill_blocks_w - overlap_credit * overlap_w, 0)
   + decode_blocks_w`` (defaults: credit 1.0, scale 1.0; no credit decay, no active-request term).
 
+With CPU offload tiers (vLLM 0.33.0's ``medium="CPU"`` events; ``StorageTier::from_kv_medium``
+maps ``"CPU"`` to ``HostPinned``), the CPU events feed a lower-tier index (``lib/kv-router/src/
+indexer/lower_tier_indexers.rs``), walked on from each worker's device prefix (``query_lower_tiers``:
+``host_w`` = the worker's CPU blocks right after its ``overlap_w`` device blocks, from the root for a
+worker with none), and the credit becomes ``overlap_credit * overlap_w + host_cache_hit_weight *
+host_w`` (``scheduling/selector`` ``DefaultScorer``; ``--router-host-cache-hit-weight``, default
+0.75). Only self-describing events carry what that index needs (Dynamo's offloading support matrix
+lists the vLLM CPU tier as "OffloadingConnector + self-describing KV events"); a tokenless
+placeholder is dropped (``sim.cluster.tier_index.DYNAMO``), so with vLLM's default events the CPU
+tier earns no credit. The active-prefill accounting keeps the device overlap; the believed hit is
+``overlap_w + host_w`` blocks.
+
 Temperature 0 picks the lowest logit, ties uniformly at random; ``temperature > 0`` samples
 ``softmax(-(logit - min) / ((max - min) * T))``, uniform when all logits are equal.
 Imports neither simpy nor torch.
@@ -28,6 +40,7 @@ from dataclasses import dataclass
 
 from sim.cluster.kv_view import EventCacheView
 from sim.cluster.router import ClusterView, Decision, Router, RouterRequest, argbest
+from sim.cluster.tier_index import DYNAMO
 from sim.core.kv_events import KVCacheEvent
 
 
@@ -44,16 +57,17 @@ class DynamoRouter(Router):
     keeps_cache_view = True
 
     def __init__(self, seed: int, overlap_credit: float = 1.0, temperature: float = 0.0,
-                 prefill_load_scale: float = 1.0) -> None:
+                 prefill_load_scale: float = 1.0, host_cache_hit_weight: float = 0.75) -> None:
         super().__init__(seed)
         self.overlap_credit = overlap_credit
+        self.host_cache_hit_weight = host_cache_hit_weight
         self.temperature = temperature
         self.prefill_load_scale = prefill_load_scale
 
     def attach(self, view: ClusterView) -> None:
         super().attach(view)
         n = view.num_replicas
-        self.events = EventCacheView(view.facts)
+        self.events = EventCacheView(view.facts, DYNAMO)
         self._active: dict[str, _Active] = {}
         self._block_refs: list[dict[int, int]] = [{} for _ in range(n)]
         self._prefill_tokens = [0] * n
@@ -61,7 +75,13 @@ class DynamoRouter(Router):
     def route(self, request: RouterRequest) -> Decision:
         assert self.view is not None
         up = self.view.up()
-        overlaps = self.events.match_blocks(request, up)
+        host: dict[int, int] = {}
+        if self.events.tiers is None:
+            overlaps = self.events.match_blocks(request, up)
+        else:
+            matches = self.events.match_tiers(request, up)
+            overlaps = {w: m.gpu for w, m in matches.items() if m.gpu}
+            host = {w: m.host for w, m in matches.items() if m.host}
         isl = request.prompt_len
         logits: dict[int, float] = {}
         sets: dict[int, set[int]] = {}
@@ -74,7 +94,10 @@ class DynamoRouter(Router):
             refs = self._block_refs[w]
             overlap = overlaps.get(w, 0)
             raw_prefill = (self._prefill_tokens[w] + isl) / bs
-            prefill = self.prefill_load_scale * max(raw_prefill - self.overlap_credit * overlap, 0.0)
+            credit = self.overlap_credit * overlap
+            if host:
+                credit += self.host_cache_hit_weight * host.get(w, 0)
+            prefill = self.prefill_load_scale * max(raw_prefill - credit, 0.0)
             # the prompt's blocks not already active there (the partial last block always is new);
             # `&` with the keys view walks the smaller side, where `hs - keys` walked every key
             new_blocks = -(-isl // bs) - len(refs.keys() & hs)
@@ -88,7 +111,8 @@ class DynamoRouter(Router):
         uncached = max(isl - overlaps.get(choice, 0) * bs, 0)
         self._active[request.request_id] = _Active(choice, hashes, uncached)
         self._prefill_tokens[choice] += uncached
-        return Decision(choice, self.events.hit_tokens(request, choice, overlaps.get(choice, 0)))
+        believed = overlaps.get(choice, 0) + host.get(choice, 0)
+        return Decision(choice, self.events.hit_tokens(request, choice, believed))
 
     def _pick(self, logits: dict[int, float]) -> int:
         if self.temperature <= 0:

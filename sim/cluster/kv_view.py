@@ -4,27 +4,33 @@ built) fed by KV events, matched with the engines' own hashing (mirrors what llm
 same algorithm, block size and seed -- and look them up among the hashes the events announced).
 
 Replicas with different hashing (a mixed fleet) are matched group by group, each with its own
-hashes. Invariants: the view changes only through ``on_events`` and ``clear``; ``match`` returns
-tokens (blocks x the replica's block size), capped at the prompt length minus one, as vLLM never
-serves the last prompt token from cache. Imports neither simpy nor torch.
+hashes. The CPU offload tier's events (``medium="CPU"``, ``sim.core.offload.events``) go to a
+second medium under the router's :class:`~sim.cluster.tier_index.LowerTierRule` when some replica
+has a CPU tier and the router reads them (``rule``); else they are dropped, and a fleet without
+tiers keeps the compiled GPU index. Invariants: the view changes only through ``on_events`` and
+``clear``; ``match`` returns tokens (blocks x the replica's block size), capped at the prompt
+length minus one, as vLLM never serves the last prompt token from cache. Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sim.cluster.prefix_index import make_kv_event_index
+from sim.cluster.prefix_index import EventIndex, make_kv_event_index
 from sim.cluster.router import ReplicaFacts, RouterRequest
+from sim.cluster.tier_index import LowerTierRule, TieredEventIndex, TierMatch
 from sim.core.hashing import BlockHasher, make_block_hasher
-from sim.core.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+from sim.core.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 
 
 class EventCacheView:
     """Per-replica resident blocks as the KV events announced them."""
 
-    def __init__(self, facts: Sequence[ReplicaFacts]) -> None:
+    def __init__(self, facts: Sequence[ReplicaFacts], rule: LowerTierRule | None = None) -> None:
         self.facts = facts
-        self.index = make_kv_event_index(len(facts))
+        # both media when a replica has a CPU tier and the router reads its events
+        self.tiers = TieredEventIndex(len(facts), rule) if rule is not None and any(f.cpu_tier for f in facts) else None
+        self.index: EventIndex = self.tiers.gpu if self.tiers is not None else make_kv_event_index(len(facts))
         self._hashers: dict[tuple[str, int, int | str, int, bool, bool], BlockHasher] = {}
         self.group_of = [self._hasher(f) for f in facts]
 
@@ -42,15 +48,38 @@ class EventCacheView:
         for ev in events:
             kind = type(ev)
             if kind is BlockRemoved:
-                idx.remove(replica, ev.block_hashes)  # type: ignore[union-attr]
+                if ev.medium == MEDIUM_GPU or ev.medium is None:  # type: ignore[union-attr]
+                    idx.remove(replica, ev.block_hashes)  # type: ignore[union-attr]
+                elif self.tiers is not None:
+                    self.tiers.cpu.remove(replica, ev.block_hashes)  # type: ignore[union-attr]
             elif kind is BlockStored:
-                idx.store(replica, ev.block_hashes)  # type: ignore[union-attr]
+                if ev.medium == MEDIUM_GPU or ev.medium is None:  # type: ignore[union-attr]
+                    idx.store(replica, ev.block_hashes)  # type: ignore[union-attr]
+                elif self.tiers is not None:
+                    self.tiers.on_cpu_store(replica, ev.block_hashes, ev.parent_block_hash,  # type: ignore[union-attr]
+                                            len(ev.token_ids) > 0)  # type: ignore[union-attr]
             elif kind is AllBlocksCleared:
-                idx.clear(replica)
+                self.clear(replica)
 
     def clear(self, replica: int) -> None:
-        """Changes state: forget the replica (it went down)."""
-        self.index.clear(replica)
+        """Changes state: forget the replica (it went down, or reset its cache: every medium)."""
+        if self.tiers is not None:
+            self.tiers.clear(replica)
+        else:
+            self.index.clear(replica)
+
+    def match_tiers(self, request: RouterRequest, candidates: Iterable[int]) -> dict[int, TierMatch]:
+        """Query: each candidate's :class:`TierMatch` (absent: holds no block 0 on any medium); the
+        GPU prefix alone, for every field, when the view has one medium."""
+        if self.tiers is None:
+            return {i: TierMatch(b, 0, b, b, 0) for i, b in self.match_blocks(request, candidates).items()}
+        by_group: dict[int, list[int]] = {}
+        for i in candidates:
+            by_group.setdefault(id(self.group_of[i]), []).append(i)
+        out: dict[int, TierMatch] = {}
+        for members in by_group.values():
+            out.update(self.tiers.match(request.hashes(self.group_of[members[0]]), members))
+        return out
 
     def match_blocks(self, request: RouterRequest, candidates: Iterable[int]) -> dict[int, int]:
         """Query: leading blocks each candidate holds (absent: none), per its own hashing."""

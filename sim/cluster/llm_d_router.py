@@ -17,6 +17,14 @@ built on the Gateway API Inference Extension EPP (``kubernetes-sigs/gateway-api-
     the longest prefix, in engine blocks, that the endpoint's KV events announced, min-max
     normalised over the endpoints that hold any of it (1.0 when they tie, 0.0 for the others,
     as ``indexedScoresToNormalizedScoredPods``);
+    With CPU offload tiers (vLLM 0.33.0's ``medium="CPU"`` events), the index keeps a pod entry per
+    device tier (llm-d-kv-cache ``kvblock.PodEntry{pod, DeviceTier}``; ``kvevents/pool.go`` lowers
+    the medium: ``"cpu"``), ingests a tokenless CPU store through the blocks it already knows
+    (``handleDeviceTierUpdate``; ``sim.cluster.tier_index.LLM_D``), and scores with
+    ``LongestPrefixScorer`` (``pkg/kvcache/kvblock_scorer.go``): a pod stays in the prefix chain
+    while it holds each block on some tier, each block adding the best weight of the tiers it is on
+    (``DefaultKVCacheBackendConfig``: gpu 1.0, cpu 0.8, ``gpu_weight`` / ``cpu_weight`` here); the
+    weighted sums are normalised as above. The believed hit is the whole chain.
   - *none*: load scorers only (the blog's ``load-scheduling``);
 * ``max-score-picker`` (GIE ``plugins/picker/max_score_picker.go``): shuffle, then the highest
   weighted sum ``sum(weight * score)`` -- a uniformly random endpoint among the best.
@@ -33,6 +41,7 @@ from collections.abc import Sequence
 from sim.cluster.kv_view import EventCacheView
 from sim.cluster.prefix_index import LRUPrefixIndex
 from sim.cluster.router import ClusterView, Decision, Router, RouterRequest, argbest
+from sim.cluster.tier_index import LLM_D, TierMatch
 from sim.core.hashing import FastBlockHasher
 from sim.core.kv_events import KVCacheEvent
 
@@ -53,6 +62,8 @@ class LlmDRouter(Router):
         block_size: int = 64,
         max_prefix_blocks: int = 256,
         lru_capacity: int = 31250,
+        gpu_weight: float = 1.0,
+        cpu_weight: float = 0.8,
     ) -> None:
         super().__init__(seed)
         if prefix not in PREFIX_MODES:
@@ -64,12 +75,13 @@ class LlmDRouter(Router):
         self.block_size = block_size
         self.max_prefix_blocks = max_prefix_blocks
         self.lru_capacity = lru_capacity
+        self.tier_weights = (gpu_weight, cpu_weight)
         self._own_hasher = FastBlockHasher(block_size, hash_seed="llm-d approximate prefix")
 
     def attach(self, view: ClusterView) -> None:
         super().attach(view)
         self.lru = LRUPrefixIndex(view.num_replicas, self.lru_capacity)
-        self.events = EventCacheView(view.facts)
+        self.events = EventCacheView(view.facts, LLM_D)
 
     def _prefix_scores(self, request: RouterRequest, up: list[int]) -> tuple[dict[int, float], dict[int, int]]:
         """(score per endpoint, believed hit tokens per endpoint)."""
@@ -80,15 +92,27 @@ class LlmDRouter(Router):
             scores = {i: (matched.get(i, 0) / total if total else 0.0) for i in up}
             cap = request.prompt_len - 1
             return scores, {i: min(matched.get(i, 0) * self.block_size, cap) for i in up}
-        blocks = self.events.match_blocks(request, up)
-        lo, hi = (min(blocks.values()), max(blocks.values())) if blocks else (0, 0)
+        raw: dict[int, float] | dict[int, int]
+        if self.events.tiers is None:
+            blocks = raw = self.events.match_blocks(request, up)
+        else:
+            matches = self.events.match_tiers(request, up)
+            blocks = {i: m.chain for i, m in matches.items()}
+            raw = {i: self._weighted(m) for i, m in matches.items()}
+        lo, hi = (min(raw.values()), max(raw.values())) if raw else (0, 0)
         scores = {}
         for i in up:
-            if i not in blocks:
+            if i not in raw:
                 scores[i] = 0.0
             else:
-                scores[i] = 1.0 if hi == lo else (blocks[i] - lo) / (hi - lo)
+                scores[i] = 1.0 if hi == lo else (raw[i] - lo) / (hi - lo)
         return scores, {i: self.events.hit_tokens(request, i, blocks.get(i, 0)) for i in up}
+
+    def _weighted(self, m: TierMatch) -> float:
+        """``LongestPrefixScorer``: each chain block adds the best weight of the tiers holding it."""
+        wg, wc = self.tier_weights
+        both = m.chain_gpu + m.chain_cpu - m.chain
+        return both * max(wg, wc) + (m.chain_gpu - both) * wg + (m.chain_cpu - both) * wc
 
     def route(self, request: RouterRequest) -> Decision:
         assert self.view is not None

@@ -82,6 +82,7 @@ class ReplicaFacts:
     latency: LatencyModel
     num_hash_lookahead_tokens: int = 0  # vLLM 0.33.0 EAGLE lookahead hashes (sim.core.lookahead_hashing)
     tagged_extra_keys: bool = False  # vLLM 0.33.0's tagged extra keys (sim.core.extra_keys)
+    cpu_tier: bool = False  # the engine has vLLM 0.33.0's CPU offload tier (its KV events name "CPU")
 
 
 @dataclass(slots=True)

@@ -14,7 +14,9 @@ Mirrors ``sgl-project/sglang`` ``sgl-router/src/policies/cache_aware.rs`` (``sel
   ``max_tree_size`` tokens.
 
 The trees hold token ids (the real router holds characters); ties between equally matching or
-equally small trees (``DashMap`` iteration order in the real router) are broken at random.
+equally small trees (``DashMap`` iteration order in the real router) are broken at random. The
+router reads no KV events, so a replica's CPU offload tier is invisible to it: its trees are what
+it routed, whatever tier the engine keeps them in.
 Imports neither simpy nor torch.
 """
 

@@ -9,7 +9,11 @@ model of prefill time fitted offline (here the replica's latency model, pricing 
 tokens in chunks of the engine's token budget) and ``T_queue`` the sum of the estimated prefill
 times of the requests queued at the instance (routed there, no first token yet). The request
 goes to the least TTFT (ties at random). The global variant's KV-cache transfer between instances
-and the SLO-based rejection are not modelled.
+and the SLO-based rejection are not modelled. With CPU offload tiers (vLLM 0.33.0's ``medium="CPU"``
+events), a block in an instance's CPU tier counts as cached like one on its GPU: the Conductor's
+cache metadata covers each instance's DRAM KV cache, where Mooncake keeps its KVCache (paper
+section 3); the prefix is the run held on either medium (``sim.cluster.tier_index.ANY``), its
+load time not priced.
 
 ``oracle`` uses what no real router has (the declared exception): each replica's exact cached
 prefix (a stat-free lookup in its KV manager) and exact prefill backlog (waiting and running
@@ -25,6 +29,7 @@ from collections.abc import Sequence
 
 from sim.cluster.kv_view import EventCacheView
 from sim.cluster.router import ClusterView, Decision, ReplicaFacts, Router, RouterRequest, argbest
+from sim.cluster.tier_index import ANY
 from sim.core.executor import StepShape
 from sim.core.hashing import BlockHasher, make_block_hasher
 from sim.core.kv_events import KVCacheEvent
@@ -61,14 +66,17 @@ class MooncakeRouter(Router):
 
     def attach(self, view: ClusterView) -> None:
         super().attach(view)
-        self.events = EventCacheView(view.facts)
+        self.events = EventCacheView(view.facts, ANY)
         self._queued: dict[str, tuple[int, float]] = {}  # request -> (replica, estimated prefill s)
         self._queue_s = [0.0] * view.num_replicas
 
     def route(self, request: RouterRequest) -> Decision:
         assert self.view is not None
         up = self.view.up()
-        blocks = self.events.match_blocks(request, up)
+        if self.events.tiers is None:
+            blocks = self.events.match_blocks(request, up)
+        else:
+            blocks = {i: m.chain for i, m in self.events.match_tiers(request, up).items()}
         isl = request.prompt_len
         ttft: dict[int, float] = {}
         prefill: dict[int, float] = {}
