@@ -37,9 +37,11 @@ from workloads import arrivals as arr
 from workloads.agent import agent_sessions
 from workloads.agent_sessions import AgentTraceLoader, iter_sessions, session_files
 from workloads.azure import azure_times, load_azure
+from workloads.bailian import load_bailian
 from workloads.chat import chat_sessions
 from workloads.dists import rng_for
 from workloads.errors import SkipLog, WorkloadConfigError
+from workloads.hashed_trace import HashedTraceReader, trace_header
 from workloads.mooncake import load_mooncake
 from workloads.paths import input_path, shared_traces_dir
 from workloads.rag import rag_requests
@@ -49,6 +51,9 @@ from workloads.synthetic import shared_prefix
 from workloads.tenants import TenantModel
 from workloads.trace_format import TraceRequest, read_trace
 from workloads.trace_lines import open_trace
+
+APPROXIMATE_NOTE = ("APPROXIMATE tokens: the trace was converted with the byte-level stand-in tokenizer "
+                    "(apcsim convert --tokenizer approx); hit rates are approximate")
 
 ARRIVAL_TAG = 100
 """Purpose tag of the arrival-process random stream (``rng_for(seed, ARRIVAL_TAG)``)."""
@@ -77,6 +82,7 @@ class Workload:
     native_block_size: int | None = None  # the trace's own block size (finer replays: lower bound)
     notes: list[str] = field(default_factory=list)
     source: Any = None  # the loader object, for source-specific facts (stats)
+    summary_notes: list[str] = field(default_factory=list)  # facts every summary of a replay shows
     executor_info: dict[str, Any] | None = None  # set by sim.experiment.run when the executor describes itself
 
 
@@ -92,6 +98,8 @@ class _Source:
     default_arrival: Any = None
     notes: list[str] = field(default_factory=list)
     loader: Any = None
+    multiple_of: int | None = None  # replays only at block sizes that are multiples of this (hashed traces)
+    summary_notes: list[str] = field(default_factory=list)
 
 
 def _path(base_dir: Path, given: str | None, default: Path, *, folder: bool = False) -> Path:
@@ -144,8 +152,31 @@ def _mooncake(w: Any, seed: int, base_dir: Path) -> _Source:
 
 def _trace(w: Any, seed: int, base_dir: Path) -> _Source:
     path = _path(base_dir, w.path, Path())
+    header = trace_header(path) or {}  # written by apcsim convert / anonymize (workloads.convert, hashed_trace)
+    count = _line_count(path, header=1 if header else 0)
+    notes = [APPROXIMATE_NOTE] if header.get("approximate") else []
+    stamped = header.get("timestamps", "epoch") != "none"
+    mark = (" [APPROXIMATE tokens]" if notes else "") + ("" if stamped else " (no timestamps)")
+    if not stamped:
+        notes.append("the trace has no timestamps: the config's arrival process places its requests")
+    if header.get("kind") == "hashed":
+        hashed = HashedTraceReader(path, header, skip_bad_lines=w.skip_bad_lines, allow_empty=w.allow_empty)
+        return _Source(hashed, False, count, f"hashed trace {path.name} (block size {hashed.block_size}){mark}",
+                       hashed, hashed.block_size, timestamps=stamped, notes=notes, multiple_of=hashed.block_size,
+                       summary_notes=list(notes))
     reader = read_trace(path, skip_bad_lines=w.skip_bad_lines, allow_empty=w.allow_empty)
-    return _Source(reader, False, _line_count(path), f"trace {path.name}", reader)
+    return _Source(reader, False, count, f"trace {path.name}{mark}", reader, timestamps=stamped, notes=notes,
+                   summary_notes=list(notes))
+
+
+def _bailian(w: Any, seed: int, base_dir: Path) -> _Source:
+    path = _path(base_dir, w.path, Path())
+    log = SkipLog()
+    reqs = load_bailian(path, tokens_per_id=w.tokens_per_id, time_scale=w.time_scale, limit=w.limit,
+                        max_output_tokens=w.max_output_tokens, type_as_tenant=w.type_as_tenant,
+                        skip_bad_lines=w.skip_bad_lines, skip_log=log, allow_empty=w.allow_empty)
+    return _Source(reqs, False, _line_count(path, 0, w.limit), f"bailian {path.name}", log, w.tokens_per_id,
+                   notes=[_lower_bound_note(w.tokens_per_id)], loader=path)
 
 
 def _ragpulse(w: Any, seed: int, base_dir: Path) -> _Source:
@@ -204,7 +235,7 @@ def _agent(w: Any, seed: int, base_dir: Path) -> _Source:
 
 
 SOURCES: dict[str, Callable[[Any, int, Path], _Source]] = {
-    "mooncake": _mooncake, "trace": _trace, "ragpulse": _ragpulse, "agent_trace": _agent_trace,
+    "mooncake": _mooncake, "bailian": _bailian, "trace": _trace, "ragpulse": _ragpulse, "agent_trace": _agent_trace,
     "azure": _azure, "synthetic_shared_prefix": _shared_prefix, "rag": _rag, "chat": _chat, "agent": _agent,
 }
 
@@ -237,7 +268,8 @@ def build_workload(
     spec = w.arrival or src.default_arrival or TraceArrivals(kind="trace")
     if spec.kind == "trace":
         if not src.timestamps:
-            raise WorkloadConfigError("arrival.kind", f"'trace' needs a source with timestamps; {w.kind} has none")
+            raise WorkloadConfigError("arrival.kind", f"'trace' needs a source with timestamps; {src.description} "
+                                                      "has none: set workload.arrival, e.g. {kind: poisson, rate: 2}")
         stream: Iterable[TraceRequest] = arr.scale_arrivals(src.stream, spec.rate_scale)
         desc = "trace timestamps" + (f" / {spec.rate_scale}" if spec.rate_scale != 1.0 else "")
     else:
@@ -251,6 +283,10 @@ def build_workload(
         stream = model.decorate(stream)
         desc += f", {t.num_tenants} tenant(s), salt {t.salt}"
     native = src.native_block_size
+    if src.multiple_of is not None and block_size is not None and block_size % src.multiple_of:
+        raise WorkloadConfigError("path", f"a hashed trace at block size {src.multiple_of} replays at that block "
+                                          f"size or a multiple of it, not at {block_size}: which tokens inside a "
+                                          "block are shared is not in it")
     if native is not None and block_size is not None and block_size < native:
         desc += (f"; block size {block_size} < trace block size {native}: "
                  "hit rates are a lower bound")
@@ -259,4 +295,4 @@ def build_workload(
         stream = itertools.islice(stream, w.limit)
         total = _capped(total, w.limit)
     return Workload(stream, total, f"{src.description}; {desc}", src.reader, src.native_block_size,
-                    src.notes, src.loader)
+                    src.notes, src.loader, summary_notes=src.summary_notes)

@@ -135,6 +135,19 @@ class MooncakeWorkload(_Common):
     allow_empty: bool = False  # replay no requests when every line was skipped (else an error)
 
 
+class BailianWorkload(_Common):
+    """A Qwen-Bailian usage trace (16-token chained block ids), re-blocked to token ids (``workloads.bailian``)."""
+
+    kind: Literal["bailian"]
+    path: str
+    time_scale: Scale = 1.0
+    tokens_per_id: Pos = 16
+    max_output_tokens: Pos | None = None
+    type_as_tenant: bool = False  # the request type (text/search/image/file) as the tenant label
+    skip_bad_lines: bool = False
+    allow_empty: bool = False  # replay no requests when every line was skipped (else an error)
+
+
 class TraceWorkload(_Common):
     """A canonical token-level JSONL trace (see ``workloads.trace_format``)."""
 
@@ -263,13 +276,13 @@ def generator_params(w: RagWorkload | ChatWorkload | AgentWorkload) -> Any:
 
 
 WorkloadConfig = Annotated[
-    MooncakeWorkload | TraceWorkload | SharedPrefixWorkload | RagPulseWorkload | AgentTraceWorkload
+    MooncakeWorkload | BailianWorkload | TraceWorkload | SharedPrefixWorkload | RagPulseWorkload | AgentTraceWorkload
     | AzureWorkload | RagWorkload | ChatWorkload | AgentWorkload,
     Field(discriminator="kind"),
 ]
 
 UNION_TAGS = frozenset({
-    "mooncake", "trace", "synthetic_shared_prefix", "ragpulse", "agent_trace", "azure", "rag", "chat",
+    "mooncake", "bailian", "trace", "synthetic_shared_prefix", "ragpulse", "agent_trace", "azure", "rag", "chat",
     "agent", "poisson", "gamma", "function-before[_number_is_fixed(), DistSpec]",
 })
 """Tags pydantic inserts into error locations of the unions above (stripped from messages)."""

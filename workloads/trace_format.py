@@ -76,6 +76,9 @@ MAX_ARRIVAL_SPAN_S = float(1 << 32)
 """Arrivals may lie at most this many seconds after the first one (a float clock keeps about a
 microsecond of resolution there)."""
 
+HEADER_KEY = "apcsim_trace"
+"""Line 1 may be ``{"apcsim_trace": {...}}``: a header (``apcsim convert`` / ``anonymize``), not a request."""
+
 _EXACT = Context(prec=200)  # arrival differences in decimal, exact for any JSON number of up to 200 digits
 
 
@@ -252,6 +255,17 @@ def _request(obj: Any, arrays: dict[str, Any] | None) -> TraceRequest:
     )
 
 
+def _header(obj: dict[str, Any]) -> dict[str, Any]:
+    """The header object of line 1 (see :data:`HEADER_KEY`); a hashed trace is not read here."""
+    head = obj[HEADER_KEY]
+    if len(obj) != 1 or not isinstance(head, dict):
+        raise _FieldError(HEADER_KEY, "expected a header line {\"apcsim_trace\": {...}} and nothing else")
+    if head.get("kind", "tokens") != "tokens":
+        raise _FieldError(HEADER_KEY, f"a {head.get('kind')!r} trace, not token ids: replay it with "
+                                      "workload kind 'trace' (its format is detected)")
+    return head
+
+
 def decode_json_line(raw: bytes, path: str, lineno: int) -> Any:
     """:func:`decode_line` for any JSONL loader: raises ``TraceFormatError`` (``path:lineno: ...``)."""
     try:
@@ -267,7 +281,8 @@ class TraceReader:
     After (or during) iteration, ``skipped`` is the number of bad lines skipped (only with
     ``skip_bad_lines=True``; callers must report it), ``skipped_lines`` holds the first
     ``MAX_SKIPPED_LINES_KEPT`` of their 1-based line numbers, and ``origin_s`` is the first
-    request's arrival in the file (what was subtracted from every arrival). Iterating again re-reads
+    request's arrival in the file (what was subtracted from every arrival), ``header`` the header
+    object of line 1 if the file has one (:data:`HEADER_KEY`). Iterating again re-reads
     the file and resets them. ``allow_empty`` lets a trace whose every line was skipped replay no
     requests instead of raising.
     """
@@ -281,12 +296,14 @@ class TraceReader:
         self.skipped = 0
         self.skipped_lines: list[int] = []
         self.origin_s: float | None = None
+        self.header: dict[str, Any] | None = None
         check_trace_path(self.path)  # missing, a directory, a FIFO: refused by kind, before any read
 
     def __iter__(self) -> Iterator[TraceRequest]:
         self.skipped = 0
         self.skipped_lines = []
         self.origin_s = None
+        self.header = None
         name = os.fspath(self.path)
         seen: dict[str, int] = {}
         origin: Decimal | None = None  # the first accepted arrival, exact
@@ -295,6 +312,9 @@ class TraceReader:
         for lineno, raw, arrays in trace_lines(self.path):
             try:
                 obj = decode_line(raw)
+                if lineno == 1 and isinstance(obj, dict) and HEADER_KEY in obj:
+                    self.header = _header(obj)  # written by apcsim convert / anonymize; not a request
+                    continue
                 req = _request(obj, arrays)
                 exact = exact_number(obj["arrival"])
                 rel = float(_EXACT.subtract(exact, exact if origin is None else origin))

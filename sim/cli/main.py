@@ -14,6 +14,9 @@ backend registry ``sim.experiment.backend`` and imported only then).
 of a config's workload (``sim.cli.workloads``).
 ``apcsim sidechannel STUDY.yaml`` runs a timing side-channel study and prints its per-policy table
 (``sim.cli.sidechannel``).
+``apcsim convert LOG --format openai --tokenizer MODEL_DIR --out T.jsonl`` turns your own traffic into a
+trace and ``apcsim anonymize T.jsonl --block-size B --salt S --out H.jsonl`` hashes it for sharing
+(``sim.cli.convert``).
 ``apcsim calibrate ...`` fits the latency model on the torch backend (``gpu_backend.calibrate``) and
 ``apcsim validate CONFIG`` compares simulated and real per-request latency (``gpu_backend.validate``);
 registered by ``sim.cli.calibrate``; torch and ``gpu_backend`` are imported only when they run.
@@ -134,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli.sidechannel import add_sidechannel_parser
 
     add_sidechannel_parser(sub)  # apcsim sidechannel STUDY.yaml
+    from sim.cli.convert import add_convert_parsers
+
+    add_convert_parsers(sub)  # apcsim convert INPUT --format F ... / apcsim anonymize TRACE --block-size B ...
     from sim.cli.config_cmd import add_config_parser
 
     add_config_parser(sub)  # apcsim config schema | show CONFIG | reference

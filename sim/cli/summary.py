@@ -221,6 +221,7 @@ def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
         "",
         f"workload    {exact(n)} requests; {count(prompt)} prompt tokens (mean {count(mean_prompt)}), "
         f"{count(outputs)} output tokens" + _left_out(s),
+        *(f"note        {note}" for note in s.get("workload_notes", ())),  # e.g. APPROXIMATE tokens
         f"pool        {_pool(s)}",
         "",
         *_hit_rates(s),

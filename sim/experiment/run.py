@@ -198,6 +198,8 @@ def run_experiment(
             extra["bounds_wall_time_s"] = time.perf_counter() - t0
         if workload.executor_info is not None:
             extra["executor"] = workload.executor_info
+        if workload.summary_notes:  # e.g. a trace converted with the approximate tokenizer (workloads.registry)
+            result.summary["workload_notes"] = list(workload.summary_notes)
         if workload.reader is not None:
             extra["skipped_bad_lines"] = workload.reader.skipped
             extra["skipped_line_numbers"] = workload.reader.skipped_lines

@@ -1,0 +1,187 @@
+"""A chat conversation as one request per turn, each prompt the whole history (mirrors what vLLM's
+prefix cache holds after a turn: the prompt's blocks, then the blocks its answer filled).
+
+A :class:`Chat` is a list of messages (roles system/user/assistant/tool, content already a string)
+plus, optionally, the answer to its last message (a text, or only a token count). Its turns are its
+assistant messages, and the final answer when the messages end with a non-assistant message. Turn
+``k``'s prompt is the chat template rendered over the messages before its answer, with the
+generation prompt; its output is the answer as the template renders it (the text, and whatever the
+template writes after it, e.g. an end-of-turn token -- what the model generated).
+
+**Prefix equality, by construction.** Tokenizing each turn's rendered prompt as one string would
+let BPE merges cross the boundary between an answer and the text after it, so turn k+1 could
+differ from turn k's prompt plus answer at the seam. vLLM caches the ids the model *generated*,
+and the next request's prefix is those ids when the client resends the history; so the rendered
+conversation is cut into pieces at every boundary (prompt k | answer k | the text up to prompt k+1
+| ...), each piece is tokenized alone, and turn k+1's prompt is the concatenation of the pieces
+before it. Turn k+1's prompt therefore starts with turn k's prompt plus its answer, token for
+token (tests/test_convert_properties.py). The template must be prefix-stable (rendering more
+messages only appends text); one that rewrites earlier turns (e.g. drops earlier reasoning) is
+refused on that line with the turn named.
+
+Two passes keep tokenization batched: :func:`plan_chat` renders and cuts (pure text), the writer
+encodes the pieces of many chats at once, then :func:`build_requests` assembles the requests.
+Imports sim.core / ``workloads`` only (neither simpy nor torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from workloads.convert.chat_template import ChatTemplate, TemplateRenderError
+from workloads.trace_format import MAX_OUTPUT_TOKENS, TraceRequest
+from workloads.trace_json import FieldProblem
+
+TurnMode = Literal["all", "last", "first"]
+
+
+@dataclass
+class Chat:
+    """One input record: ``messages`` (dicts with ``role`` and string ``content``, other keys kept
+    for the template), ``tools``, the final ``answer_text`` / ``answer_tokens`` (None: unknown),
+    ``arrival`` (seconds of the last turn; None: no timestamp) and the trace's own labels."""
+
+    id: str
+    messages: list[dict[str, Any]]
+    tools: list[Any] | None = None
+    answer_text: str | None = None
+    answer_tokens: int | None = None
+    arrival: float | None = None
+    session: str | None = None
+    tenant: str | None = None
+    salt: str | None = None
+    lora: str | None = None
+    template: bool = True  # False: the prompt is the user text itself (vllm bench --custom-skip-chat-template)
+
+
+@dataclass
+class _Turn:
+    prompt_pieces: int  # the prompt is pieces[:prompt_pieces]
+    answer_piece: int | None  # the index of the answer's piece, or None (a count only)
+    answer_tokens: int | None  # the output length when known without text
+
+
+@dataclass
+class ChatPlan:
+    """A chat cut into text pieces (:func:`plan_chat`), to be tokenized in one batch."""
+
+    chat: Chat
+    pieces: list[str]
+    turns: list[_Turn] = field(default_factory=list)
+    defaulted: int = 0  # turns whose output length is the default
+
+
+def _render(template: ChatTemplate, chat: Chat, n: int, gen: bool) -> str:
+    try:
+        return template.render(chat.messages[:n], add_generation_prompt=gen, tools=chat.tools)
+    except TemplateRenderError as exc:
+        raise FieldProblem("messages", exc.describe()) from None
+
+
+def _turn_points(chat: Chat) -> list[tuple[int, bool]]:
+    """``(messages before the answer, answer is a rendered assistant message)`` per turn."""
+    points = [(i, True) for i, m in enumerate(chat.messages) if m["role"] == "assistant" and i > 0]
+    if chat.messages[-1]["role"] != "assistant":
+        points.append((len(chat.messages), False))
+    elif chat.answer_text is not None or chat.answer_tokens is not None:
+        raise FieldProblem("response", "the messages end with an assistant message; a response after it has "
+                                       "no prompt to answer")
+    if not points:
+        raise FieldProblem("messages", "no turn: expected a user (or system/tool) message before an answer")
+    return points
+
+
+def plan_chat(chat: Chat, template: ChatTemplate | None, turns: TurnMode, default_output: int) -> ChatPlan:
+    """Render ``chat`` and cut it into pieces (see the module docstring); raises ``FieldProblem``."""
+    points = _turn_points(chat)
+    if turns == "last":
+        points = points[-1:]
+    elif turns == "first":
+        points = points[:1]
+    plan = ChatPlan(chat, [])
+    if template is None or not chat.template:
+        if len(chat.messages) != 1:
+            raise FieldProblem("messages", "a chat of several messages needs the model's chat template "
+                                           "(tokenizer_config.json with chat_template)")
+        # no template: the prompt is the message text as is (vllm bench with the chat template skipped)
+        plan.pieces.append(chat.messages[0]["content"])
+        _final(plan, 1)
+    else:
+        _cut(plan, template, points)
+    if plan.turns[-1].answer_piece is None and plan.turns[-1].answer_tokens is None:
+        plan.turns[-1].answer_tokens = default_output
+        plan.defaulted += 1
+    return plan
+
+
+def _cut(plan: ChatPlan, template: ChatTemplate, points: list[tuple[int, bool]]) -> None:
+    """Render the turns at ``points`` and append their pieces and turns to ``plan``."""
+    chat = plan.chat
+    done = ""  # the text the pieces so far cover
+    for n, rendered_answer in points:
+        prompt = _render(template, chat, n, True)
+        if not prompt.startswith(done):
+            raise FieldProblem("messages", f"the chat template renders the history before message {n} differently "
+                                           "once later messages follow (not prefix-stable); try --turns last")
+        plan.pieces.append(prompt[len(done):])
+        done = prompt
+        if not rendered_answer:
+            _final(plan, len(plan.pieces))
+            break
+        full = _render(template, chat, n + 1, False)
+        if not full.startswith(prompt) or len(full) == len(prompt):
+            raise FieldProblem("messages", f"the chat template does not render the answer at message {n} right "
+                                           "after its generation prompt; try --turns last")
+        plan.pieces.append(full[len(prompt):])
+        plan.turns.append(_Turn(len(plan.pieces) - 1, len(plan.pieces) - 1, None))
+        done = full
+
+
+def _final(plan: ChatPlan, prompt_pieces: int) -> None:
+    """The last turn, answered by the record's response (a text piece, or a count)."""
+    chat = plan.chat
+    if chat.answer_text is not None:
+        plan.pieces.append(chat.answer_text)
+        plan.turns.append(_Turn(prompt_pieces, len(plan.pieces) - 1, chat.answer_tokens))
+    else:
+        plan.turns.append(_Turn(prompt_pieces, None, chat.answer_tokens))
+
+
+def build_requests(plan: ChatPlan, ids: list[list[int]], gap_s: float) -> list[TraceRequest]:
+    """The requests of a planned chat from its pieces' token ids (``ids[i]`` of ``plan.pieces[i]``).
+    Turn k arrives ``(T - k) * gap_s`` before the chat's arrival (the record's timestamp is its
+    last turn's); raises ``FieldProblem`` for a turn with an empty prompt."""
+    chat = plan.chat
+    out: list[TraceRequest] = []
+    flat: list[int] = []
+    covered = 0
+    last = len(plan.turns) - 1
+    for k, turn in enumerate(plan.turns):
+        for piece in ids[covered:turn.prompt_pieces]:
+            flat.extend(piece)
+        covered = turn.prompt_pieces
+        if not flat:
+            raise FieldProblem("messages", f"turn {k + 1}: the prompt has no tokens")
+        answer = ids[turn.answer_piece] if turn.answer_piece is not None else None
+        if turn.answer_tokens is not None:
+            n_out = turn.answer_tokens
+        else:
+            n_out = len(answer) if answer else 1  # an empty answer still cost one step (the stop token)
+        if not 1 <= n_out < MAX_OUTPUT_TOKENS:
+            raise FieldProblem("usage.completion_tokens", f"turn {k + 1}: expected an output length in "
+                                                          f"[1, 2**24), got {n_out}")
+        out_ids = np.asarray(answer, dtype=np.int64) if answer and len(answer) >= n_out else None
+        arrival = 0.0 if chat.arrival is None else chat.arrival - (last - k) * gap_s
+        out.append(TraceRequest(
+            id=f"{chat.id}-t{k + 1}" if len(plan.turns) > 1 else chat.id, arrival=arrival,
+            tokens=np.asarray(flat, dtype=np.int64), output_tokens=n_out, output_token_ids=out_ids,
+            salt=chat.salt, lora=chat.lora, tenant=chat.tenant,
+            session=chat.session if chat.session is not None else chat.id,
+        ))
+        if answer is not None and turn.answer_piece == covered:
+            flat.extend(answer)
+            covered += 1
+    return out

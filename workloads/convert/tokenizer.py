@@ -1,0 +1,128 @@
+"""The tokenizer of ``apcsim convert``: a real one from a local Hugging Face ``tokenizer.json``
+(the Rust ``tokenizers`` library, as vLLM's fast tokenizers are), or an explicit byte-level
+stand-in.
+
+Rules:
+
+* ``--tokenizer PATH``: PATH is a ``tokenizer.json`` (its folder may hold ``tokenizer_config.json``)
+  or a model folder holding ``tokenizer.json`` and, for chat logs, ``tokenizer_config.json`` with
+  the chat template (``workloads.convert.chat_template``). Nothing is downloaded.
+* no tokenizer: one line saying how to get one (a local HF model folder), unless
+  ``--tokenizer approx`` is chosen: token ids are the text's UTF-8 bytes (ids 0-255; special tokens
+  such as ``<|im_start|>`` are plain text) and the chat template is a small ChatML one. Hit rates
+  from it are approximate; the output trace's header says ``approximate: true`` and every summary
+  that replays it says so.
+* text is encoded without adding special tokens (``add_special_tokens=False``), as transformers'
+  ``apply_chat_template(tokenize=True)`` does: the template already wrote BOS where the model
+  wants one.
+
+Invariants: :meth:`Tokenizer.encode_batch` is a pure function of the texts. Errors are
+:class:`TokenizerError` (one line naming the file). Imports ``tokenizers`` (lazily) and jinja2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.core.errors import ApcsimError
+from workloads.convert.chat_template import ChatTemplate, TemplateRenderError
+
+APPROX = "approx"
+
+NO_TOKENIZER = (
+    "no tokenizer: give --tokenizer PATH, a local Hugging Face model folder holding tokenizer.json and "
+    "tokenizer_config.json (e.g. `huggingface-cli download MODEL tokenizer.json tokenizer_config.json "
+    "--local-dir DIR` on a machine with access), or --tokenizer approx for a byte-level stand-in "
+    "(hit rates approximate)"
+)
+
+APPROX_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""The ``approx`` tokenizer's chat template (ChatML, the shape of many open models' templates)."""
+
+
+class TokenizerError(ApcsimError, ValueError):
+    """A tokenizer that cannot be loaded; ``str()`` names the file."""
+
+
+@dataclass
+class Tokenizer:
+    """Encodes texts to token ids; ``template`` renders chats (None: the model has none)."""
+
+    name: str
+    approximate: bool
+    template: ChatTemplate | None
+    fingerprint: str  # sha256 prefix of tokenizer.json + the template (what the header records)
+    _hf: Any = None
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text (no special tokens added)."""
+        if self._hf is None:
+            return [list(t.encode("utf-8")) for t in texts]
+        return [enc.ids for enc in self._hf.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+
+def _json_file(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise TokenizerError(f"{path}:1: {what} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise TokenizerError(f"{path}:{exc.lineno}: {what} is not JSON: {exc.msg} (column {exc.colno})") from None
+
+
+def _template(folder: Path) -> tuple[ChatTemplate | None, str]:
+    cfg_path = folder / "tokenizer_config.json"
+    jinja_path = folder / "chat_template.jinja"
+    config = _json_file(cfg_path, "tokenizer_config.json") if cfg_path.is_file() else {}
+    if not isinstance(config, dict):
+        raise TokenizerError(f"{cfg_path}:1: expected a JSON object")
+    jinja = jinja_path.read_text(encoding="utf-8") if jinja_path.is_file() else None
+    try:
+        template = ChatTemplate.from_config(config, jinja)
+    except TemplateRenderError as exc:
+        line = f":{exc.template_line}" if exc.template_line else ""
+        where = jinja_path if config.get("chat_template") is None else cfg_path
+        raise TokenizerError(f"{where}{line}: field 'chat_template': {exc.message}") from None
+    text = "" if template is None else json.dumps(dict(template.templates), sort_keys=True)
+    return template, text
+
+
+def load_tokenizer(spec: str | None) -> Tokenizer:
+    """The tokenizer named by ``--tokenizer`` (see the module docstring). Raises
+    :class:`TokenizerError`."""
+    if spec is None or spec == "":
+        raise TokenizerError(NO_TOKENIZER)
+    if spec == APPROX:
+        fp = hashlib.sha256(APPROX_TEMPLATE.encode()).hexdigest()[:16]
+        return Tokenizer("approx (UTF-8 bytes)", True, ChatTemplate({"default": APPROX_TEMPLATE}), fp)
+    path = Path(spec)
+    if path.is_dir():
+        file = path / "tokenizer.json"
+        if not file.is_file():
+            raise TokenizerError(f"{path}: no tokenizer.json in this folder (a Hugging Face model folder holds one)")
+    elif path.is_file():
+        file = path
+    else:
+        raise TokenizerError(f"{spec}: no such tokenizer file or folder ({NO_TOKENIZER})")
+    data = _json_file(file, "the tokenizer file")
+    if not isinstance(data, dict) or "model" not in data:
+        raise TokenizerError(f"{file}:1: not a Hugging Face tokenizer.json (no 'model' section)")
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        hf = HFTokenizer.from_str(json.dumps(data))
+    except Exception as exc:  # the Rust library raises plain Exception with its serde message
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TokenizerError(f"{file}:1: not a tokenizer the tokenizers library can load: {first}") from None
+    template, template_text = _template(file.parent)
+    digest = hashlib.sha256(file.read_bytes() + template_text.encode()).hexdigest()[:16]
+    name = file.parent.name if path.is_dir() else str(file)
+    return Tokenizer(name, False, template, digest, hf)
