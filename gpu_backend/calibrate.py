@@ -14,7 +14,12 @@ to measurements). The command, in steps over modules of their own:
    fit in relative error, its terms chosen by K-fold CV on the training samples
    (:mod:`gpu_backend.latency_fit`); the report (:mod:`gpu_backend.fit_report`) gives every
    term's coefficient and share of the step time, and the residuals by step kind and source on
-   training and held-out samples.
+   training and held-out samples;
+4. the GPU<->CPU link of the CPU offload tier (:mod:`gpu_backend.link_timing`, unless ``--no-link``):
+   the offload worker's block copies timed at several sizes in both directions (pinned host <->
+   device on CUDA; host <-> host on a CPU-only machine, labelled so), bandwidth and per-transfer
+   latency fitted by least squares -> the model file's ``host_link`` section, which a tiered
+   experiment whose ``latency:`` is this file uses for its link (``sim.timing.transfer_link``).
 
 On a CPU the torch thread count is pinned (``--threads``, default 1) and ``--timing thread_cpu``
 times a step by the thread's CPU time, ``--timing-repeats N`` by the median of N runs: the noise
@@ -64,6 +69,7 @@ from gpu_backend.grid_timing import measure_grid
 from gpu_backend.host import device_name, load_average
 from gpu_backend.kv_cache import PagedKVCache
 from gpu_backend.latency_fit import candidate_feature_sets, choose_and_fit, predict, rel_errors
+from gpu_backend.link_timing import measure_link
 from gpu_backend.model import DTYPES, LlamaModel
 from gpu_backend.profiling_grid import KINDS, PRESETS, GridPoint, GridPreset, build_grid, pool_blocks
 from gpu_backend.real_run import RealRun
@@ -72,6 +78,7 @@ from gpu_backend.shapes import resolve_model_shape
 from sim.cli.calibrate import add_calibrate_arguments
 from sim.core.executor import StepShape
 from sim.timing.fitted_latency import FittedLatency
+from sim.timing.transfer_link import LINK_KEY
 
 
 def build_executor(setup: CalibrationSetup, num_blocks: int) -> tuple[TorchExecutor, dict[str, Any]]:
@@ -123,7 +130,7 @@ def calibrate(setup: CalibrationSetup, preset: GridPreset, *, replays: Sequence[
               replay_overrides: Sequence[str] = (), holdout: float = 0.25, grid_seed: int = 0,
               warmup: int | None = None, repeats: int | None = None, budget_s: float | None = None,
               replay_budget_s: float | None = None, replay_retime_passes: int = 0,
-              premeasured: Sequence[tuple[str, RealRun]] = (),
+              premeasured: Sequence[tuple[str, RealRun]] = (), link: bool = True, link_repeats: int = 7,
               log: Callable[[str], object] = print) -> tuple[FittedLatency, list[dict[str, Any]]]:
     """Measure the grid and the calibration replays, fit, evaluate on held-out samples; returns the
     model (metadata included) and one row per sample. ``premeasured``: calibration replays
@@ -190,6 +197,9 @@ def calibrate(setup: CalibrationSetup, preset: GridPreset, *, replays: Sequence[
     replay_kinds = [x.kind for x in samples if x.source == "replay"] or kinds
     meta["terms"] = term_table(coefs, replay_shapes, replay_kinds, meta["kv_bytes_per_token"])
     meta["replays"] = runs
+    if link:
+        meta[LINK_KEY] = measure_link(setup.device, model_shape=setup.model_shape, dtype=DTYPES[setup.dtype],
+                                      block_size=setup.block_size, repeats=link_repeats, seed=grid_seed, log=log)
     meta["calibration_wall_s"] = round(time.perf_counter() - t_start, 2)
     meta["host_load_average"] = load_average()  # 1/5/15-minute: contention from other processes on a shared host
     return FittedLatency(coefs, meta), _sample_rows(samples, held, pred, err)
@@ -283,7 +293,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     model, rows = calibrate(setup, PRESETS[grid], replays=args.replay, replay_overrides=args.set,
                             holdout=args.holdout, grid_seed=args.grid_seed, warmup=args.warmup, repeats=args.repeats,
                             budget_s=args.budget_s, replay_budget_s=args.replay_budget_s,
-                            replay_retime_passes=args.replay_retime_passes)
+                            replay_retime_passes=args.replay_retime_passes, link=not args.no_link,
+                            link_repeats=args.link_repeats)
     path, samples = write_outputs(model, rows, args.out)
     print(f"coefficients: {json.dumps(model.coefs)}")
     print(f"wrote {path} and {samples}")

@@ -181,6 +181,9 @@ def test_calibration_writes_a_computed_model_file(calibrated):
         assert key in data, key
     assert data["torch_version"] == torch.__version__ and data["model_shape"] == "tiny"
     assert data["num_threads"] == 1 and data["attention"] == "reference"
+    link = data["host_link"]  # the CPU tier's link, fitted on the worker's copies (host <-> host here)
+    assert link["measured"].startswith("host <-> host") and link["bandwidth_gb_s"] > 0 and link["latency_s"] >= 0
+    assert {s["direction"] for s in link["samples"]} == {"h2h_store", "h2h_load"}
     fit = data["fit"]
     assert fit["feature_set"] in fit["cv_mape_by_feature_set"]
     assert set(coefs) == set(lfit.candidate_feature_sets(pgrid.PRESETS["quick"].knees, mixed=True)[fit["feature_set"]])

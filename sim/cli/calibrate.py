@@ -53,6 +53,9 @@ def add_calibrate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--holdout", type=float, default=0.25, help="share of grid points kept out of the fit")
     ap.add_argument("--grid-seed", type=int, default=0)
     ap.add_argument("--budget-s", type=float, default=None, help="stop timing rounds beyond this (>= 2 rounds)")
+    ap.add_argument("--no-link", action="store_true",
+                    help="skip timing the CPU offload tier's block copies (the model file's host_link section)")
+    ap.add_argument("--link-repeats", type=int, default=7, help="timed rounds of the link's block copies")
     ap.add_argument("--out", required=True, help="model file to write (.json or .yaml); samples go beside it")
 
 

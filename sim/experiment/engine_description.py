@@ -36,7 +36,9 @@ from sim.core.version_profile import VersionProfile, get_profile
 from sim.experiment.config import ConfigError, ExperimentConfig
 from sim.experiment.offload_tier import chunk_bytes, offload_bandwidth_gb_s, resolve_offload
 from sim.experiment.version_keys import hash_unit, none_hash_seed
+from sim.timing.fitted_latency import FittedLatency
 from sim.timing.roofline import GIB, GPUSpec, ModelSpec, kv_cache_blocks, load_gpu_spec, load_model_spec
+from sim.timing.transfer_link import LinkFit
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,10 @@ class EngineDescription:
     # kv_bytes_per_block bytes per GPU block over a link of offload_bandwidth_gb_s (GB/s per direction)
     kv_bytes_per_block: int = 0
     offload_bandwidth_gb_s: float = 0.0
+    # the link's fixed per-transfer latency and where its figures come from (sim.timing.transfer_link:
+    # engine.offload_bandwidth_gb_s, else the fitted latency file's host_link, else the GPU spec)
+    offload_link_latency_s: float = 0.0
+    offload_link_source: str = ""
     # vLLM 0.33.0 num_hash_lookahead_tokens: 1 for EAGLE with prefix caching and no KV connector
     num_hash_lookahead_tokens: int = 0
 
@@ -172,6 +178,25 @@ def _kv_pool_gib(
         return float("nan")
 
 
+def _offload_link(cfg: ExperimentConfig) -> tuple[float, float, str]:
+    """The tier's link ``(GB/s, latency s, source)``: ``engine.offload_bandwidth_gb_s``, else the
+    ``host_link`` of the fitted latency file (``apcsim calibrate``), else the GPU spec's host link."""
+    e = cfg.engine
+    if e.offload_bandwidth_gb_s is not None:
+        return offload_bandwidth_gb_s(e, lambda: 0.0), 0.0, "engine.offload_bandwidth_gb_s"
+    lat = cfg.latency
+    if lat.kind == "fitted":
+        path = cfg.resolve_path(lat.path)
+        try:
+            fit = LinkFit.from_calibration(FittedLatency.from_file(path).metadata, str(path))
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"{cfg.source}: latency.path: {exc}") from None
+        if fit is not None:
+            return fit.bandwidth_gb_s, fit.latency_s, f"calibration {path.name} ({fit.measured})"
+    gpu = gpu_spec(cfg)
+    return gpu.host_link_gb_s, 0.0, f"gpu {gpu.name}"
+
+
 def resolve(cfg: ExperimentConfig) -> EngineDescription:
     """The engine of ``cfg`` (see the module docstring); problems raise ``ConfigError``."""
     e = cfg.engine
@@ -229,6 +254,7 @@ def resolve(cfg: ExperimentConfig) -> EngineDescription:
     cache_config = CacheConfig(block_size, num_blocks, e.enable_prefix_caching, e.use_eagle and not lookahead,
                                kv_groups=groups if hybrid else (), hash_block_size=hash_unit(e),
                                pool_impl=e.pool_impl, offload=offload, num_hash_lookahead_tokens=lookahead)
+    link = (0.0, 0.0, "") if offload is None else _offload_link(cfg)
     return EngineDescription(
         kv_groups=groups,
         hybrid=hybrid,
@@ -243,7 +269,8 @@ def resolve(cfg: ExperimentConfig) -> EngineDescription:
         scheduler_config=scheduler_config,
         cache_config=cache_config,
         kv_bytes_per_block=0 if offload is None else model().kv_bytes_per_block(block_size),
-        offload_bandwidth_gb_s=0.0 if offload is None else offload_bandwidth_gb_s(
-            e, lambda: gpu_spec(cfg).host_link_gb_s),
+        offload_bandwidth_gb_s=link[0],
+        offload_link_latency_s=link[1],
+        offload_link_source=link[2],
         num_hash_lookahead_tokens=lookahead,
     )

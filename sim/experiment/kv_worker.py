@@ -2,9 +2,9 @@
 worker half of its OffloadingConnector, ``sim.replay.kv_transfer``, over the engine's link).
 
 Invariant: the one place a worker is derived from an ``EngineDescription`` (its
-``offload_bandwidth_gb_s`` and ``kv_bytes_per_block``); the single engine (``sim.experiment.run``)
-and every replica of a fleet (``sim.experiment.cluster_run``, one per incarnation) call it. Imports
-neither simpy nor torch.
+``offload_bandwidth_gb_s``, ``offload_link_latency_s`` and ``kv_bytes_per_block``); the single engine
+(``sim.experiment.run``) and every replica of a fleet (``sim.experiment.cluster_run``, one per
+incarnation) call it. Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from sim.timing.transfer_link import TransferLink
 
 
 def build_kv_worker(engine: EngineDescription) -> LinkKVWorker | None:
-    """A fresh worker whose transfers cross one link of the engine's ``offload_bandwidth_gb_s``;
-    None without a tier."""
+    """A fresh worker whose transfers cross one link of the engine's ``offload_bandwidth_gb_s`` and
+    per-transfer ``offload_link_latency_s``; None without a tier."""
     if engine.offload is None:
         return None
-    return LinkKVWorker(TransferLink(engine.offload_bandwidth_gb_s), engine.kv_bytes_per_block)
+    return LinkKVWorker(TransferLink(engine.offload_bandwidth_gb_s, engine.offload_link_latency_s),
+                        engine.kv_bytes_per_block)
