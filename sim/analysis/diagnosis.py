@@ -42,6 +42,16 @@ CAUSES = ("capacity", "overload", "isolation", "block_granularity", "workload", 
 """The causes :func:`diagnose` names from the references (an engine miss attribution may name others)."""
 
 
+VOCABULARY = ("the diagnosis's losses in apcsim explain's causes: capacity ~ evicted (a pool one request at "
+              "a time loses these too), overload ~ in_flight + the evictions concurrency adds, isolation = "
+              "isolation_salt/lora/mm, block granularity ~ partial_block, never repeated (workload) ~ cold")
+"""The one mapping between the two vocabularies, printed by the run's summary and by ``apcsim
+explain``: the diagnosis splits the missed tokens by offline references (what a pool, one request at a
+time, an unsalted cache or 16-token blocks would have hit), the engine's attribution by what each
+missed block met at its lookup (``sim.replay.attribution``); the names pair up as stated, the counts
+only approximately (the references replay a simpler model of the engine)."""
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """``cause`` (one of :data:`CAUSES`), the sentence saying why, and the losses behind it."""

@@ -18,11 +18,13 @@ pandas, not simpy.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from sim.analysis.diagnosis import VOCABULARY
 from sim.core.errors import ApcsimError
 from sim.replay.attribution_records import CAUSES, CPU_HIT, ISOLATION_KEYS, TIER_CAUSES
 
@@ -142,8 +144,21 @@ def why(b: dict[str, Any], namespace: dict[str, Any], prompt_logprobs: bool = Fa
     return ""
 
 
-def render(e: dict[str, Any]) -> str:
-    """``apcsim explain``'s text: a header, the causes, one line per block."""
+def _runs(blocks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Consecutive blocks with the same cause, hit and KV-cache group, in order."""
+    runs: list[list[dict[str, Any]]] = []
+    for b in blocks:
+        last = runs[-1][-1] if runs else None
+        if last is not None and (last["cause"], last["hit"], last["group"]) == (b["cause"], b["hit"], b["group"]):
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return runs
+
+
+def render(e: dict[str, Any], all_blocks: bool = False) -> str:
+    """``apcsim explain``'s text: a header, the causes, then one line per run of consecutive blocks
+    with the same cause (``all_blocks``: one line per block), and the vocabulary mapping."""
     ns = ", ".join(f"{k} {v!r}" for k, v in e["namespace"].items()) or "no salt, no LoRA"
     tier = "cpu_hit_tokens" in e
     width = 17 if tier else 15  # the cause column fits cpu_partial_chunk
@@ -157,9 +172,50 @@ def render(e: dict[str, Any]) -> str:
         "",
         f"{'block':>5}  {'tokens':<13} {'hash':<{HASH_CHARS}}  {'hit?':<4}  {'cause':<{width}} why",
     ]
-    for b in e["blocks"]:
+    for run in ([[b] for b in e["blocks"]] if all_blocks else _runs(e["blocks"])):
+        b, last = run[0], run[-1]
         group = f" g{b['group']}" if b["group"] else ""
-        text = why(b, e["namespace"], e["prompt_logprobs"], tier)
-        lines.append(f"{b['block']:>5}  {str(b['start']) + '-' + str(b['end']):<13} {b['hash'] or '-':<{HASH_CHARS}}  "
+        texts = [why(x, e["namespace"], e["prompt_logprobs"], tier) for x in run]
+        text = texts[0] + (" (the first block's; --blocks all shows each)" if len(set(texts)) > 1 else "")
+        label = str(b["block"]) if len(run) == 1 else f"{b['block']}-{last['block']}"
+        digest = (b["hash"] or "-") if len(run) == 1 else f"{len(run)} blocks"
+        lines.append(f"{label:>5}  {str(b['start']) + '-' + str(last['end']):<13} {digest:<{HASH_CHARS}}  "
                      f"{'hit' if b['hit'] else 'miss':<4}  {b['cause'] + group:<{width}} {text}".rstrip())
+    return "\n".join([*lines, "", textwrap.fill(VOCABULARY, 100)])
+
+
+def top_requests(run_dir: Path, n: int) -> dict[str, Any]:
+    """The ``n`` requests of the run at ``run_dir`` that missed the most prompt tokens at their first
+    admission, each with its main cause (the largest ``miss_<cause>_tokens``; needs a run with
+    ``replay.attribution`` summary or full, else the cause is unknown)."""
+    reqs = _requests(run_dir)
+    if "status" in reqs.columns:
+        reqs = reqs[reqs["status"].astype(str) != "rejected"]
+    ext = reqs["external_hit_tokens"] if "external_hit_tokens" in reqs.columns else 0
+    missed = reqs["prompt_tokens"] - reqs["hit_tokens"] - ext
+    cols = [c for c in (TIER_CAUSES if "miss_cpu_partial_chunk_tokens" in reqs.columns else CAUSES)
+            if f"miss_{c}_tokens" in reqs.columns]
+    order = missed.sort_values(ascending=False, kind="stable").index[:n]
+    rows = []
+    for i in order:
+        r = reqs.loc[i]
+        counts = {c: int(r[f"miss_{c}_tokens"]) for c in cols}
+        main = max(counts, key=lambda c: counts[c]) if counts and max(counts.values()) > 0 else None
+        rows.append({"request_id": str(r["request_id"]), "prompt_tokens": int(r["prompt_tokens"]),
+                     "hit_tokens": int(r["hit_tokens"]), "missed_tokens": int(missed.loc[i]),
+                     "main_cause": main, "main_cause_tokens": counts.get(main, 0) if main else None})
+    return {"num_requests": len(reqs), "attribution": bool(cols), "requests": rows}
+
+
+def render_top(t: dict[str, Any]) -> str:
+    """``apcsim explain RUN --top N``'s text: one line per request, most missed first."""
+    lines = [f"the {len(t['requests'])} of {t['num_requests']:,} requests that missed the most prompt tokens"
+             + ("" if t["attribution"] else " (no causes: run with --set replay.attribution=summary)"),
+             f"{'request':<20} {'prompt':>8} {'hit':>8} {'missed':>8}  main cause"]
+    for r in t["requests"]:
+        cause = f"{r['main_cause']} ({r['main_cause_tokens']:,} tokens)" if r["main_cause"] else "-"
+        lines.append(f"{r['request_id']:<20} {r['prompt_tokens']:>8,} {r['hit_tokens']:>8,} "
+                     f"{r['missed_tokens']:>8,}  {cause}")
+    if t["attribution"]:
+        lines += ["", textwrap.fill(VOCABULARY, 100)]
     return "\n".join(lines)

@@ -18,7 +18,7 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any, TypeGuard
 
-from sim.analysis.diagnosis import diagnose
+from sim.analysis.diagnosis import VOCABULARY, diagnose
 
 _LATENCIES = (("TTFT", "ttft"), ("TPOT", "tpot"), ("queue time", "queue_time"), ("E2E", "e2e"))
 
@@ -245,6 +245,7 @@ def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
     if d.losses and d.cause not in ("caching_off", "unknown"):
         wrap.initial_indent = " " * 12
         lines += wrap.wrap(_losses(d.losses, tiered="hit_rate_by_source" in s))
+        lines += wrap.wrap(VOCABULARY)  # the one mapping to apcsim explain's causes, also printed there
     return "\n".join(lines)
 
 

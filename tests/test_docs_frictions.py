@@ -1,0 +1,113 @@
+"""The newcomer frictions of issue 36, each fixed and held here: ``apcsim explain`` groups a run of
+blocks with one cause into one line (``--blocks all`` for each) and lists the requests that missed
+most (``--top N``); the diagnosis and ``explain`` print one mapping between their vocabularies; a
+cluster run's summary names its primary router and its routers table has p90, one unit style and
+its SLO; the notebook has a light extra without torch or Ray."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import pandas as pd
+
+from sim.analysis.diagnosis import VOCABULARY
+from sim.analysis.explain import render, render_top, top_requests
+from sim.cli.summary import render as render_summary
+from sim.cli.summary import render_routers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _block(i: int, cause: str, hit: bool = False, **extra) -> dict:
+    return {"block": i, "start": 16 * i, "end": 16 * i + 16, "group": 0, "hash": f"{i:012x}", "hit": hit,
+            "cause": cause, **extra}
+
+
+def _explained(blocks: list[dict]) -> dict:
+    return {"request_id": "r", "prompt_tokens": 16 * len(blocks), "hit_tokens": 32, "missed_tokens": 0,
+            "namespace": {}, "prompt_logprobs": False, "miss_tokens": {}, "miss_isolation_tokens": {},
+            "blocks": blocks}
+
+
+def test_explain_puts_a_run_of_blocks_with_one_cause_on_one_line() -> None:
+    blocks = [_block(0, "hit", True), _block(1, "hit", True)] + [
+        _block(i, "evicted", cached_by="a", cached_step=1, evicted_step=i, evict_reason="reused",
+               evicted_for="b", evicted_block_id=i) for i in range(2, 40)] + [_block(40, "cold"), _block(41, "cold")]
+    grouped = render(_explained(blocks)).splitlines()
+    rows = [ln for ln in grouped if re.match(r"\s*\d", ln)]
+    assert [r.split()[0] for r in rows] == ["0-1", "2-39", "40-41"]
+    assert "2-39  32-640" in rows[1] and "38 blocks" in rows[1] and "--blocks all shows each" in rows[1]
+    each = [ln for ln in render(_explained(blocks), all_blocks=True).splitlines() if re.match(r"\s*\d", ln)]
+    assert len(each) == 42 and "evicted at step 39" in each[39]
+
+
+def test_explain_top_lists_the_requests_that_missed_most_with_their_main_cause(tmp_path: Path) -> None:
+    pd.DataFrame({
+        "request_id": ["a", "b", "c", "d"], "prompt_tokens": [100, 400, 300, 900], "hit_tokens": [0, 100, 300, 0],
+        "status": ["ok", "ok", "ok", "rejected"],
+        **{f"miss_{c}_tokens": v for c, v in {"skip": [0, 0, 0, 0], "last_token": [0, 0, 0, 0],
+                                              "partial_block": [4, 12, 0, 0], "eagle": [0, 0, 0, 0],
+                                              "isolation": [0, 0, 0, 0], "in_flight": [0, 0, 0, 0],
+                                              "evicted": [0, 288, 0, 0], "unreachable": [0, 0, 0, 0],
+                                              "cold": [96, 0, 0, 0]}.items()},
+    }).to_parquet(tmp_path / "requests.parquet")
+    t = top_requests(tmp_path, 2)
+    assert [(r["request_id"], r["missed_tokens"], r["main_cause"]) for r in t["requests"]] == [
+        ("b", 300, "evicted"), ("a", 100, "cold")]
+    assert t["num_requests"] == 3  # the rejected request was never looked up
+    text = render_top(t)
+    assert "b" in text and "evicted (288 tokens)" in text and VOCABULARY.split()[0] in text
+
+
+def test_the_diagnosis_and_explain_print_the_same_vocabulary_mapping() -> None:
+    for cause in ("capacity", "overload", "isolation", "block granularity", "never repeated",
+                  "evicted", "in_flight", "cold", "partial_block"):
+        assert cause in VOCABULARY
+    explained = render(_explained([_block(0, "cold")]))
+    assert " ".join(explained.split()[-20:]) in " ".join(VOCABULARY.split())
+    s = {"num_requests": 10, "prompt_tokens": 1000, "first_admission_token_hit_rate": 0.2,
+         "infinite_cache_hit_rate": 0.5, "lru_sequential_hit_rate": 0.25, "num_evictions": 5,
+         "engine": {"num_gpu_blocks": 100, "block_size": 16, "capacity_tokens": 1600, "model": "m", "gpu": "g",
+                    "max_model_len": 1024}}
+    summary = render_summary(s, name="x", folder="out", wall_time_s=1.0)
+    assert "capacity" in summary and " ".join(VOCABULARY.split()) in " ".join(summary.split())
+
+
+def _cluster_summary() -> dict:
+    row = {"ttft_p50_s": 0.394, "ttft_p90_s": 1.57, "ttft_p99_s": 6.36, "request_hit_rate": 0.137,
+           "token_hit_rate": 0.137, "goodput_fraction": 0.928}
+    return {"num_requests": 600, "first_admission_token_hit_rate": 0.137, "ttft_p50_s": 0.394,
+            "cluster": {"num_replicas": 8, "router": {"kind": "sglang"}, "ttft_slo_s": 2.0,
+                        "comparison": [{"router": "sglang", **row},
+                                       {"router": "round_robin", **row, "ttft_p50_s": 0.371, "ttft_p90_s": 1.81}]}}
+
+
+def test_a_cluster_summary_names_its_primary_router() -> None:
+    text = render_summary(_cluster_summary(), name="q", folder="out", wall_time_s=1.0)
+    assert "hit rate    (fractions of prompt tokens; the fleet under the sglang router)" in text
+    assert re.search(r"^latency .*\(the fleet under the sglang router\)$", text, re.M)
+
+
+def test_the_routers_table_has_p90_one_unit_style_and_names_its_slo() -> None:
+    lines = render_routers(_cluster_summary())
+    assert "goodput: TTFT <= 2.00 s" in lines[0]
+    assert lines[1].split() == ["router", "hit", "rate", "TTFT", "p50", "TTFT", "p90", "TTFT", "p99", "goodput"]
+    assert lines[2].split() == ["sglang", "0.137", "394", "ms", "1.57", "s", "6.36", "s", "92.8", "%"]
+    assert lines[3].split()[:5] == ["round_robin", "0.137", "371", "ms", "1.81"]
+    assert render_routers({"cluster": {"router": {"kind": "dynamo"}}}) == []
+
+
+def test_the_notebook_extra_is_light_and_covers_what_the_notebook_imports() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extra = project["optional-dependencies"]["notebook"]
+    names = {re.split(r"[<>=!\[ ;]", d, maxsplit=1)[0].lower() for d in extra}
+    assert "ipykernel" in names and not names & {"torch", "ray", "triton"}
+    nb = json.loads((ROOT / "notebooks" / "sweep_analysis.ipynb").read_text())
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    imported = set(re.findall(r"^\s*(?:from|import)\s+(\w+)", code, re.M))
+    default = {re.split(r"[<>=!\[ ;]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    assert not imported & {"torch", "ray", "gpu_backend"}
+    assert imported <= {"IPython", "json", "os", "pathlib", "sim", "workloads", *default}
