@@ -52,13 +52,16 @@ class OffloadConfig:
     ``num_cpu_chunks`` is the tier's capacity in chunks of ``blocks_per_chunk`` GPU blocks (resolved
     above the core from GiB or given directly); ``policy`` is the manager's ``eviction_policy``;
     ``offload_prompt_only`` and ``store_threshold`` are the connector's extra-config keys of the same
-    names (defaults: vLLM's)."""
+    names (defaults: vLLM's); ``self_describing_kv_events`` is the extra-config key that makes the
+    tier's ``BlockStored`` events carry the chunk's block hashes and tokens (``sim.core.offload.events``;
+    it matters only when the engine's KV events are on)."""
 
     num_cpu_chunks: int
     blocks_per_chunk: int = 1
     policy: Literal["lru", "arc"] = "lru"
     offload_prompt_only: bool = True
     store_threshold: int = 0
+    self_describing_kv_events: bool = False
 
 
 @dataclass(frozen=True, slots=True)

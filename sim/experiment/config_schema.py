@@ -51,6 +51,7 @@ _VLLM_FLAGS: dict[tuple[str, str], str] = {
     ("EngineConfig", "kv_offloading_block_size"): "--kv-transfer-config extra: block_size",
     ("EngineConfig", "offload_prompt_only"): "--kv-transfer-config extra: offload_prompt_only",
     ("EngineConfig", "store_threshold"): "--kv-transfer-config extra: store_threshold",
+    ("EngineConfig", "self_describing_kv_events"): "--kv-transfer-config extra: self_describing_kv_events",
 }
 
 _UNITS: dict[str, str] = {

@@ -17,7 +17,9 @@ The keys, each named after the vLLM flag or extra-config key it mirrors:
   extra-config ``block_size``; default one GPU block);
 * ``engine.offload_prompt_only`` (default true) and ``engine.store_threshold`` (default 0, off);
 * ``engine.offload_bandwidth_gb_s`` -- the GPU<->CPU link (GB/s per direction; default the GPU
-  spec's ``host_link_gb_s``).
+  spec's ``host_link_gb_s``);
+* ``engine.self_describing_kv_events`` (default false) -- the extra-config key that makes the tier's
+  KV events carry the chunk's blocks and tokens (``sim.core.offload.events``).
 
 Invariants: with none of these keys set there is no tier (``resolve_offload`` returns None) and the
 engine is the untiered one; every problem is one ``ConfigError`` line naming the key. Imports
@@ -60,13 +62,15 @@ class TierKeys(Protocol):
     def store_threshold(self) -> int | None: ...
     @property
     def offload_bandwidth_gb_s(self) -> float | None: ...
+    @property
+    def self_describing_kv_events(self) -> bool | None: ...
 
 PAGE_ALIGNMENT = 4096
 """vLLM's ``SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT`` (``mmap.PAGESIZE``): each chunk's bytes are
 rounded up to it."""
 
 TIER_KEYS = ("kv_offloading_size", "num_cpu_blocks", "kv_offloading_policy", "kv_offloading_block_size",
-             "offload_prompt_only", "store_threshold", "offload_bandwidth_gb_s")
+             "offload_prompt_only", "store_threshold", "offload_bandwidth_gb_s", "self_describing_kv_events")
 """The engine keys of the tier; any of them set without a size is a problem."""
 
 
@@ -151,6 +155,7 @@ def resolve_offload(
         policy=e.kv_offloading_policy or "lru",
         offload_prompt_only=True if e.offload_prompt_only is None else e.offload_prompt_only,
         store_threshold=e.store_threshold or 0,
+        self_describing_kv_events=bool(e.self_describing_kv_events),
     )
 
 
