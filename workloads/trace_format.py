@@ -10,7 +10,7 @@ an earlier answer; length >= ``output_tokens``), ``salt`` (vLLM ``cache_salt``, 
 how many leading prompt tokens are a shared system prompt; used by the ``shared_system_prompt``
 salt policy of ``workloads.tenants``, default 0).
 
-What each field does to caching (vLLM 0.25.1's rules; the README's "Replaying your own traffic"
+What each field does to caching (vLLM 0.25.1's rules; docs/workloads.md, "Replaying your own traffic"
 has the table): only full blocks of ``tokens`` are cached and hit, as a chain from token 0, and the
 last prompt token is always recomputed; ``output_token_ids`` lets a later request hit this answer;
 ``salt`` (hashed into block 0, chained) and ``lora`` (hashed into every block) separate namespaces

@@ -3,7 +3,7 @@
 ``pip install -e .`` compiles the engine's per-step modules with mypyc from their own ``.py``
 source, as one group whose shared library is ``sim._engine__mypyc``; an extension module then
 shadows each ``.py``. When the build is missing (no C compiler, a mypyc failure) the same source
-runs interpreted: same results, about 1.4-1.6x slower (the full Mooncake replay, README).
+runs interpreted: same results, about 1.4-1.6x slower (the full Mooncake replay, results/benchmarks/README.md).
 :func:`warn_if_interpreted` says so once per process.
 
 Invariant: compiled or not changes speed only, never a result (the same source; the tests run on
