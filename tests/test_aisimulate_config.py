@@ -83,7 +83,8 @@ def test_untiered_variant(tmp_path: Path) -> None:
 def test_sweep_loads() -> None:
     sw = load_sweep(SWEEP)
     sizes = [p.axes["engine.kv_offloading_size"] for p in sw.points]
-    assert sizes.count("none") == 2 and len(sw.points) == 12
+    assert sizes.count("none") == 4 and len(sw.points) == 24  # 2 traces x 6 sizes x sync/async
+    assert {p.config.engine.async_scheduling for p in sw.points} == {False, True}
     for p in sw.points:
         assert p.config.workload.limit == 5000
         if p.axes["engine.kv_offloading_size"] == "none":
