@@ -208,3 +208,44 @@ def test_a_folder_of_result_files_is_still_replaced(tmp_path):
     (out / "summary.json").write_text("{}")
     assert main(["run", str(_trace_config(tmp_path, trace)), "--out", str(out), "--no-progress", "--no-bounds"]) == 0
     assert json.loads((out / "summary.json").read_text())["num_requests"] == 3
+
+
+# -- 7. a resumed sweep whose trace file changed -------------------------------------------------
+
+def _trace_sweep(tmp_path: Path, trace: Path) -> Path:
+    sweep = {
+        "name": "resume", "output_dir": str(tmp_path / "sweeps"),
+        "base": {"engine": {"num_gpu_blocks": 400, "max_model_len": 4096}, "latency": {"kind": "fixed",
+                 "step_time_s": 0.01}, "workload": {"kind": "trace", "path": str(trace)}},
+        "grid": {"engine.block_size": [16, 32]},
+    }
+    p = tmp_path / "sweep.yaml"
+    p.write_text(yaml.safe_dump(sweep))
+    return p
+
+
+def _sweep(args: list[str], capsys) -> tuple[int, str]:
+    rc = main(["sweep", *args, "--workers", "1", "--no-plots", "--no-progress"])
+    return rc, capsys.readouterr().out
+
+
+def test_a_resumed_sweep_reruns_points_whose_trace_changed(tmp_path, capsys):
+    import pandas as pd
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(_trace_lines(7))
+    sweep = _trace_sweep(tmp_path, trace)
+    rc, out = _sweep([str(sweep)], capsys)
+    assert rc == 0 and "ran 2, skipped 0" in out
+    rc, out = _sweep([str(sweep)], capsys)  # unchanged: both skipped
+    assert rc == 0 and "ran 0, skipped 2" in out
+    trace.write_bytes(_trace_lines(3))
+    rc, out = _sweep([str(sweep)], capsys)
+    assert rc == 0 and "ran 2 (2 of them again: their input files changed), skipped 0" in out
+    table = pd.read_parquet(tmp_path / "sweeps" / "resume" / "table.parquet")
+    assert table["num_requests"].tolist() == [3, 3]
+    import os
+
+    os.utime(trace, ns=(1, 1))  # touched only, same bytes: still current
+    rc, out = _sweep([str(sweep)], capsys)
+    assert rc == 0 and "ran 0, skipped 2" in out

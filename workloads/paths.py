@@ -21,3 +21,18 @@ def input_path(p: str, base_dir: str | Path) -> Path:
     """An input path: ``p`` (``~`` expanded) if absolute, else ``base_dir / p``."""
     path = Path(p).expanduser()
     return path if path.is_absolute() else (Path(base_dir) / path)
+
+
+def default_input(kind: str, trace: str | None = None) -> Path | None:
+    """The shared file or folder a workload (or arrival) ``kind`` reads when its ``path`` is not
+    set; None when the kind reads no file by default (synthetic generators, ``trace``, ``bailian``)."""
+    shared = shared_traces_dir()
+    if kind == "mooncake":
+        return shared / "mooncake" / "conversation_trace.jsonl"
+    if kind == "ragpulse":
+        return shared / "ragpulse"
+    if kind == "agent_trace":
+        return shared / "weka_agent_sample"
+    if kind == "azure":
+        return shared / "azure_llm_2023" / f"AzureLLMInferenceTrace_{trace}.csv"
+    return None

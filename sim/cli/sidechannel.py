@@ -28,7 +28,8 @@ def _cmd_sidechannel(args: argparse.Namespace) -> int:
     report = run_study(study, workers=args.workers, ray=args.ray or args.ray_address is not None,
                        ray_address=args.ray_address, resume=not args.no_resume,
                        progress=False if args.no_progress else None)
-    print(f"ran {report.ran}, skipped {report.skipped} finished earlier, {len(report.errors)} failed; "
+    stale = f" ({report.stale} of them again: their input files changed)" if report.stale else ""
+    print(f"ran {report.ran}{stale}, skipped {report.skipped} finished earlier, {len(report.errors)} failed; "
           f"{report.wall_time_s:.1f} s")
     for point, msg in report.errors:
         print(f"  point {point}: {msg}")

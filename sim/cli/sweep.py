@@ -36,7 +36,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         resume=not args.no_resume,
         progress=False if args.no_progress else None,
     )
-    print(f"ran {report.ran}, skipped {report.skipped} finished earlier, {len(report.errors)} failed; "
+    stale = f" ({report.stale} of them again: their input files changed)" if report.stale else ""
+    print(f"ran {report.ran}{stale}, skipped {report.skipped} finished earlier, {len(report.errors)} failed; "
           f"{report.wall_time_s:.1f} s")
     for point, msg in report.errors:
         print(f"  point {point}: {msg}")

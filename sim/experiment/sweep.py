@@ -18,8 +18,10 @@ The sweep folder ``<output_dir>/<name>/`` holds:
 * the plots, drawn afterwards by ``apcsim sweep`` (``sim.cli.sweep``) or ``apcsim plot`` with
   ``sim.analysis.plots``: this module stays below the analysis layer.
 
-Resume: a point whose folder holds an ``ok`` row (and a ``meta.json`` with ``complete: true``) is
-skipped; ``error`` points are retried;
+Resume: a point whose folder holds an ``ok`` row (and a ``meta.json`` with ``complete: true``) and
+whose input files still match the fingerprint stored beside it (``inputs.json``: size and SHA-256
+of every trace / latency / spec file the point reads, ``sim.experiment.input_files``) is skipped;
+a point whose inputs changed runs again and replaces its folder; ``error`` points are retried;
 ``--no-resume`` reruns everything. Killing the sweep (even ``kill -9``) loses no finished point and
 leaves no half-written one: leftovers ``points/.tmp-*`` are removed by the next run. A lock file
 keeps two sweeps from writing one folder at once.
@@ -53,9 +55,17 @@ from typing import Any
 import pandas as pd
 
 from sim.experiment.config import ConfigError
+from sim.experiment.input_files import FingerprintCache, fingerprint, input_files, same_inputs
 from sim.experiment.results import _atomic_write, write_json, write_table
 from sim.experiment.sweep_config import Point, Sweep, load_sweep
-from sim.experiment.sweep_point import WALL_COLUMNS, commit_point, compute_point, error_result, read_row
+from sim.experiment.sweep_point import (
+    WALL_COLUMNS,
+    commit_point,
+    compute_point,
+    error_result,
+    read_inputs,
+    read_row,
+)
 from sim.experiment.sweep_pool import run_local
 from sim.experiment.workload import release_shared
 
@@ -76,6 +86,7 @@ class SweepReport:
     table: pd.DataFrame
     ran: int = 0
     skipped: int = 0
+    stale: int = 0  # finished points rerun because an input file changed (sim.experiment.input_files)
     errors: list[tuple[int, str]] = field(default_factory=list)  # (point, message)
     wall_time_s: float = 0.0
 
@@ -235,15 +246,22 @@ def run_sweep(
         _atomic_write(folder / "sweep.yaml", lambda p: p.write_text(text))
         unique = _unique_tasks(sweep.points)
         todo: list[Point] = []
+        stale: set[str] = set()
+        cache = FingerprintCache()  # each input file hashed once per sweep run
+        inputs = {p.key: fingerprint(input_files(p.config), cache) for p in unique}
         for p in unique:
             row = read_row(points_dir / p.key) if resume else None
             if row is not None and row.get("status") == "ok":
-                report.skipped += 1
-            else:
-                todo.append(p)
+                if same_inputs(read_inputs(points_dir / p.key), inputs[p.key]):
+                    report.skipped += 1
+                    continue
+                stale.add(p.key)  # finished on inputs that have changed since: rerun, replace
+            todo.append(p)
         todo.sort(key=_stream_order)
         run = uuid.uuid4().hex  # the workers share streams within this run only (shared_workload)
-        tasks = [{**p.task(sweep.bounds, sweep.keep_steps), "replace": not resume, "run": run} for p in todo]
+        report.stale = len(stale)
+        tasks = [{**p.task(sweep.bounds, sweep.keep_steps), "replace": not resume or p.key in stale, "run": run,
+                  "inputs": inputs[p.key]} for p in todo]
         index_of = {p.key: p.index for p in todo}
         n_workers = workers if workers is not None else (os.cpu_count() or 1)
         show = sys.stderr.isatty() if progress is None else progress

@@ -9,7 +9,8 @@ to ``points/<key>/`` in one step: a point folder is complete or absent, never ha
 that raises is stored the same way with ``status: error``, its message in the row and the traceback
 in ``error.txt``.
 
-``points/<key>/`` holds ``row.json``, ``summary.json``, ``config.resolved.yaml``, ``meta.json`` and
+``points/<key>/`` holds ``row.json``, ``summary.json``, ``config.resolved.yaml``, ``meta.json``,
+``inputs.json`` (the fingerprint of the files the point read, when it read any) and
 ``requests.parquet`` (plus ``steps.parquet`` with the sweep's ``keep_steps: true``; the tables of
 ``apcsim run``, parquet only), or ``row.json`` and ``error.txt`` for a failed point.
 
@@ -63,6 +64,7 @@ from sim.experiment.results_folder import is_complete
 from sim.experiment.tier_axis import tier_facts
 
 ROW_FILE = "row.json"
+INPUTS_FILE = "inputs.json"
 WALL_COLUMNS = ("wall_time_s", "bounds_wall_time_s", "worker", "worker_peak_rss_mib")
 """Columns that differ from run to run (everything else in a row is deterministic): the point's wall
 times, the worker that ran it (``host:pid``) and that worker process's peak RSS so far (MiB)."""
@@ -171,6 +173,8 @@ def compute_point(task: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes
         }
         if task.get("keep_steps"):
             files["steps.parquet"] = _parquet(result.steps)
+        if task.get("inputs"):  # the input files' fingerprint, checked before a resume skips the point
+            files[INPUTS_FILE] = _json_bytes(task["inputs"])
         files.update(extra_files)
     except Exception as exc:  # a failing point is recorded, never fatal to the sweep
         return error_result(task["key"], exc, time.perf_counter() - t0)
@@ -206,6 +210,16 @@ def read_row(folder: Path) -> dict[str, Any] | None:
     if row.get("status") == "ok" and not is_complete(folder):
         return None
     return row
+
+
+def read_inputs(folder: Path) -> dict[str, Any]:
+    """The input fingerprint stored with a point (``sim.experiment.input_files``); {} when none
+    (a point that reads no file, or one stored by an older apcsim)."""
+    try:
+        data = json.loads((folder / INPUTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def commit_point(points_dir: Path, key: str, files: dict[str, bytes], *, replace: bool = False) -> Path:
