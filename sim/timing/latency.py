@@ -5,6 +5,15 @@ each ``SchedulerOutput`` into a :class:`~sim.core.executor.StepShape` and asks a
 :class:`LatencyModel` for the duration. This module holds the interface and :class:`FixedLatency`;
 :mod:`sim.timing.roofline` (model + GPU roofline) and :mod:`sim.timing.fitted_latency` (a
 calibrated linear model read from a file) implement it beside it.
+
+The CPU offload tier's transfers are not part of a step's duration here, as they are not in vLLM
+0.33.0's: its worker copies on streams of its own beside the forward. The replay composes them
+(``sim.replay.kv_transfer`` over ``sim.timing.transfer_link``): a step lasts the model's time plus
+the wait for its flushed stores (``jobs_to_flush``); a load delays its request (reported no
+earlier than the next step's output), never the step; an empty step while transfers are pending
+lasts until the first one it may report lands. The link's figures come with the model: a fitted
+model's file carries the calibrated link (``host_link``), the roofline's GPU spec its
+``host_link_gb_s`` (``tests/test_latency_link.py`` derives the composed times by hand).
 Imports neither simpy nor torch.
 """
 
