@@ -249,3 +249,59 @@ def test_a_resumed_sweep_reruns_points_whose_trace_changed(tmp_path, capsys):
     os.utime(trace, ns=(1, 1))  # touched only, same bytes: still current
     rc, out = _sweep([str(sweep)], capsys)
     assert rc == 0 and "ran 0, skipped 2" in out
+
+
+# -- 5. and 6. apcsim size: numbers and --out checked before the first replay ----------------------
+
+def _cli(argv: list[str], capsys) -> tuple[int, str, list[str]]:
+    """``apcsim ARGV``: exit code, stdout, stderr lines (argparse's own errors exit through SystemExit)."""
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return rc, captured.out, _stderr_lines(captured.err)
+
+
+def _size_config(tmp_path: Path) -> Path:
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({**_FLEET, "model": "llama-3-8b", "engine": {"block_size": 16, "num_gpu_blocks": 900,
+                                                                             "max_model_len": 4096}}))
+    return p
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "abc", "1e9", "99999999"])
+def test_size_refuses_a_bad_max_replicas_before_replaying(tmp_path, capsys, value):
+    rc, out, err = _cli(["size", str(_size_config(tmp_path)), "--slo", "ttft_p99=2s", "--max-replicas", value,
+                         "--out", str(tmp_path / "sz")], capsys)
+    assert rc == 2 and "replicas ->" not in out and not (tmp_path / "sz").exists()
+    assert any("--max-replicas" in line and value in line for line in err)
+
+
+def test_size_checks_out_before_the_first_replay(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("mine")
+    rc, out, err = _cli(["size", str(_size_config(tmp_path)), "--slo", "ttft_p99=2s", "--out", str(blocker)], capsys)
+    assert rc == 2 and "replicas ->" not in out and blocker.read_text() == "mine"
+    assert err == [f"apcsim: error: {blocker}: exists and is not a folder; remove it or pick another --out"]
+
+
+def test_size_refuses_a_second_slo_and_names_a_bad_router(tmp_path, capsys):
+    cfg = str(_size_config(tmp_path))
+    rc, out, err = _cli(["size", cfg, "--slo", "ttft_p99=2s", "--slo", "e2e_p90=9s", "--out", str(tmp_path / "z")],
+                        capsys)
+    assert rc == 2 and err[0].startswith("apcsim: error: --slo given 2 times") and "replicas ->" not in out
+    rc, out, err = _cli(["size", cfg, "--slo", "ttft_p99=2s", "--routers", "nope", "--out", str(tmp_path / "z")],
+                        capsys)
+    assert rc == 2 and err[0].startswith("apcsim: error: --routers nope: not a router")
+    assert "cluster.router" not in err[0]
+
+
+def test_size_writes_sizing_json_with_the_input_fingerprint(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(_trace_lines(5))
+    cfg = _trace_config(tmp_path, trace)
+    rc, out, _ = _cli(["size", str(cfg), "--slo", "ttft_p99=2s", "--max-replicas", "2", "--out", str(tmp_path / "z")],
+                      capsys)
+    sizing = json.loads((tmp_path / "z" / "sizing.json").read_text())
+    assert rc == 0 and sizing["inputs"][str(trace.resolve())]["size"] == trace.stat().st_size

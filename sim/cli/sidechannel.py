@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 
+from sim.cli.arguments import int_at_least
+
 
 def _cmd_sidechannel(args: argparse.Namespace) -> int:
-    from sim.experiment.config import ConfigError
     from sim.experiment.sidechannel_study import load_study, run_study
 
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     study = load_study(args.study, args.output_dir, args.set)
     print(f"sidechannel {study.name}: {len(study.points)} points -> {study.folder()}/")
     report = run_study(study, workers=args.workers, ray=args.ray or args.ray_address is not None,
@@ -55,7 +54,8 @@ def add_sidechannel_parser(sub: argparse._SubParsersAction) -> None:
                                   "(see configs/sidechannel.yaml)")
     sc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key of the base experiment, e.g. --set sidechannel.presence.victim_requests=50")
-    sc.add_argument("--workers", type=int, default=None, help="local worker processes (default: all cores)")
+    sc.add_argument("--workers", type=int_at_least(1), default=None,
+                    help="local worker processes (default: all cores)")
     sc.add_argument("--ray", action="store_true", help="run the points as Ray tasks (a local Ray instance)")
     sc.add_argument("--ray-address", default=None, metavar="ADDR", help="run on the Ray cluster at ADDR; implies --ray")
     sc.add_argument("--no-resume", action="store_true", help="rerun every point, even finished ones")

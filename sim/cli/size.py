@@ -3,6 +3,11 @@ the smallest replica count per router meeting the SLO (``sim.experiment.sizing``
 table and written with its config and provenance to ``<out>/sizing.json`` (default
 ``<output_dir>/<name>/sizing/``).
 
+Everything is checked before the first replay: the numbers (``--max-replicas`` from 1 to
+:data:`MAX_REPLICAS`), one ``--slo``, each of ``--routers`` (named in its error), and ``--out``
+(created and writable, ``sim.experiment.results_folder.writable_folder``). ``sizing.json`` records
+the fingerprint of the input files (``sim.experiment.input_files``).
+
 Mirrors nothing in vLLM. Invariants: parse, call the sizing search, print (CLI stays thin);
 imports neither simpy nor torch at import time.
 """
@@ -12,17 +17,31 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sim.cli.arguments import int_at_least
+
+MAX_REPLICAS = 4096
+"""The largest --max-replicas (a fleet larger than this is a different question than sizing)."""
+
 
 def _cmd_size(args: argparse.Namespace) -> int:
-    from sim.experiment.config import config_to_dict, load_config
+    from sim.experiment.config import ConfigError, config_to_dict, load_config
+    from sim.experiment.input_files import fingerprint, input_files
     from sim.experiment.results import run_metadata, write_json
+    from sim.experiment.results_folder import writable_folder
     from sim.experiment.run import replay_experiment
-    from sim.experiment.sizing import parse_slo, size_router
+    from sim.experiment.sizing import check_routers, parse_slo, size_router
 
     cfg = load_config(args.config, list(args.set))
-    slo = parse_slo(args.slo)
+    if len(args.slo) > 1:  # one SLO per sizing: a second --slo is refused, not silently kept instead
+        raise ConfigError(f"--slo given {len(args.slo)} times ({', '.join(args.slo)}); apcsim size searches for "
+                          "one SLO: run it once per SLO")
+    slo = parse_slo(args.slo[0])
     routers = [r for r in args.routers.split(",") if r] if args.routers else [
         cfg.cluster.router.kind if cfg.cluster is not None else "round_robin"]
+    check_routers(cfg, routers)  # before the first replay, naming --routers
+    # before the first replay, as apcsim run does: an --out that cannot hold sizing.json fails now
+    out = writable_folder(Path(args.out) if args.out else cfg.results_dir() / "sizing", ("sizing.json",))
+    inputs = fingerprint(input_files(cfg))
 
     def replay(c):  # type: ignore[no-untyped-def]
         result, _ = replay_experiment(c, progress=False)
@@ -38,12 +57,10 @@ def _cmd_size(args: argparse.Namespace) -> int:
     for s in results:
         print(f"  {s.router:<20} {s.replicas if s.replicas is not None else f'> {args.max_replicas}'}"
               f"  ({len(s.probes)} replays)")
-    out = Path(args.out) if args.out else cfg.results_dir() / "sizing"
-    out.mkdir(parents=True, exist_ok=True)
     write_json(out / "sizing.json", {
         "slo": {"metric": slo.metric, "limit_s": slo.limit_s}, "max_replicas": args.max_replicas,
         "routers": [{"router": s.router, "replicas": s.replicas, "probes": s.probes} for s in results],
-        "config": config_to_dict(cfg), "meta": run_metadata(0.0),
+        "config": config_to_dict(cfg), "inputs": inputs, "meta": run_metadata(0.0),
     })
     print(f"wrote {out / 'sizing.json'}")
     return 0
@@ -52,10 +69,12 @@ def _cmd_size(args: argparse.Namespace) -> int:
 def add_size_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("size", help="smallest replica count per router meeting a latency SLO (bisection)")
     p.add_argument("config", help="experiment YAML file (its cluster section, if any, is the starting point)")
-    p.add_argument("--slo", required=True, help="e.g. ttft_p99=2s, ttft_p50<=500ms, e2e_p90=30s")
+    p.add_argument("--slo", required=True, action="append",
+                   help="e.g. ttft_p99=2s, ttft_p50<=500ms, e2e_p90=30s (one SLO per run)")
     p.add_argument("--routers", default=None,
                    help="comma-separated router kinds (llm_d:approximate for a prefix mode); default: the config's")
-    p.add_argument("--max-replicas", type=int, default=64, help="give up above this count (default 64)")
+    p.add_argument("--max-replicas", type=int_at_least(1, maximum=MAX_REPLICAS), default=64,
+                   help="give up above this count (default 64)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--out", default=None, help="folder for sizing.json (default <output_dir>/<name>/sizing)")
     p.set_defaults(func=_cmd_size)

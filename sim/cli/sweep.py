@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sim.cli.arguments import int_at_least
+
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from sim.experiment.sweep import run_sweep
     from sim.experiment.sweep_config import load_sweep
 
-    if args.workers is not None and args.workers < 1:
-        from sim.experiment.config import ConfigError
-
-        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
     sweep = load_sweep(args.sweep, args.output_dir, args.set)
     print(f"sweep {sweep.name}: {len(sweep.points)} points -> {sweep.folder()}/")
     report = run_sweep(
@@ -65,7 +63,8 @@ def add_sweep_parsers(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("sweep", help="sweep YAML file (see sim/experiment/sweep_config.py and configs/sweeps/)")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key of the base experiment, e.g. --set workload.limit=500 (repeatable)")
-    sw.add_argument("--workers", type=int, default=None, help="local worker processes (default: all cores)")
+    sw.add_argument("--workers", type=int_at_least(1), default=None,
+                    help="local worker processes (default: all cores)")
     sw.add_argument("--ray", action="store_true", help="run the points as Ray tasks (a local Ray instance)")
     sw.add_argument("--ray-address", default=None, metavar="ADDR",
                     help="run on the Ray cluster at ADDR (e.g. ray://head:10001 or auto); implies --ray")

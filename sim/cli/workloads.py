@@ -14,6 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
+from sim.cli.arguments import int_list
+
 
 def _cmd_stats(args: argparse.Namespace) -> int:
     from sim.experiment.config import load_config
@@ -21,7 +23,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     from workloads.stats import format_stats
 
     cfg = load_config(args.config, args.set)
-    sizes = [int(x) for item in args.block_size for x in str(item).split(",") if x.strip()] or None
+    sizes = [n for item in args.block_size for n in item] or None  # parsed and checked by int_list
     s = workload_stats(cfg, sizes)
     print(json.dumps(s, indent=2, default=str) if args.json else format_stats(s))
     return 0
@@ -34,7 +36,7 @@ def add_workloads_parser(sub: argparse._SubParsersAction) -> None:
     st = wsub.add_parser("stats", help="print a config's workload shape and infinite-cache hit bound")
     st.add_argument("config", type=Path, help="experiment YAML file")
     st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    st.add_argument("--block-size", action="append", default=[], metavar="N[,N...]",
+    st.add_argument("--block-size", action="append", default=[], metavar="N[,N...]", type=int_list(1),
                     help="block size(s) for the bound (default: the engine's scheduler block size); "
                          "repeatable or comma-separated")
     st.add_argument("--json", action="store_true", help="print JSON")

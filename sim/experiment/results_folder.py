@@ -122,6 +122,27 @@ def os_problem(exc: OSError) -> str:
     return os.strerror(code) if code else str(exc)
 
 
+def writable_folder(folder: str | Path, files: tuple[str, ...] = (), option: str = "--out") -> Path:
+    """``folder`` created now (with its parents) and checked writable, before any work is done, so
+    that a command writing a few files into it (``apcsim size``: ``sizing.json``) fails in a second,
+    not after its replays; each of ``files`` already there must be a regular file. Problems raise
+    :class:`ResultsError` naming the folder and ``option``."""
+    folder = Path(folder).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ResultsError(f"{folder}: exists and is not a folder; remove it or pick another {option}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ResultsError(f"{folder}: cannot create the folder: {os_problem(exc)}; pick another {option}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ResultsError(f"{folder}: cannot write results here: {os.strerror(errno.EACCES)}; pick another {option}")
+    for name in files:
+        if os.path.lexists(folder / name) and (kind := _not_a_file(folder / name)):
+            raise ResultsError(f"{folder / name}: is {kind}, where apcsim writes a result file; move it or pick "
+                               f"another {option}")
+    return folder
+
+
 def _not_a_file(p: Path) -> str:
     """'' for a regular file (not a link), else what ``p`` is (``a folder``, ``a symbolic link``)."""
     mode = os.lstat(p).st_mode

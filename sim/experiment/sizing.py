@@ -60,6 +60,22 @@ def router_spec(name: str, cfg: ExperimentConfig) -> dict[str, Any]:
     return spec
 
 
+def check_routers(cfg: ExperimentConfig, routers: list[str]) -> None:
+    """Refuse, naming ``--routers``, a router name that is empty, repeated, or not a valid
+    ``cluster.router`` (checked on a one-replica fleet, before any replay)."""
+    if not routers:
+        raise ConfigError("--routers: no router named")
+    repeated = sorted({r for r in routers if routers.count(r) > 1})
+    if repeated:
+        raise ConfigError(f"--routers: {', '.join(repeated)} given twice; name each router once")
+    for name in routers:
+        try:
+            with_fleet(cfg, 1, router_spec(name, cfg))
+        except ConfigError as exc:
+            problem = str(exc).splitlines()[0].split(": cluster.router", 1)[-1].lstrip(".: ")
+            raise ConfigError(f"--routers {name}: not a router apcsim can build ({problem})") from None
+
+
 def with_fleet(cfg: ExperimentConfig, replicas: int, router: dict[str, Any]) -> ExperimentConfig:
     """``cfg`` with ``replicas`` replicas and ``router`` (the rest of its cluster section kept)."""
     data = config_to_dict(cfg)
