@@ -305,3 +305,15 @@ def test_size_writes_sizing_json_with_the_input_fingerprint(tmp_path, capsys):
                       capsys)
     sizing = json.loads((tmp_path / "z" / "sizing.json").read_text())
     assert rc == 0 and sizing["inputs"][str(trace.resolve())]["size"] == trace.stat().st_size
+
+
+# -- 8. apcsim run --json ------------------------------------------------------------------------
+
+def test_run_json_prints_only_the_json_document_on_stdout(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(_trace_lines(3))
+    rc, out, err = _cli(["run", str(_trace_config(tmp_path, trace)), "--out", str(tmp_path / "o"), "--json",
+                         "--no-progress", "--no-bounds"], capsys)
+    doc = json.loads(out)  # the whole of stdout parses
+    assert rc == 0 and doc["num_requests"] == 3
+    assert err[0] == f"wrote {tmp_path / 'o'}/" and err[-1].startswith("wall time ")

@@ -1,19 +1,64 @@
-"""Typed command-line numbers (mirrors nothing in vLLM): every number a command takes is checked
-when the arguments are parsed, before anything runs.
+"""The command line's parsing and error lines (mirrors nothing in vLLM): typed numbers, one
+``apcsim: error:`` line for argparse's own errors, the OS errors of a path, a closed stdout.
+
+Every number a command takes is checked when the arguments are parsed, before anything runs.
 
 ``--max-replicas -5`` once printed ``round_robin > -5`` and wrote ``sizing.json``; now each number
 option names its range in its ``type``: :func:`int_at_least` builds the parser of an int with a
 lower bound, :func:`int_list` of a comma-separated list of them. A bad value is argparse's
 ``invalid value`` error naming the option (exit code 2).
 
+:class:`Parser` is the CLI's ``ArgumentParser`` (sub-commands inherit it): a usage error is one line,
+``apcsim: error: size: argument --max-replicas: must be ...`` (exit code 2), not argparse's usage
+block and ``apcsim size: error:``. :func:`os_error_line` words an ``OSError`` as ``path: problem``;
+:func:`quiet_broken_pipe` ends a command whose reader went away without a traceback.
+
 Invariants: the parsers return plain ints; their messages name the bound and the value given.
-Imports only argparse.
+Imports only the stdlib.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import sys
 from collections.abc import Callable
+from typing import Any, NoReturn
+
+SIGPIPE_EXIT = 141
+"""Exit code of a command whose stdout was closed (128 + SIGPIPE, as a shell reports git's)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are one ``apcsim: error:`` line (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.partition(" ")[2]
+        text = " ".join(message.split())  # argparse's messages may wrap; a value cannot break the line
+        self.exit(2, f"apcsim: error: {command + ': ' if command else ''}{text} (see {self.prog} --help)\n")
+
+
+def os_error_line(exc: OSError) -> str:
+    """``path: problem`` for an OSError (``no such file`` for a missing one)."""
+    problem = "no such file" if isinstance(exc, FileNotFoundError) else (exc.strerror or str(exc))
+    return f"{exc.filename}: {problem}" if exc.filename else problem
+
+
+def quiet_broken_pipe() -> int:
+    """After a ``BrokenPipeError`` on stdout: point stdout at ``/dev/null`` (so the interpreter's
+    final flush cannot fail again) and return :data:`SIGPIPE_EXIT`."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test's capture): nothing to redirect
+        pass
+    return SIGPIPE_EXIT
+
+
+def json_number(value: Any) -> Any:
+    """``value`` for a strict JSON document: a non-finite float becomes null."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def int_at_least(minimum: int, *, maximum: int | None = None) -> Callable[[str], int]:

@@ -23,7 +23,10 @@ registered by ``sim.cli.calibrate``; torch and ``gpu_backend`` are imported only
 
 Invariants: every error the user can fix is an :class:`~sim.core.errors.ApcsimError` (config,
 workload, trace line, replay), caught here once and printed as one line naming the file and key
-(or line), exit code 2, never a traceback. Imports neither torch nor gpu_backend.
+(or line), exit code 2, never a traceback; so are argparse's errors (``sim.cli.arguments.Parser``)
+and the OS errors of a path a command opens. ``--json`` puts the JSON document alone on stdout
+(everything else on stderr). A closed stdout (``| head -1``) ends the command quietly, exit code
+141 (128 + SIGPIPE, what a shell reports for git). Imports neither torch nor gpu_backend.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sim.cli.arguments import Parser, json_number, os_error_line, quiet_broken_pipe
 from sim.core.errors import ApcsimError
 from sim.experiment.backend import EXECUTORS, executor_factory
 from sim.experiment.config import ConfigError, load_config
@@ -71,13 +75,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         extras=(lambda d, r: _load_timeline(d, r, cfg.name)) if cfg.cluster is not None else None,
     )
     s = result.summary
-    if args.json:  # the machine-readable output of earlier releases, unchanged
-        print(f"wrote {folder}/")
+    if args.json:  # stdout is the JSON document and nothing else; the rest goes to stderr
+        print(f"wrote {folder}/", file=sys.stderr)
         keys = (
             "num_requests", "num_steps", "token_hit_rate", "request_hit_rate", "num_preemptions",
             "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tpot_p50_s", "throughput_output_tokens_per_s", "sim_time_s",
         )
-        print(json.dumps({k: s[k] for k in keys}, indent=2))
+        print(json.dumps({k: json_number(s[k]) for k in keys}, indent=2, allow_nan=False))
     else:
         from sim.cli.summary import render
 
@@ -92,14 +96,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.backend != "sim":
         info = json.loads((folder / "meta.json").read_text()).get("executor", {})
         shown = ("device", "device_name", "model_shape", "dtype", "attention", "timing", "step_times")
-        print(f"{args.backend} backend: " + json.dumps({k: info.get(k) for k in shown}, indent=2))
+        print(f"{args.backend} backend: " + json.dumps({k: info.get(k) for k in shown}, indent=2),
+              file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(f"wall time {result.wall_time_s:.2f} s")
+        print(f"wall time {result.wall_time_s:.2f} s", file=sys.stderr)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="apcsim", description="Simulate vLLM automatic prefix caching.")
+    parser = Parser(prog="apcsim", description="Simulate vLLM automatic prefix caching.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="replay one experiment config and write results/<name>/")
     run.add_argument("config", help="experiment YAML file")
@@ -147,14 +152,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0), or argparse's one error line (sim.cli.arguments.Parser, 2)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args.func(args))
     except ApcsimError as exc:
         print(f"apcsim: error: {exc}", file=sys.stderr)
         return 2
-    except FileNotFoundError as exc:
-        print(f"apcsim: error: {exc.filename}: no such file", file=sys.stderr)
+    except BrokenPipeError:  # the reader went away (apcsim run ... | head -1): stop quietly, as git does
+        return quiet_broken_pipe()
+    except OSError as exc:  # a path the command itself opens: missing, a folder, no permission
+        print(f"apcsim: error: {os_error_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # RunInterrupted says what the results folder holds
         print(f"apcsim: {str(exc) or 'interrupted'}", file=sys.stderr)
