@@ -112,10 +112,13 @@ def test_cluster_figures_from_a_sweep_table(tmp_path: Path) -> None:
         assert labels == {"round_robin", "dynamo"}
         discard(fig)
     steps = pd.DataFrame({"replica": [0, 0, 1], "start": [0.0, 1.0, 0.5], "duration": [0.5, 0.5, 1.0],
-                          "running": [1, 2, 3]})
-    fig = replica_load_timeline(steps, "t", bins=4)
-    img = fig.axes[0].images[0].get_array()
-    # bins of 0.375 s: replica 0 busy in bins 0 and 2, replica 1 in bin 1 (busy fractions clipped to 1)
-    assert img.shape == (2, 4)
-    assert np.array_equal(np.asarray(img), [[1, 0, 1, 0], [0, 1, 0, 0]])
+                          "running": [1, 2, 3], "scheduled_tokens": [60, 100, 1], "kv_usage": [0.3, 0.6, 0.15]})
+    fig = replica_load_timeline(steps, "t", token_budget=100, bins=4)
+    budget, pool = (np.asarray(ax.images[0].get_array()) for ax in fig.axes[:2])
+    # bins of 0.375 s, each step's time in its start bin: replica 0 in bins 0 and 2, replica 1 in bin 1;
+    # replica 1 runs one step of 1 token for 1 s: 1 % of the budget, not "busy 1.0" (clipped to 1)
+    assert budget.shape == pool.shape == (2, 4)
+    assert np.allclose(budget, [[0.6 * 0.5 / 0.375, 0, 1, 0], [0, 0.01 / 0.375, 0, 0]])
+    assert np.allclose(pool, [[0.3 * 0.5 / 0.375, 0, 0.6 * 0.5 / 0.375, 0], [0, 0.15 / 0.375, 0, 0]])
+    assert "token budget" in fig.axes[0].get_title() and "KV" in fig.axes[1].get_title()
     discard(fig)

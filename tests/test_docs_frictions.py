@@ -111,3 +111,39 @@ def test_the_notebook_extra_is_light_and_covers_what_the_notebook_imports() -> N
     default = {re.split(r"[<>=!\[ ;]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
     assert not imported & {"torch", "ray", "gpu_backend"}
     assert imported <= {"IPython", "json", "os", "pathlib", "sim", "workloads", *default}
+
+
+def _overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_a_linear_time_axis_starts_at_zero_and_panel_titles_never_overlap() -> None:
+    from sim.analysis import figure_style as fs
+
+    fig, axes = fs.grid(1, 3)
+    for ax in axes[0]:
+        ax.plot([16, 64, 256], [0.5000, 0.5004, 0.5008])
+        assert fs.time_axis(ax, "y", [0.5000, 0.5004, 0.5008]) is False
+        ax.set_title("TTFT p50 -- capacity 16 GiB (131,072 tokens), salt policy per_tenant, 4 tenants")
+    fs.finish(fig, "sweep: time to first token vs block size", [])
+    fig.canvas.draw()
+    assert all(ax.get_ylim()[0] == 0.0 for ax in axes[0])  # a 0.8 ms spread is not magnified into a trend
+    boxes = [ax.title.get_window_extent() for ax in axes[0]]
+    assert not any(_overlap(boxes[i], boxes[j]) for i in range(3) for j in range(i + 1, 3))
+    fs.discard(fig)
+
+
+def test_the_sidechannel_tradeoff_legend_sits_below_the_panels() -> None:
+    from sim.analysis import figure_style as fs
+    from sim.analysis.sidechannel_data import SideChannelData
+    from sim.analysis.sidechannel_figures import tradeoff
+
+    fig = tradeoff(SideChannelData(ROOT / "results" / "sidechannel"))
+    assert fig is not None
+    fig.canvas.draw()
+    legend = fig.legends[0].get_window_extent()
+    panels = [ax.get_window_extent() for ax in fig.axes]
+    width = fig.get_window_extent().width
+    assert legend.y1 <= min(p.y0 for p in panels)  # below, not beside: the panels keep the width
+    assert sum(p.width for p in panels) > 0.6 * width
+    fs.discard(fig)

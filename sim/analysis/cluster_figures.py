@@ -10,10 +10,12 @@ summary, see ``sim.cluster.cluster_summary``):
 * ``cluster_vs_load`` -- the same against the swept load knob (``workload.arrival.rate_scale``,
   ``workload.time_scale`` -- larger is *less* load -- or ``workload.arrival.rate``);
 
-and from one run's step table (``replica``, ``start``, ``duration``):
+and from one run's step table (``replica``, ``start``, ``duration``, ``scheduled_tokens``, ``kv_usage``):
 
-* :func:`replica_load_timeline` -- busy fraction of every replica per time bin (a heat map), and
-  below it the number of running requests summed over the fleet.
+* :func:`replica_load_timeline` -- per replica and time bin (heat maps): the share of the step
+  token budget its steps scheduled and the share of its KV pool in use -- not a "busy" fraction,
+  which calls a replica decoding one request fully busy --, and below them the number of running
+  requests summed over the fleet.
 
 Invariants: a sweep figure is None when its x axis has fewer than two values; builders never save.
 Imports matplotlib artists through ``sim.analysis.figure_style`` only.
@@ -79,29 +81,35 @@ def cluster_vs_load(d: SweepData) -> Figure | None:
     return None
 
 
-def replica_load_timeline(steps: pd.DataFrame, title: str, bins: int = 120) -> Figure:
-    """Busy fraction per replica and time bin, and the fleet's running requests (see the module
-    docstring)."""
+def replica_load_timeline(steps: pd.DataFrame, title: str, token_budget: int, bins: int = 120) -> Figure:
+    """What a capacity planner reads, per replica and time bin (see the module docstring): the share
+    of the step token budget (``max_num_batched_tokens``) the replica's steps scheduled, averaged
+    over the bin's time (an idle replica counts 0), and its KV-pool use (vLLM's ``kv_usage`` after
+    each step, time-weighted); below them the fleet's running requests."""
     end = float((steps["start"] + steps["duration"]).max()) if len(steps) else 1.0
     edges = np.linspace(0.0, max(end, 1e-9), bins + 1)
     width = edges[1] - edges[0]
     n = int(steps["replica"].max()) + 1 if len(steps) else 1
-    busy = np.zeros((n, bins))
-    running = np.zeros(bins)
     idx = np.clip(np.searchsorted(edges, steps["start"].to_numpy(), side="right") - 1, 0, bins - 1)
-    np.add.at(busy, (steps["replica"].to_numpy(dtype=int), idx), steps["duration"].to_numpy())
-    np.add.at(running, idx, steps["running"].to_numpy() * steps["duration"].to_numpy())
-    fig, axes = fs.grid(2, 1, w=9.0, h=2.6, sharey=False)
-    ax = axes[0][0]
-    im = ax.imshow(np.clip(busy / width, 0, 1), aspect="auto", origin="lower", cmap="viridis",
-                   extent=(0.0, float(edges[-1]), -0.5, n - 0.5), vmin=0, vmax=1)
-    fig.colorbar(im, ax=ax, label="busy fraction")
-    ax.set_ylabel("replica")
-    ax.set_yticks(range(0, n, max(1, n // 16)))
-    ax.set_title("busy fraction per replica")
-    ax2 = axes[1][0]
-    ax2.plot((edges[:-1] + edges[1:]) / 2, running / width, lw=1.5)
-    ax2.set_xlabel("simulated time (s)")
-    ax2.set_ylabel("running requests (fleet)")
-    ax2.set_xlim(0.0, float(edges[-1]))
+    rep, dur = steps["replica"].to_numpy(dtype=int), steps["duration"].to_numpy()
+    budget, pool, running = np.zeros((n, bins)), np.zeros((n, bins)), np.zeros(bins)
+    np.add.at(budget, (rep, idx), steps["scheduled_tokens"].to_numpy() / max(token_budget, 1) * dur)
+    np.add.at(pool, (rep, idx), steps["kv_usage"].to_numpy() * dur)
+    np.add.at(running, idx, steps["running"].to_numpy() * dur)
+    fig, axes = fs.grid(3, 1, w=9.0, h=2.4, sharey=False)
+    for ax, values, label, name in ((axes[0][0], budget, "token budget used", "step token budget used"),
+                                    (axes[1][0], pool, "KV pool used", "KV-cache pool used")):
+        im = ax.imshow(np.clip(values / width, 0, 1), aspect="auto", origin="lower", cmap="viridis",
+                       extent=(0.0, float(edges[-1]), -0.5, n - 0.5), vmin=0, vmax=1)
+        fig.colorbar(im, ax=ax, label=label)
+        ax.set_ylabel("replica")
+        ax.set_yticks(range(0, n, max(1, n // 16)))
+        ax.set_title(f"{name} per replica (share of max_num_batched_tokens = {token_budget:,})"
+                     if values is budget else f"{name} per replica (vLLM kv_usage)")
+    ax3 = axes[2][0]
+    ax3.plot((edges[:-1] + edges[1:]) / 2, running / width, lw=1.5)
+    ax3.set_xlabel("simulated time (s)")
+    ax3.set_ylabel("running requests (fleet)")
+    ax3.set_xlim(0.0, float(edges[-1]))
+    ax3.set_ylim(bottom=0)
     return fs.finish(fig, title, [])

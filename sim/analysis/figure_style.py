@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -88,13 +89,16 @@ def positive_range(values: Any) -> tuple[float, float] | None:
 
 def time_axis(ax: Any, which: str, values: Any) -> bool:
     """Log scale with labelled limits (:func:`log_ticks`) when the values span more than a factor of 4,
-    else linear; returns whether it is logarithmic."""
+    else linear and, on the y axis, from zero: a fitted linear axis would magnify a spread of a
+    millisecond (run-to-run noise) into what looks like a trend. Returns whether it is logarithmic."""
     rng = positive_range(values)
     axis = ax.yaxis if which == "y" else ax.xaxis
     if rng is not None and rng[1] / rng[0] > 4:
         (ax.set_yscale if which == "y" else ax.set_xscale)("log")
         log_ticks(axis, limits=rng)
         return True
+    if which == "y" and rng is not None:
+        ax.set_ylim(0.0, rng[1] * 1.08)
     return False
 
 
@@ -181,6 +185,11 @@ def finish(fig: Figure, title: str, handles: Sequence[Artist], ncol: int | None 
     keep theirs. Returns the figure (saved by the caller)."""
     fig.suptitle(title, fontsize=12)
     w, h = fig.get_size_inches()
+    _wrap_panel_titles(fig, w)
+    if handles and ncol and ncol > 1:  # a legend in several columns goes below the panels, not beside
+        fig.set_size_inches(max(w, 0.09 * len(title) + 0.4), h + 0.25 * math.ceil(len(handles) / ncol))
+        fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False, handlelength=2.6)
+        return fig
     legend_w = 0.0
     if handles:
         ncol = ncol or 1
@@ -194,6 +203,19 @@ def finish(fig: Figure, title: str, handles: Sequence[Artist], ncol: int | None 
             if handle.get_gid() == _SECTION:
                 text.set_fontweight("bold")
     return fig
+
+
+def _wrap_panel_titles(fig: Figure, width_in: float) -> None:
+    """Wrap each panel's title to its panel's width (about 12 characters an inch at the title size),
+    so that the titles of neighbouring panels never run into each other."""
+    for ax in fig.axes:
+        spec = ax.get_subplotspec()
+        if spec is None or not ax.get_title():
+            continue
+        cols = spec.get_gridspec().ncols
+        chars = max(12, int(width_in / cols * 12))
+        lines = ax.get_title().splitlines()
+        ax.title.set_text("\n".join(textwrap.fill(line, chars) for line in lines))  # keeps its font
 
 
 def section(label: str) -> Artist:

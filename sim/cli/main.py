@@ -47,12 +47,14 @@ if TYPE_CHECKING:  # the replay (simpy) is imported only when a command runs
     from sim.replay.engine import ReplayResult
 
 
-def _load_timeline(folder: Path, result: ReplayResult, name: str) -> None:
-    """A fleet's load per replica over time, written into its results folder with the tables."""
+def _load_timeline(folder: Path, result: ReplayResult, name: str, token_budget: int) -> None:
+    """A fleet's load per replica over time (token budget and KV pool used), written into its results
+    folder with the tables."""
     from sim.analysis.cluster_figures import replica_load_timeline
     from sim.analysis.figure_style import save_figure
 
-    save_figure(replica_load_timeline(result.steps, f"{name}: load per replica"), folder, "load_timeline")
+    save_figure(replica_load_timeline(result.steps, f"{name}: load per replica", token_budget), folder,
+                "load_timeline")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -72,7 +74,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     result, folder = run_experiment(
         cfg, out=args.out, progress=False if args.no_progress else None, executor_factory=factory,
         bounds=not args.no_bounds,
-        extras=(lambda d, r: _load_timeline(d, r, cfg.name)) if cfg.cluster is not None else None,
+        extras=((lambda d, r: _load_timeline(d, r, cfg.name, cfg.engine.max_num_batched_tokens))
+                if cfg.cluster is not None else None),
     )
     s = result.summary
     if args.json:  # stdout is the JSON document and nothing else; the rest goes to stderr
