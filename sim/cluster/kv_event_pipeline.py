@@ -5,7 +5,9 @@ events of a step after ``update_from_output`` and publishes them as one batch ov
 subscriber that sees them later (llm-d's ``kvevents.Pool``, Dynamo's ``KvIndexer`` over NATS).
 
 * each replica's block pool writes into a collector, tagged with the scheduler step they belong
-  to (``Scheduler.step_index``; the decode fast-forward sets it per played step);
+  to (``Scheduler.step_index``; the decode fast-forward sets it per played step); a replica with a
+  CPU offload tier adds the tier's events (``medium="CPU"``) after the pool's of the same step, as
+  vLLM appends ``connector.take_events()`` to the batch (``sim.core.offload.tier``);
 * when the replica records step ``s`` (at its end time), every collected event of steps ``<= s``
   becomes one batch, due at ``end + delay`` with ``delay`` drawn from the configured distribution
   -- never before the replica's previous batch (a ZMQ stream keeps its order);
