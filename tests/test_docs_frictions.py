@@ -147,3 +147,25 @@ def test_the_sidechannel_tradeoff_legend_sits_below_the_panels() -> None:
     assert legend.y1 <= min(p.y0 for p in panels)  # below, not beside: the panels keep the width
     assert sum(p.width for p in panels) > 0.6 * width
     fs.discard(fig)
+
+
+def test_a_sweep_prints_its_axes_against_the_headline_metrics(tmp_path: Path) -> None:
+    from sim.cli.sweep_table import render_sweep_table
+
+    pd.DataFrame({
+        "point": [1, 0, 2], "key": ["k1", "k0", "k2"], "status": ["ok", "ok", "error"],
+        "engine.block_size": [64, 16, 256], "cluster.router": ["sglang", "sglang", "dynamo"],
+        "first_admission_token_hit_rate": [0.5, 0.75, float("nan")], "ttft_p50_s": [0.0123, 1.5, float("nan")],
+        "ttft_p90_s": [0.02, 2.0, float("nan")], "ttft_p99_s": [0.5, 3.25, float("nan")],
+        "cluster.goodput_fraction": [0.928, 0.5, float("nan")], "cluster.ttft_slo_s": [2.0, 2.0, 2.0],
+    }).to_parquet(tmp_path / "table.parquet")
+    (tmp_path / "sweep.json").write_text(json.dumps({"axes": [{"key": "engine.block_size"},
+                                                              {"key": "cluster.router"}]}))
+    lines = render_sweep_table(tmp_path).splitlines()
+    assert lines[0] == "points      hit rate: first admission; goodput: TTFT <= 2.00 s"
+    assert lines[1].split() == ["block_size", "router", "hit", "rate", "TTFT", "p50", "TTFT", "p90", "TTFT", "p99",
+                                "goodput"]
+    assert lines[2].split() == ["16", "sglang", "0.750", "1.50", "s", "2.00", "s", "3.25", "s", "50.0", "%"]
+    assert lines[3].split() == ["64", "sglang", "0.500", "12.3", "ms", "20.0", "ms", "500", "ms", "92.8", "%"]
+    assert lines[4].split()[:3] == ["256", "dynamo", "(error:"] and "points/k2/error.txt" in lines[4]
+    assert render_sweep_table(tmp_path, max_rows=1).splitlines()[-1].startswith("  ... 2 more points")

@@ -39,6 +39,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
           f"{report.wall_time_s:.1f} s")
     for point, msg in report.errors:
         print(f"  point {point}: {msg}")
+    from sim.cli.sweep_table import render_sweep_table
+
+    print(render_sweep_table(report.folder))
     print(f"table: {report.folder / 'table.parquet'} (and .csv)")
     if not args.no_plots:
         from sim.analysis.plots import plot_sweep
