@@ -196,3 +196,26 @@ def test_bundled_openai_example_replays_with_its_config(tmp_path):
     cfg = load_config(root / "configs/my_chat_log.yaml")
     res, wl = replay_experiment(cfg, progress=False)
     assert len(res.requests) == 6 and res.requests["hit_tokens"].sum() > 0 and "APPROXIMATE" in wl.description
+
+
+def test_trace_tenants_and_salts_win_over_drawn_ones(tmp_path, model):
+    """tenants.salt applies to the trace's own tenant labels; a request's own salt is kept;
+    assign_by: random draws every request as before (issue 35 item 3)."""
+    from workloads.registry import build_workload
+    from workloads.schema import TraceWorkload
+
+    recs = [{"messages": [{"role": "user", "content": f"q{i}"}], "usage": {"completion_tokens": 2}, "created": i,
+             "user": user} for i, user in enumerate(["acme", "globex", "acme", None])]
+    recs[2]["cache_salt"] = "own"
+    out = tmp_path / "t.trace.jsonl"
+    convert(_jsonl(tmp_path / "t.jsonl", recs), out, ConvertOptions(format="openai", tokenizer=str(model)))
+
+    def labels(**tenants):
+        w = TraceWorkload(kind="trace", path=str(out), tenants=tenants)
+        return [(r.tenant, r.salt) for r in build_workload(w, seed=0).requests]
+
+    got = labels(num_tenants=2, salt="per_tenant")
+    assert got[:3] == [("acme", "acme"), ("globex", "globex"), ("acme", "own")]
+    assert got[3][0] in ("t0", "t1") and got[3][1] == got[3][0]  # no label: drawn, as before
+    drawn = labels(num_tenants=2, salt="per_tenant", assign_by="random")
+    assert {t for t, _ in drawn} <= {"t0", "t1"} and all(s == t for t, s in drawn)

@@ -119,7 +119,9 @@ def test_lora_and_prompt_logprobs():
 def test_no_tenants_section_leaves_requests_alone():
     r = TraceRequest("a", 0.0, np.arange(4, dtype=np.int64), 1, salt="keep", lora="l")
     out = TenantModel(salt="per_tenant").apply(r)
-    assert out.salt == "t0" and out.lora == "l"  # lora_adapters=0 keeps the source's adapter
+    assert out.salt == "keep" and out.lora == "l"  # the source's own salt wins; lora_adapters=0 keeps its adapter
+    r = TraceRequest("a", 0.0, np.arange(4, dtype=np.int64), 1, salt="keep", lora="l")
+    assert TenantModel(salt="per_tenant", assign_by="random").apply(r).salt == "t0"  # drawn, labels ignored
 
 
 def test_bound_extra_keys_have_vllm_equality_structure():

@@ -279,7 +279,8 @@ def build_workload(
     t = w.tenants
     if t is not None:
         model = TenantModel(t.num_tenants, t.tenant_skew, t.users_per_tenant, t.user_skew, t.salt,
-                            t.lora_adapters, t.prompt_logprobs_fraction, t.seed if t.seed is not None else seed)
+                            t.lora_adapters, t.prompt_logprobs_fraction, t.seed if t.seed is not None else seed,
+                            assign_by=t.assign_by)
         stream = model.decorate(stream)
         desc += f", {t.num_tenants} tenant(s), salt {t.salt}"
     native = src.native_block_size

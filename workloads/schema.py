@@ -112,6 +112,8 @@ class TenantSpec(_Strict):
     lora_adapters: NonNeg = 0
     prompt_logprobs_fraction: Annotated[float, Field(ge=0, le=1)] = 0.0
     seed: int | None = None
+    # trace: a request's own tenant / salt labels win, the rest are drawn; random: draw every request
+    assign_by: Literal["trace", "random"] = "trace"
 
 
 class _Common(_Strict):

@@ -33,6 +33,13 @@ LoRA name into the extra keys of every block, so different adapters never share 
 Without a ``tenants`` section nothing is changed: requests keep the salt / LoRA / tenant their
 source gave them.
 
+**A trace's own labels win** (``assign_by: trace``, the default): a request whose source gave it a
+``tenant`` (a converted chat log's ``tenant`` or ``user``, ``workloads.convert``) keeps it, and the
+salt policy is applied to that tenant (tenant index = order of first appearance, for the LoRA and
+``shared_system_prompt`` tags); a request that carries its own ``salt`` keeps it. Only requests
+without a tenant label are drawn as above (every generator's, Mooncake's). ``assign_by: random`` draws
+every request, ignoring the trace's labels (what a trace without labels gets anyway).
+
 Invariants: assignment is a pure function of ``(seed, session)``. Imports neither simpy nor
 torch.
 """
@@ -41,7 +48,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -56,11 +63,12 @@ SALT_POLICIES: tuple[str, ...] = (
 )
 
 
-def apply_salt_policy(req: TraceRequest, policy: SaltPolicy, tenant: int, user: int, session: str) -> None:
-    """Set ``req.tenant`` (``t{tenant}``) and the salt of ``policy`` for tenant index ``tenant``,
-    user index ``user`` and ``session`` (for ``shared_system_prompt``: no salt and the tenant tag
-    after ``req.system_tokens``; see the module docstring). Changes ``req`` in place."""
-    name = f"t{tenant}"
+def apply_salt_policy(req: TraceRequest, policy: SaltPolicy, tenant: int, user: int, session: str,
+                      name: str | None = None) -> None:
+    """Set ``req.tenant`` (``name``, default ``t{tenant}``) and the salt of ``policy`` for tenant
+    index ``tenant``, user index ``user`` and ``session`` (for ``shared_system_prompt``: no salt and
+    the tenant tag after ``req.system_tokens``; see the module docstring). Changes ``req`` in place."""
+    name = f"t{tenant}" if name is None else name
     req.tenant = name
     if policy == "none":
         req.salt = None
@@ -96,6 +104,8 @@ class TenantModel:
     lora_adapters: int = 0
     prompt_logprobs_fraction: float = 0.0
     seed: int = 0
+    assign_by: Literal["trace", "random"] = "trace"  # trace: a request's own tenant / salt labels win
+    _labels: dict[str, int] = field(default_factory=dict, compare=False, repr=False)  # tenant label -> index
 
     def __post_init__(self) -> None:
         if self.num_tenants < 1 or self.users_per_tenant < 1:
@@ -106,6 +116,8 @@ class TenantModel:
             raise ValueError("prompt_logprobs_fraction must be in [0, 1]")
         if self.salt not in SALT_POLICIES:
             raise ValueError(f"unknown salt policy {self.salt!r}; choose one of {SALT_POLICIES}")
+        if self.assign_by not in ("trace", "random"):
+            raise ValueError(f"assign_by must be 'trace' or 'random', got {self.assign_by!r}")
 
     def assign(self, session: str) -> tuple[int, int]:
         """``(tenant, user)`` indices of a session."""
@@ -119,7 +131,13 @@ class TenantModel:
         """Set tenant, salt, LoRA, prompt-logprobs (and the tag for ``shared_system_prompt``)."""
         session = req.session if req.session is not None else req.id
         t, u = self.assign(session)
-        apply_salt_policy(req, self.salt, t, u, session)
+        label = req.tenant if self.assign_by == "trace" else None
+        own_salt = req.salt if self.assign_by == "trace" else None
+        if label is not None:  # the trace's tenant wins; its index (first appearance) tags LoRA and prompts
+            t = self._labels.setdefault(label, len(self._labels))
+        apply_salt_policy(req, self.salt, t, u, session, label)
+        if own_salt is not None:
+            req.salt = own_salt
         req.lora = f"lora-{t % self.lora_adapters}" if self.lora_adapters else req.lora
         if self.prompt_logprobs_fraction > 0:
             req.prompt_logprobs = keyed_uniform(self.seed, "plp", req.id) < self.prompt_logprobs_fraction
