@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from gpu_backend.attention import Attention, ReferenceAttention, SplitAttention
-from gpu_backend.cases import CaseResult, Harness, _outs, _toks
+from gpu_backend.cases import Admission, CaseResult, Harness, _outs, _toks
 from gpu_backend.executor import TorchExecutor
 from gpu_backend.kv_cache import PagedKVCache
 from gpu_backend.model import LlamaModel
@@ -48,7 +48,7 @@ class OffloadHarness(Harness):
 
     def __init__(self, model: LlamaModel, attention: Attention | None = None, *, num_blocks: int = 9,
                  block_size: int = 16, num_cpu_chunks: int = 64, blocks_per_chunk: int = 1, policy: str = "lru",
-                 **sched_kwargs: Any) -> None:
+                 fill: float = float("nan"), **sched_kwargs: Any) -> None:
         sched_kwargs.setdefault("max_model_len", 1024)
         sched_kwargs.setdefault("max_num_batched_tokens", 256)
         sched_kwargs.setdefault("max_num_seqs", 16)
@@ -58,7 +58,7 @@ class OffloadHarness(Harness):
                                    CacheConfig(block_size=block_size, num_gpu_blocks=num_blocks, offload=offload),
                                    make_block_hasher("sha256", block_size, 0))
         self.cache = PagedKVCache(model.spec.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_dim,
-                                  dtype=model.dtype, device=model.device, fill=float("nan"))
+                                  dtype=model.dtype, device=model.device, fill=fill)
         self.worker = TorchOffloadWorker.for_scheduler(self.cache, self.scheduler)
         if attention is None:
             ref = ReferenceAttention()
@@ -104,8 +104,6 @@ class OffloadHarness(Harness):
         raise RuntimeError(f"not finished after {max_steps} steps")
 
     def _admitted(self, k: int, s: Any) -> None:
-        from gpu_backend.cases import Admission
-
         r = s.request
         self.admissions.append(Admission(k, r.request_id, s.hit_tokens, list(s.new_block_ids), r.num_preemptions > 0))
         self.external_hits[r.request_id] = self.external_hits.get(r.request_id, 0) + s.external_hit_tokens

@@ -7,8 +7,10 @@ Mirrors nothing in vLLM. Each stage returns a JSON-able dict and logs its table 
   ``KVCacheManager.get_block_ids``, which catches a permutation of blocks inside the visible
   context that the logits alone could miss) with the tiny model in fp32 (``max |dlogit| <= 1e-5``)
   and bf16 (same top token where the dense margin exceeds 0.25, KL <= 1e-2), with ``reference`` and
-  (CUDA) ``auto`` attention, both negative controls (which must fail); on CUDA (not ``quick``) also
-  Llama-3-8B shapes in bf16 through the fast path;
+  (CUDA) ``auto`` attention, both negative controls (which must fail); the CPU offload tier's cases
+  (:mod:`gpu_backend.cases_offload`: prefixes loaded back from the CPU store, on CUDA by the
+  worker's own streams into pinned memory and back; a corrupted CPU chunk must fail); on CUDA (not
+  ``quick``) also Llama-3-8B shapes in bf16 through the fast path;
 * :func:`long_context` -- ``cases_long.case_long_context``: a 32k-token prompt in chunks and a request
   hitting its 2,048 blocks, fp32 tiny model (``quick``: 4k tokens), ``reference`` and (CUDA) ``auto``;
 * :func:`bench` -- measured copy bandwidth and matmul rate, decode attention at batch 64 x 4k, whole
@@ -31,7 +33,7 @@ from typing import Any
 import torch
 
 from gpu_backend import bench as bench_mod
-from gpu_backend import cases, cases_long
+from gpu_backend import cases, cases_long, cases_offload
 from gpu_backend.attention import select_attention
 from gpu_backend.attention.flash import find_varlen_attn, varlen_takes_block_table
 from gpu_backend.model import LlamaModel
@@ -99,7 +101,8 @@ def correctness(device: torch.device, *, quick: bool, log: Log) -> dict[str, Any
     rows: list[dict[str, Any]] = []
     for dt, attn, fill in suites:
         model = LlamaModel(TINY, dtype=getattr(torch, dt), device=device, seed=0)
-        rows += _suite(log, model, attn, f"tiny/{dt}/{attn}", fill, cases.CASES, cases.NEGATIVE_CASES)
+        rows += _suite(log, model, attn, f"tiny/{dt}/{attn}", fill, {**cases.CASES, **cases_offload.OFFLOAD_CASES},
+                       {**cases.NEGATIVE_CASES, **cases_offload.OFFLOAD_NEGATIVE})
         del model
     if device.type == "cuda" and not quick:
         model = LlamaModel(resolve_model_shape("llama-3-8b"), dtype=torch.bfloat16, device=device, seed=0)

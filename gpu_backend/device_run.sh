@@ -9,7 +9,8 @@
 #    a missing package whose wheel is carried in .whl/ is installed into /tmp/site first (only the
 #    missing ones); the plan says which stage runs, degrades or is skipped;
 # 2. correctness (reuse = recompute, block-table check after every step)  3. long context (32k)
-# 4. speed against the roofline  5. calibration  6. validation on the chat and RAG configs.
+# 4. speed against the roofline  5. the CPU offload tier's GPU<->CPU link (copies timed both ways and fitted;
+# on a CPU host<->host, labelled so)  6. calibration  7. validation on the chat and RAG configs.
 # Every stage runs in its own process under its own timeout and writes its results the moment it
 # ends, under --results and under --out (one file per stage, <= 8 files in all: the device tool's
 # limit), so a timeout keeps everything finished before it. Exit status: 0 when every stage that ran
@@ -80,11 +81,11 @@ if [ "$rc" -ne 0 ]; then
   exit 2
 fi
 
-# -- 2..6. the stages, each in its own process with its own timeout ------------------------------
+# -- 2..7. the stages, each in its own process with its own timeout ------------------------------
 # seconds per stage on an H200 (the budget's shares); the last stage gets what is left
-declare -A SHARE=([correctness]=80 [long_context]=50 [bench]=60 [calibration]=150 [validation]=0)
+declare -A SHARE=([correctness]=80 [long_context]=50 [bench]=60 [link]=20 [calibration]=150 [validation]=0)
 failed=0
-for stage in correctness long_context bench calibration validation; do
+for stage in correctness long_context bench link calibration validation; do
   now=$(date +%s)
   left=$((DEADLINE - now))
   if [ "$left" -le 5 ]; then

@@ -5,13 +5,15 @@ Mirrors nothing in vLLM. ``python -m gpu_backend.device_stages STAGE --device D 
 out-of-memory or a timeout costs that stage only) and writes
 
 * under ``--results`` (``results/reference/h200_llama3_8b/`` on the GPU): the stage's files --
-  ``correctness.json``, ``long_context.json``, ``bench.json``; ``model.json`` +
+  ``correctness.json``, ``long_context.json``, ``bench.json``, ``link.json`` (the CPU offload tier's
+  GPU<->CPU link: the worker's block copies timed both ways and fitted); ``model.json`` +
   ``model.samples.csv`` (calibration: the path the H200 validation configs read);
   ``validate_chat/``, ``validate_rag/`` report folders -- and ``run.json`` (every stage's status,
   seconds, git commit, package versions, updated after each stage);
 * under ``--out`` (``$OUT``, what the device tool brings back even after a timeout): one file per
-  stage -- the JSON itself, or ``<stage>.tar.gz`` of its files -- plus ``run.json``: with the
-  preflight's file and the script's log, at most 8 files, none in a subfolder.
+  stage -- the JSON itself, or ``<stage>.tar.gz`` of its files -- plus ``run.json``, which also
+  carries the link stage's result whole: with the preflight's file and the script's log, at most 8
+  files, none in a subfolder.
 
 ``unpack OUT DIR`` puts what came back into the results layout. Exit status: 0 when the stage
 ran and its checks held, 1 when a check failed or the stage crashed, 3 when it was skipped (the
@@ -31,7 +33,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-STAGES = ("correctness", "long_context", "bench", "calibration", "validation")
+STAGES = ("correctness", "long_context", "bench", "link", "calibration", "validation")
+IN_RUN_JSON = ("link",)
+"""Stages whose whole (small) result rides in ``run.json``'s record instead of a file of its own under
+``--out`` (the device tool brings back at most 8 files)."""
 ROOT = Path(__file__).resolve().parents[1]
 CALIBRATE = {"cuda": ("configs/calibrate_chat_h200.yaml", "configs/calibrate_rag_h200.yaml"),
              "cpu": ("configs/calibrate_chat_cpu.yaml", "configs/calibrate_rag_cpu.yaml")}
@@ -74,6 +79,8 @@ def run_stage(stage: str, device_name: str, results: Path, *, quick: bool, deadl
         path = results / f"{stage}.json"
         path.write_text(json.dumps(data, indent=1, default=str) + "\n")
         return bool(data["ok"]), [path], {"ok": data["ok"]}
+    if stage == "link":
+        return _link(device_name, results, quick=quick, log=log)
     if stage == "calibration":
         return _calibration(device_name, results, quick=quick, deadline=deadline, log=log)
     return _validation(device_name, results, quick=quick, deadline=deadline, log=log)
@@ -84,6 +91,42 @@ def _retime_passes(device: str) -> int:
     a CPU; calibration and validation take the same, so the fit and the per-step error use one
     estimator of a step's time."""
     return 0 if device == "cuda" else 2
+
+
+def _link(device: str, results: Path, *, quick: bool, log: Log) -> tuple[bool, list[Path], dict[str, Any]]:
+    """The CPU offload tier's link: the offload worker's block copies (``gpu_backend.link_timing``) of
+    the validation model's KV blocks, device -> pinned host and back on CUDA, timed by CUDA events and
+    fitted (bandwidth + per-transfer latency), beside the GPU spec's ``host_link_gb_s``. Without CUDA
+    the CUDA copies are skipped and the same copies run host <-> host, labelled so: they check the
+    stage, not a link."""
+    import torch
+
+    from gpu_backend.calibrate import setup_from_config
+    from gpu_backend.link_timing import measure_link
+    from gpu_backend.model import DTYPES
+
+    setup, _ = setup_from_config(str(ROOT / VALIDATE[device]["validate_chat"]))
+    cuda = device == "cuda" and torch.cuda.is_available()
+    sec = measure_link(device if cuda else "cpu", model_shape=setup.model_shape, dtype=DTYPES[setup.dtype],
+                       block_size=setup.block_size, sizes=(1, 4, 16) if quick else (1, 2, 4, 8, 16, 32, 64, 128, 256),
+                       repeats=3 if quick else 9, log=log)
+    if cuda:
+        from sim.timing.roofline import list_gpu_specs, load_gpu_spec
+
+        name = torch.cuda.get_device_name(torch.device(device))
+        specs = [g for g in list_gpu_specs() if g.split("-")[0].lower() in name.lower()]
+        if specs:
+            spec = load_gpu_spec(specs[0])
+            sec["gpu_spec"] = {"name": spec.name, "host_link_gb_s": spec.host_link_gb_s,
+                               "measured_over_spec": sec["bandwidth_gb_s"] / spec.host_link_gb_s}
+    else:
+        sec["cuda_copies"] = "skipped: no CUDA device (host <-> host copies only)"
+    path = results / "link.json"
+    path.write_text(json.dumps(sec, indent=1) + "\n")
+    ok = sec["bandwidth_gb_s"] > 0 and sec["latency_s"] >= 0 and (not cuda or set(sec["directions"]) == {"d2h", "h2d"})
+    return ok, [path], {"ok": ok, **{k: sec[k] for k in ("bandwidth_gb_s", "latency_s", "measured", "directions",
+                                                         "samples", "fit")},
+                        **{k: sec[k] for k in ("gpu_spec", "cuda_copies") if k in sec}}
 
 
 def _calibration(device: str, results: Path, *, quick: bool, deadline: float | None,
@@ -212,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_path = results / f"{a.stage}.log.txt"
     log_path.write_text("\n".join(log.lines) + "\n")
     packed = _pack(a.stage, [*files, log_path] if len(files) != 1 or files[0].suffix != ".json" else files,
-                   results, out) if files else None
+                   results, out) if files and a.stage not in IN_RUN_JSON else None
     update_run_json(results, out, a.stage, {"status": status, "seconds": round(time.perf_counter() - t0, 1),
                                             "summary": summary, "returned_as": packed.name if packed else None})
     log(f"== {a.stage}: {status} in {time.perf_counter() - t0:.0f} s")

@@ -88,6 +88,7 @@ def plan(pkgs: dict[str, dict[str, Any]], dev: dict[str, Any]) -> dict[str, str]
     if miss & {"torch", "numpy", "yaml"} or not dev.get("ok"):
         return dict.fromkeys(STAGES, "skip: preflight failed")
     out = dict.fromkeys(("correctness", "long_context", "bench"), "run")
+    out["link"] = "skip: scipy missing" if "scipy" in miss else "run"  # the fit (scipy.optimize.nnls)
     if "scipy" in miss:
         out["calibration"] = "skip: scipy missing"
     elif miss & {"simpy", "pydantic"}:
@@ -103,7 +104,7 @@ def plan(pkgs: dict[str, dict[str, Any]], dev: dict[str, Any]) -> dict[str, str]
     return out
 
 
-STAGES = ("correctness", "long_context", "bench", "calibration", "validation")
+STAGES = ("correctness", "long_context", "bench", "link", "calibration", "validation")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

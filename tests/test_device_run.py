@@ -45,11 +45,18 @@ def test_cpu_quick_runs_every_stage_and_returns_few_files(device_run):
             "calibration.tar.gz", "validation.tar.gz"} == set(returned)
     run = json.loads((out / "run.json").read_text())
     assert {k: v["status"] for k, v in run["stages"].items()} == dict.fromkeys(
-        ("correctness", "long_context", "bench", "calibration", "validation"), "ok")
+        ("correctness", "long_context", "bench", "link", "calibration", "validation"), "ok")
+    # the link stage rides in run.json: on a CPU its copies are host <-> host and say so, CUDA's skipped
+    link = run["stages"]["link"]["summary"]
+    assert link["measured"].startswith("host <-> host") and link["cuda_copies"].startswith("skipped")
+    assert link["bandwidth_gb_s"] > 0 and {s["direction"] for s in link["samples"]} == {"h2h_store", "h2h_load"}
+    assert json.loads((res / "link.json").read_text())["bandwidth_gb_s"] == link["bandwidth_gb_s"]
     assert run["git_commit"] and run["versions"]["torch"]
     corr = json.loads((out / "correctness.json").read_text())
     assert corr["ok"] and all(r["verify_block_tables"] for r in corr["cases"])
-    assert {r["case"] for r in corr["cases"] if r["negative_control"]} == {"corrupt_shared_block", "top_left_mask"}
+    assert {r["case"] for r in corr["cases"] if r["negative_control"]} == {"corrupt_shared_block", "top_left_mask",
+                                                                         "corrupt_cpu_chunk"}
+    assert {"cpu_load", "cpu_load_chunks", "cpu_random[0]"} <= {r["case"] for r in corr["cases"]}
     lc = json.loads((out / "long_context.json").read_text())
     assert lc["ok"] and lc["cases"][0]["facts"]["hit_blocks"] == lc["context_tokens"] // 16
     bench = json.loads((out / "bench.json").read_text())
@@ -94,6 +101,7 @@ def test_preflight_names_each_missing_package_and_plans_around_it(tmp_path):
     rep = json.loads((tmp_path / "preflight.json").read_text())
     assert rep["plan"]["calibration"] == "skip: scipy missing" and rep["plan"]["validation"].startswith("skip")
     assert rep["plan"]["correctness"] == "run" and not rep["packages"]["pyarrow"]["ok"]
+    assert rep["plan"]["link"] == "skip: scipy missing"
     # a stage the plan skips exits 3 at once and says so in run.json
     s = subprocess.run([sys.executable, "-m", "gpu_backend.device_stages", "calibration", "--device", "cpu",
                         "--results", str(tmp_path / "res"), "--out", str(tmp_path)], env=_env(shim),
