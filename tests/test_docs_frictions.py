@@ -169,3 +169,33 @@ def test_a_sweep_prints_its_axes_against_the_headline_metrics(tmp_path: Path) ->
     assert lines[3].split() == ["64", "sglang", "0.500", "12.3", "ms", "20.0", "ms", "500", "ms", "92.8", "%"]
     assert lines[4].split()[:3] == ["256", "dynamo", "(error:"] and "points/k2/error.txt" in lines[4]
     assert render_sweep_table(tmp_path, max_rows=1).splitlines()[-1].startswith("  ... 2 more points")
+
+
+def test_set_output_dir_and_name_move_a_sweep_or_study_folder(tmp_path: Path) -> None:
+    from sim.experiment.sidechannel_study import load_study
+    from sim.experiment.sweep_config import load_sweep
+
+    sweep = load_sweep(ROOT / "configs" / "sweeps" / "smoke.yaml", None, [f"output_dir={tmp_path}", "name=mine"])
+    assert Path(sweep.folder()) == tmp_path / "mine"
+    study = load_study(ROOT / "configs" / "sidechannel.yaml", None, [f"output_dir={tmp_path}"])
+    assert Path(study.folder()) == tmp_path / "sidechannel"
+    flag = load_sweep(ROOT / "configs" / "sweeps" / "smoke.yaml", str(tmp_path / "flag"), [f"output_dir={tmp_path}"])
+    assert Path(flag.folder()) == tmp_path / "flag" / "smoke"  # --output-dir, when given, wins
+
+
+def test_committed_reference_results_are_not_overwritten_without_force(tmp_path: Path, capsys) -> None:
+    import pytest
+
+    from sim.cli.main import main
+    from sim.core.errors import ApcsimError
+    from sim.experiment.tracked import refuse_tracked, tracked_files
+
+    if tracked_files(ROOT / "results" / "sidechannel") == 0:
+        pytest.skip("not a git checkout with the committed results")
+    with pytest.raises(ApcsimError, match="committed to the repository.*--force"):
+        refuse_tracked(ROOT / "results" / "sidechannel", False, "study")
+    refuse_tracked(ROOT / "results" / "sidechannel", True, "study")  # --force
+    refuse_tracked(tmp_path, False, "study")  # not tracked: nothing to refuse
+    assert main(["sidechannel", str(ROOT / "configs" / "sidechannel.yaml"), "--output-dir",
+                 str(ROOT / "results"), "--no-progress"]) == 2
+    assert "results/sidechannel: holds" in capsys.readouterr().err

@@ -3,10 +3,11 @@ nothing in vLLM; argument parsing -- the work is in ``sim.experiment.sidechannel
 ``sim.analysis.sidechannel_*``).
 
 ``apcsim sidechannel STUDY.yaml [--set key.path=value ...] [--workers N] [--ray] [--ray-address
-ADDR] [--no-resume] [--no-plots] [--output-dir DIR] [--no-progress]`` runs every point of a study
-(a sweep file whose points have a ``sidechannel:`` section, or one such experiment file), writes
+ADDR] [--no-resume] [--no-plots] [--output-dir DIR] [--no-progress] [--force]`` runs every point of a
+study (a sweep file whose points have a ``sidechannel:`` section, or one such experiment file), writes
 the sweep table, ``headline.md`` / ``headline.csv`` and the figures into the study folder and
-prints the headline table; exit code 1 when a point failed, 2 for a config problem.
+prints the headline table; exit code 1 when a point failed, 2 for a config problem (a folder
+holding committed results without ``--force`` among them: ``sim.experiment.tracked``).
 
 Invariants: prints and plots only what the study's table holds. Imports neither simpy nor torch
 (matplotlib only when plotting).
@@ -15,14 +16,17 @@ Invariants: prints and plots only what the study's table holds. Imports neither 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from sim.cli.arguments import int_at_least
 
 
 def _cmd_sidechannel(args: argparse.Namespace) -> int:
     from sim.experiment.sidechannel_study import load_study, run_study
+    from sim.experiment.tracked import refuse_tracked
 
     study = load_study(args.study, args.output_dir, args.set)
+    refuse_tracked(Path(study.folder()), args.force, "study")  # committed reference results stay as they are
     print(f"sidechannel {study.name}: {len(study.points)} points -> {study.folder()}/")
     report = run_study(study, workers=args.workers, ray=args.ray or args.ray_address is not None,
                        ray_address=args.ray_address, resume=not args.no_resume,
@@ -62,4 +66,6 @@ def add_sidechannel_parser(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("--no-plots", action="store_true", help="write the tables only")
     sc.add_argument("--no-progress", action="store_true", help="no progress bar")
     sc.add_argument("--output-dir", default=None, help="parent of the study folder (default: the file's output_dir)")
+    sc.add_argument("--force", action="store_true",
+                    help="write into a folder holding committed (reference) results; refused without it")
     sc.set_defaults(func=_cmd_sidechannel)

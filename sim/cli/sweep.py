@@ -2,9 +2,11 @@
 ``sim.experiment.sweep`` and ``sim.analysis.plots``).
 
 ``apcsim sweep SWEEP.yaml [--set key.path=value ...] [--workers N] [--ray] [--ray-address ADDR]
-[--no-resume] [--no-plots] [--output-dir DIR] [--no-progress]`` runs every point (skipping finished ones), writes
-``<output_dir>/<name>/table.{parquet,csv}`` and the plots; exit code 1 when a point failed (the
-others still ran), 2 for a config problem.
+[--no-resume] [--no-plots] [--output-dir DIR] [--no-progress] [--force]`` runs every point (skipping
+finished ones), writes ``<output_dir>/<name>/table.{parquet,csv}`` and the plots and prints the
+points' table (``sim.cli.sweep_table``); exit code 1 when a point failed (the others still ran), 2
+for a config problem -- among them a folder holding committed results without ``--force``
+(``sim.experiment.tracked``).
 
 ``apcsim plot SWEEP_DIR`` (re)draws the plots of a sweep folder from its table.
 
@@ -23,8 +25,10 @@ from sim.cli.arguments import int_at_least
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from sim.experiment.sweep import run_sweep
     from sim.experiment.sweep_config import load_sweep
+    from sim.experiment.tracked import refuse_tracked
 
     sweep = load_sweep(args.sweep, args.output_dir, args.set)
+    refuse_tracked(Path(sweep.folder()), args.force, "sweep")  # committed reference results stay as they are
     print(f"sweep {sweep.name}: {len(sweep.points)} points -> {sweep.folder()}/")
     report = run_sweep(
         sweep,
@@ -75,6 +79,8 @@ def add_sweep_parsers(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--no-plots", action="store_true", help="write the table only")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
     sw.add_argument("--output-dir", default=None, help="parent of the sweep folder (default: the file's output_dir)")
+    sw.add_argument("--force", action="store_true",
+                    help="write into a folder holding committed (reference) results; refused without it")
     sw.set_defaults(func=_cmd_sweep)
     pl = sub.add_parser("plot", help="draw a sweep folder's plots (PNG and SVG) from its table")
     pl.add_argument("sweep_dir", help="a sweep folder (holds table.parquet and sweep.json)")

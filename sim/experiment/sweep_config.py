@@ -61,6 +61,7 @@ from sim.experiment.config import (
     config_from_dict,
     config_to_dict,
     load_yaml,
+    override_value,
     set_dotted,
 )
 from sim.experiment.engine_description import resolve
@@ -229,7 +230,13 @@ def load_sweep(path: str | Path, output_dir: str | None = None, overrides: list[
     name = data.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(f"{source}: name: required, letters, digits, '_', '.', '-' only (got {name!r})")
-    out_dir = output_dir if output_dir is not None else data.get("output_dir", DEFAULT_OUTPUT_DIR)
+    # --set output_dir=... / name=... address the sweep's own folder (the base experiment's are unused)
+    folder_keys = dict(override_value(o) for o in overrides or () if o.partition("=")[0] in ("output_dir", "name"))
+    name = folder_keys.get("name", name)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ConfigError(f"--set name={name}: letters, digits, '_', '.', '-' only")
+    out_dir = output_dir if output_dir is not None else folder_keys.get(
+        "output_dir", data.get("output_dir", DEFAULT_OUTPUT_DIR))
     if not isinstance(out_dir, str):
         raise ConfigError(f"{source}: output_dir: expected a path, got {out_dir!r}")
     bounds = data.get("bounds", True)
