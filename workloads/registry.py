@@ -49,6 +49,7 @@ from workloads.ragpulse import load_ragpulse
 from workloads.schema import PoissonArrivals, TraceArrivals, WorkloadConfig, generator_params
 from workloads.synthetic import shared_prefix
 from workloads.tenants import TenantModel
+from workloads.trace_codecs import TraceInputError, check_trace_path
 from workloads.trace_format import TraceRequest, read_trace
 from workloads.trace_lines import open_trace
 
@@ -106,6 +107,11 @@ def _path(base_dir: Path, given: str | None, default: Path, *, folder: bool = Fa
     p = input_path(given, base_dir) if given else default
     if not folder and p.is_dir():
         raise WorkloadConfigError("path", f"{p} is a directory; this workload reads one trace file")
+    if not folder and p.exists() and not p.is_file():  # a FIFO or device is not "no such file"
+        try:
+            check_trace_path(p)
+        except TraceInputError as exc:
+            raise WorkloadConfigError("path", str(exc)) from None
     if not (p.is_dir() if folder else p.is_file()):
         raise WorkloadConfigError("path", f"no such {'folder' if folder else 'file'} {p}")
     return p

@@ -145,7 +145,7 @@ def parse_token_list(values: Any, field: str, *, min_len: int = 1) -> np.ndarray
         arr = np.asarray(values)
     except (ValueError, TypeError):  # ragged nesting
         arr = np.asarray([0.5])  # force the slow diagnosis below
-    if arr.ndim == 1 and arr.dtype.kind == "i":
+    if arr.ndim == 1 and arr.dtype.kind == "i" and not any(v.__class__ is bool for v in values):  # true is no id
         if arr.dtype != np.int64:
             arr = arr.astype(np.int64)
         bad = (arr < 0) | (arr >= TOKEN_ID_LIMIT)

@@ -89,3 +89,15 @@ def int_list(minimum: int) -> Callable[[str], list[int]]:
         return values
 
     return parse
+
+
+def blame_overrides(message: str, args: argparse.Namespace) -> str:
+    """An error message whose ``CONFIG: key: problem`` lines name the ``--set`` override that set
+    the key instead (``sim.experiment.overrides.blame_override``), also for errors raised after the
+    config was loaded (the engine's resolution, a replay)."""
+    source, overrides = getattr(args, "config", None), getattr(args, "set", None)
+    if not source or not overrides or not isinstance(overrides, list):
+        return message
+    from sim.experiment.overrides import blame_override
+
+    return "\n".join(blame_override(line, str(source), overrides) for line in message.splitlines())

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sim.cli.arguments import Parser, json_number, os_error_line, quiet_broken_pipe
+from sim.cli.arguments import Parser, blame_overrides, json_number, os_error_line, quiet_broken_pipe
 from sim.core.errors import ApcsimError
 from sim.experiment.backend import EXECUTORS, executor_factory
 from sim.experiment.config import ConfigError, load_config
@@ -161,8 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args.func(args))
-    except ApcsimError as exc:
-        print(f"apcsim: error: {exc}", file=sys.stderr)
+    except ApcsimError as exc:  # a value from --set is named as such, even when found after loading
+        print(f"apcsim: error: {blame_overrides(str(exc), args)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader went away (apcsim run ... | head -1): stop quietly, as git does
         return quiet_broken_pipe()

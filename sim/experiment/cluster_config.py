@@ -45,6 +45,14 @@ class LlmDWeights(_Strict):
     kv_cache: Annotated[float, Field(ge=0)] = 2.0
     prefix: Annotated[float, Field(ge=0)] = 3.0
 
+    @model_validator(mode="after")
+    def _not_all_zero(self) -> LlmDWeights:
+        # every score 0: every replica ties on every request, and the router would pick by its
+        # tie-break alone, without a word: refused (llm-d's scorers need a weight to matter)
+        if self.queue == self.kv_cache == self.prefix == 0:
+            raise ValueError("every weight is 0: the router would score every replica alike; give one a weight > 0")
+        return self
+
 
 class LlmDRouterConfig(_Strict):
     kind: Literal["llm_d"]
@@ -159,6 +167,17 @@ class ClusterConfig(_Strict):
             return [{"kind": v} if isinstance(v, str) else v for v in value]
         return value
 
+    @field_validator("compare")
+    @classmethod
+    def _compare_distinct(cls, value: tuple[RouterConfig, ...]) -> tuple[RouterConfig, ...]:
+        seen: dict[str, int] = {}
+        for k, rc in enumerate(value):
+            text = rc.model_dump_json()
+            if text in seen:  # the same router twice replays the same fleet twice for one row of the table
+                raise ValueError(f"compare[{k}] is compare[{seen[text]}] again ({rc.kind}); name each router once")
+            seen[text] = k
+        return value
+
     @field_validator("replicas", mode="before")
     @classmethod
     def _at_least_one(cls, value: Any) -> Any:
@@ -178,6 +197,13 @@ class ClusterConfig(_Strict):
     @property
     def num_replicas(self) -> int:
         return self.replicas if isinstance(self.replicas, int) else sum(g.count for g in self.replicas)
+
+    @model_validator(mode="after")
+    def _compare_not_primary(self) -> ClusterConfig:
+        for k, rc in enumerate(self.compare):
+            if rc == self.router:
+                raise ValueError(f"compare[{k}] is the primary router ({rc.kind}) again; it is replayed already")
+        return self
 
     @model_validator(mode="after")
     def _faults_valid(self) -> ClusterConfig:

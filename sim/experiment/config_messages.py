@@ -33,7 +33,10 @@ MAX_LINES = 20
 
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_\-]+")
 _PYDANTIC_STEP = re.compile(r"(function-(after|before|wrap|plain)|tagged-union|union|chain|nullable|"
-                            r"lax-or-strict|json-or-python|definition-ref|model)\[.*\]\Z")
+                            r"lax-or-strict|json-or-python|definition-ref|model|list|tuple|dict)\[.*\]\Z"
+                            r"|constrained-\w+\Z|(int|float|str|bool|none)\Z")
+"""Pydantic's names for a union's members in an error location (``function-after[...]``,
+``constrained-float``, ``int``): not keys the user wrote."""
 
 
 def format_loc(loc: tuple[Any, ...], union_tags: frozenset[str] = frozenset()) -> str:

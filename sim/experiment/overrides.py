@@ -29,6 +29,8 @@ def override_value(item: str) -> tuple[str, Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise ConfigError(f"{_override(item)}: an override must look like key.path=value")
+    if any(not part.strip() for part in key.split(".")):  # engine.=5, .x=1, a..b=2: no key to set
+        raise ConfigError(f"{_override(item)}: {key!r} has an empty key between its dots; write key.path=value")
     try:
         return key, load_yaml_text(raw)
     except YAMLInputError as exc:
@@ -48,18 +50,26 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], source: str = ""
 
 
 def blame_override(line: str, source: str, overrides: list[str]) -> str:
-    """A ``source: loc: problem`` line, naming the override that set ``loc`` when there is one
-    (``--set engine.block_size=7: engine.block_size: ...``); else the line unchanged."""
+    """A ``source: loc: problem`` line, naming the override that set ``loc`` (or a mapping holding
+    it) when there is one (``--set engine.block_size=7: engine.block_size: ...``); a check across
+    the keys of ``loc`` names every override inside ``loc`` (``--set engine.a=1, --set engine.b=2
+    (on x.yaml): engine: ...``); else the line unchanged."""
     prefix = f"{source}: "
     if not line.startswith(prefix):
         return line
     loc, sep, _ = line[len(prefix):].partition(": ")
     if not sep:
         return line
+    rest = line[len(prefix):]
     for item in reversed(overrides):  # the last override of a key is the one that counts
         key = item.partition("=")[0]
-        if loc == key or loc.startswith(key + ".") or key.startswith(loc + "."):
-            return f"{_override(item)}: {line[len(prefix):]}"
+        if loc == key or loc.startswith(key + "."):  # the value at loc came from this override
+            return f"{_override(item)}: {rest}"
+    inside = [item for item in overrides if item.partition("=")[0].startswith(loc + ".")]
+    if len(inside) == 1:  # a check across the keys of loc, one of which this override set
+        return f"{_override(inside[0])}: {rest}"
+    if inside:  # a check across the keys of loc: its values came from these overrides and the file
+        return f"{', '.join(_override(item) for item in inside)} (on {source}): {rest}"
     return line
 
 

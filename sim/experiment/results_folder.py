@@ -51,6 +51,7 @@ RESULT_FILES = frozenset({
     "requests.parquet", "requests.csv", "steps.parquet", "steps.csv", "summary.json",
     "config.resolved.yaml", "meta.json", "kv_events.jsonl",
     "replicas.csv", "load_timeline.png", "load_timeline.svg",  # a cluster run (cluster_run, apcsim run)
+    "blocks.parquet", "blocks.csv",  # replay.attribution: full (sim.experiment.results, for apcsim explain)
 })
 """What a results folder may hold (apart from the hidden temporary files of older versions): a
 folder with anything else is not replaced."""

@@ -1,0 +1,153 @@
+"""Issue 37's weak cases of hostile input -- the right outcome with a traceback or a misleading
+message -- as one table: each row builds its input, runs ``apcsim`` through its entry point and
+expects exit code 2 and exactly one ``apcsim: error:`` line holding the given words (a message of
+several problems continues on plain lines). Rows that were a decision rather than a message are
+tested below the table, each with its reason.
+"""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sim.cli.main import main
+
+LINES = b"".join(b'{"id":"r%d","arrival":%d.0,"tokens":[%d,2,3,4,5,6,7,8],"output_tokens":2}\n' % (i, i, i)
+                 for i in range(400))
+BASE = {
+    "name": "w", "engine": {"block_size": 16, "num_gpu_blocks": 400, "max_model_len": 4096},
+    "latency": {"kind": "fixed", "step_time_s": 0.01},
+    "workload": {"kind": "synthetic_shared_prefix", "num_requests": 6, "prefix_tokens": 64, "suffix_tokens": 16,
+                 "output_tokens": 2, "rate": 50.0},
+}
+
+
+def _config(tmp: Path, data: dict, name: str = "base.yaml") -> str:
+    p = tmp / name
+    p.write_text(yaml.safe_dump(data))
+    return str(p)
+
+
+def _trace_run(tmp: Path, name: str, data: bytes) -> list[str]:
+    (tmp / name).write_bytes(data)
+    return ["run", _config(tmp, {**BASE, "workload": {"kind": "trace", "path": name}}), "--out", str(tmp / "o"),
+            "--no-progress", "--no-bounds"]
+
+
+def _fifo_run(tmp: Path) -> list[str]:
+    os.mkfifo(tmp / "t.jsonl")
+    return ["run", _config(tmp, {**BASE, "workload": {"kind": "trace", "path": "t.jsonl"}}), "--out", str(tmp / "o")]
+
+
+def _stats_of_truncated_gz(tmp: Path) -> list[str]:
+    (tmp / "t.jsonl.gz").write_bytes(gzip.compress(LINES)[:300])
+    return ["workloads", "stats", _config(tmp, {**BASE, "workload": {"kind": "trace", "path": "t.jsonl.gz"}})]
+
+
+def _run(tmp: Path, data: dict, *extra: str) -> list[str]:
+    return ["run", _config(tmp, data), "--out", str(tmp / "o"), "--no-progress", "--no-bounds", *extra]
+
+
+def _fleet(**cluster: object) -> dict:
+    return {**BASE, "cluster": {"replicas": 2, "router": "round_robin", **cluster}}
+
+
+Row = tuple[str, Callable[[Path], list[str]], str]
+ROWS: list[Row] = [
+    # tracebacks that are one line now
+    ("truncated .gz", lambda t: _trace_run(t, "t.jsonl.gz", gzip.compress(LINES)[:300]),
+     "t.jsonl.gz: truncated .gz file"),
+    ("corrupt .gz", lambda t: _trace_run(t, "t.jsonl.gz", b"\x1f\x8b\x08\x00garbage-garbage-garbage"),
+     "t.jsonl.gz: corrupt .gz data"),
+    ("not gzip at all", lambda t: _trace_run(t, "t.jsonl.gz", b"plain text, not gzip\n"),
+     "t.jsonl.gz: corrupt .gz data"),
+    ("truncated .xz", lambda t: _trace_run(t, "t.jsonl.xz", lzma.compress(LINES)[:200]),
+     "t.jsonl.xz: truncated .xz file"),
+    ("corrupt .xz", lambda t: _trace_run(t, "t.jsonl.xz", b"\xfd7zXZ\x00garbage-garbage"), "t.jsonl.xz: corrupt .xz"),
+    ("corrupt .zst", lambda t: _trace_run(t, "t.jsonl.zst", b"garbage, not zstd at all"),
+     "t.jsonl.zst: corrupt .zst data"),
+    ("workloads stats on a truncated .gz", _stats_of_truncated_gz, "t.jsonl.gz: truncated .gz file"),
+    ("true/false in a token list", lambda t: _trace_run(t, "t.jsonl", b'{"id":"a","arrival":0,"tokens":[true,2,3],'
+                                                                         b'"output_tokens":2}\n'),
+     "t.jsonl:1: field 'tokens': token id at index 0: expected int, got True"),
+    # misleading messages
+    ("a FIFO as trace", _fifo_run, "t.jsonl: is a FIFO, not a regular file"),
+    ("pydantic internals in a key path", lambda t: _run(t, _fleet(kv_events={"delay_s": {"dist": "lognormal",
+                                                                                       "mean": 1}})),
+     "base.yaml: cluster.kv_events.delay_s: Input should be a valid number"),
+    # --set errors name where the value came from
+    ("--set value found bad when the engine resolves",
+     lambda t: _run(t, BASE, "--set", "engine.num_gpu_blocks=8"),
+     "--set engine.num_gpu_blocks=8: engine.num_gpu_blocks: a pool of 8 blocks"),
+    ("--set cross-field error names every override in the section",
+     lambda t: _run(t, BASE, "--set", "engine.kv_cache_gib=3", "--set", "engine.block_size=32"),
+     "--set engine.kv_cache_gib=3, --set engine.block_size=32 (on "),
+    ("--set with an empty key part", lambda t: _run(t, BASE, "--set", "engine.=5"),
+     "--set engine.=5: 'engine.' has an empty key between its dots"),
+    # silent choices refused
+    ("llm-d weights all 0", lambda t: _run(t, _fleet(router={"kind": "llm_d", "weights": {"queue": 0, "kv_cache": 0,
+                                                                                        "prefix": 0}})),
+     "cluster.router.weights: every weight is 0"),
+    ("duplicate routers in compare", lambda t: _run(t, _fleet(compare=["random", "random"])),
+     "cluster.compare: compare[1] is compare[0] again (random)"),
+    ("the primary router again in compare", lambda t: _run(t, _fleet(compare=["round_robin"])),
+     "compare[0] is the primary router (round_robin) again"),
+    ("a second --slo", lambda t: ["size", _config(t, BASE), "--slo", "ttft_p99=2s", "--slo", "e2e_p90=9s"],
+     "--slo given 2 times"),
+    ("a bad CLI number", lambda t: ["workloads", "stats", _config(t, BASE), "--block-size", "16,abc"],
+     "workloads stats: argument --block-size: expected a whole number, got 'abc'"),
+]
+
+
+def _error_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "engine modules are not compiled" not in line]
+
+
+@pytest.mark.parametrize("name, build, words", ROWS, ids=[r[0] for r in ROWS])
+def test_weak_case_is_one_clear_line(tmp_path, capsys, name, build, words):
+    rc = main(build(tmp_path))
+    err = _error_lines(capsys.readouterr().err)
+    assert rc == 2, err
+    assert len([line for line in err if line.startswith("apcsim: error: ")]) == 1 and err[0].startswith("apcsim: ")
+    assert words in err[0], err[0]
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_an_unreadable_trace_is_one_line(tmp_path, capsys, monkeypatch):
+    """PermissionError (root reads every file, so the refusal is simulated at the open)."""
+    import workloads.trace_codecs as codecs
+
+    def refuse(path, mode="r", *a, **kw):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(codecs, "open", refuse, raising=False)
+    rc = main(_trace_run(tmp_path, "t.jsonl", LINES))
+    err = _error_lines(capsys.readouterr().err)
+    assert rc == 2 and len(err) == 1 and err[0].endswith("t.jsonl: cannot read the trace: permission denied")
+
+
+def test_a_closed_stdout_ends_quietly(tmp_path):
+    """``apcsim run ... | head -1``: no BrokenPipeError traceback, exit code 141 as git's."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "sim.cli", *_run(tmp_path, BASE)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).parents[1])
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (0, 141) and "Traceback" not in err.decode() and "BrokenPipe" not in err.decode()
+
+
+def test_a_folder_apcsim_wrote_with_attribution_full_is_replaced(tmp_path, capsys):
+    """It was refused as 'not apcsim results (blocks.parquet)'."""
+    argv = _run(tmp_path, {**BASE, "replay": {"attribution": "full"}})
+    assert main(argv) == 0 and (tmp_path / "o" / "blocks.parquet").is_file()
+    assert main(argv) == 0, capsys.readouterr().err
