@@ -99,3 +99,45 @@ def test_replay_on_an_unbounded_pool_hits_every_full_block_of_the_previous_turn(
             # the decode computes every token but the last answer token; its full blocks are cached
             computed = len(prev.tokens) + prev.output_tokens - 1
             assert hits[rid] >= min(computed, len(req.tokens) - 1) // BLOCK * BLOCK
+
+
+_specials = st.sampled_from(["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                             "<|eot_id", "|>", "<"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(texts=st.lists(st.lists(st.one_of(_words, _specials), max_size=16).map("".join), min_size=1, max_size=8))
+def test_segment_cache_gives_the_librarys_ids(texts):
+    """The cut at added tokens (workloads.convert.tokenizer) equals the library tokenizing whole,
+    with pieces repeated across texts and calls (cache hits) and near-miss token spellings."""
+    tok = _tokenizer("trained")
+    assert tok.encode_batch(texts) == tok.encode_batch(texts, cached=False)
+    assert tok.encode_batch(texts[::-1]) == tok.encode_batch(texts[::-1], cached=False)
+
+
+def test_segment_cache_is_off_when_an_added_token_strips_whitespace(tmp_path):
+    folder = make_model_folder(tmp_path / "m")
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data["added_tokens"][3]["rstrip"] = True  # <|eot_id|> eats the whitespace after it
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    tok = load_tokenizer(str(folder))
+    assert tok._split is None
+    text = "the cache<|eot_id|>   \n hit"
+    assert tok.encode_batch([text]) == tok.encode_batch([text], cached=False)
+
+
+def test_segment_cache_is_off_for_tokenizers_that_mark_a_texts_start(tmp_path):
+    """A Metaspace pre-tokenizer (prepend_scheme first: Llama-2/Mistral style) treats the first piece
+    of a text unlike the pieces after an added token: no cache, and the ids are the library's."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+
+    hf = HFTokenizer(models.BPE(unk_token=None))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    hf.train_from_iterator(["the cache hit", "a prefix miss"] * 50, trainers.BpeTrainer(
+        vocab_size=80, special_tokens=["<|eot_id|>"], show_progress=False))
+    hf.save(str(tmp_path / "tokenizer.json"))
+    tok = load_tokenizer(str(tmp_path / "tokenizer.json"))
+    assert tok._split is None
+    text = "the cache<|eot_id|>hit the"
+    assert tok.encode_batch([text]) == tok.encode_batch([text], cached=False)

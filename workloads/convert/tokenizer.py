@@ -16,6 +16,16 @@ Rules:
   ``apply_chat_template(tokenize=True)`` does: the template already wrote BOS where the model
   wants one.
 
+**Segment cache** (speed; exact): the ``tokenizers`` library first cuts a text at its added tokens
+(``<|eot_id|>``, ...; leftmost-longest) and tokenizes the pieces between them independently. When
+no added token strips whitespace or matches whole words only (``lstrip``/``rstrip``/``single_word``
+off), none is matched after normalization and nothing marks the start of a text (a ``Metaspace``
+pre-tokenizer, a ``Prepend`` normalizer, ``add_prefix_space``: Llama-2/Mistral-style tokenizers),
+cutting there ourselves and tokenizing each piece
+alone gives the same ids, so a piece seen before (a system prompt, a tool list, a role header) is
+taken from a cache instead of being tokenized again. Otherwise every text goes to the library
+whole. ``encode_batch(texts, cached=False)`` is the plain path, the cache's oracle in the tests.
+
 Invariants: :meth:`Tokenizer.encode_batch` is a pure function of the texts. Errors are
 :class:`TokenizerError` (one line naming the file). Imports ``tokenizers`` (lazily) and jinja2.
 """
@@ -24,8 +34,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +63,10 @@ class TokenizerError(ApcsimError, ValueError):
     """A tokenizer that cannot be loaded; ``str()`` names the file."""
 
 
+CACHE_LIMIT = 1 << 16
+"""Pieces the segment cache keeps (emptied when full)."""
+
+
 @dataclass
 class Tokenizer:
     """Encodes texts to token ids; ``template`` renders chats (None: the model has none)."""
@@ -61,12 +76,46 @@ class Tokenizer:
     template: ChatTemplate | None
     fingerprint: str  # sha256 prefix of tokenizer.json + the template (what the header records)
     _hf: Any = None
+    segment_safe: bool = False  # the normalizer and pre-tokenizer treat every cut piece alike (see above)
+    _split: re.Pattern[str] | None = None  # the added tokens, longest first (None: no segment cache)
+    _special: dict[str, int] = field(default_factory=dict)
+    _cache: dict[str, list[int]] = field(default_factory=dict)
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text (no special tokens added)."""
+    def __post_init__(self) -> None:
+        if self._hf is None or not self.segment_safe:
+            return
+        added = self._hf.get_added_tokens_decoder()
+        if not added or any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added.values()):
+            return  # the library's own cut is not a plain leftmost-longest match: no cache
+        self._special = {t.content: i for i, t in added.items()}
+        alternatives = sorted(self._special, key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(re.escape(a) for a in alternatives) + ")")
+
+    def encode_batch(self, texts: Sequence[str], *, cached: bool = True) -> list[list[int]]:
+        """Token ids of each text (no special tokens added); ``cached=False`` skips the segment
+        cache (same ids)."""
         if self._hf is None:
             return [list(t.encode("utf-8")) for t in texts]
-        return [enc.ids for enc in self._hf.encode_batch_fast(list(texts), add_special_tokens=False)]
+        if self._split is None or not cached:
+            return [enc.ids for enc in self._hf.encode_batch_fast(list(texts), add_special_tokens=False)]
+        cache, special = self._cache, self._special
+        cuts = [self._split.split(t) for t in texts]  # text, token, text, token, ..., text
+        missing = list({part for parts in cuts for part in parts[::2] if part and part not in cache})
+        if len(cache) + len(missing) > CACHE_LIMIT:
+            cache.clear()
+            missing = list({part for parts in cuts for part in parts[::2] if part})
+        for part, enc in zip(missing, self._hf.encode_batch_fast(missing, add_special_tokens=False), strict=True):
+            cache[part] = enc.ids
+        out: list[list[int]] = []
+        for parts in cuts:
+            ids: list[int] = []
+            for i, part in enumerate(parts):
+                if i % 2:
+                    ids.append(special[part])
+                elif part:
+                    ids.extend(cache[part])
+            out.append(ids)
+        return out
 
 
 def _json_file(path: Path, what: str) -> Any:
@@ -125,4 +174,6 @@ def load_tokenizer(spec: str | None) -> Tokenizer:
     template, template_text = _template(file.parent)
     digest = hashlib.sha256(file.read_bytes() + template_text.encode()).hexdigest()[:16]
     name = file.parent.name if path.is_dir() else str(file)
-    return Tokenizer(name, False, template, digest, hf)
+    start_marks = json.dumps([data.get("normalizer"), data.get("pre_tokenizer")])
+    safe = not any(m in start_marks for m in ('"Metaspace"', '"Prepend"', '"add_prefix_space": true'))
+    return Tokenizer(name, False, template, digest, hf, safe)
