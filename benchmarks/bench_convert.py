@@ -66,7 +66,8 @@ def main() -> None:
         print(f"convert openai, {args.lines:,} lines ({size:.1f} MB), turns={args.turns}: {s.requests:,} requests, "
               f"{s.prompt_tokens:,} prompt tokens")
         print(f"wall {wall:.2f} s, cpu {cpu:.2f} s: {args.lines / wall:,.0f} lines/s "
-              f"({s.requests / wall:,.0f} requests/s; target >= 20,000 lines/s)")
+              f"({s.requests / wall:,.0f} requests/s, {size / wall:.1f} MB/s; target >= 20,000 lines/s); "
+              f"{args.lines / cpu:,.0f} lines per CPU-second")
 
 
 if __name__ == "__main__":

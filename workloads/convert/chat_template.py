@@ -31,6 +31,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.runtime
 import jinja2.sandbox
 
 SPECIAL_TOKEN_KEYS = (
@@ -148,9 +149,10 @@ class ChatTemplate:
         compiled = self._compiled[name]
         # Template.render's steps with the globals merged once (_base): a fresh context per call
         # merged the environment's globals again, half the cost of rendering a short chat
-        ctx = compiled.new_context({**self._base[name], "messages": messages, "tools": tools or None,
-                                    "documents": None, "add_generation_prompt": add_generation_prompt},
-                                   shared=True)
+        ctx = jinja2.runtime.new_context(
+            compiled.environment, compiled.name, compiled.blocks, {
+                **self._base[name], "messages": messages, "tools": tools or None, "documents": None,
+                "add_generation_prompt": add_generation_prompt}, shared=True)
         try:
             try:
                 return "".join(compiled.root_render_func(ctx))

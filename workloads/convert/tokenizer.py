@@ -109,12 +109,10 @@ class Tokenizer:
         out: list[list[int]] = []
         for parts in cuts:
             ids: list[int] = []
-            for i, part in enumerate(parts):
-                if i % 2:
-                    ids.append(special[part])
-                elif part:
-                    ids.extend(cache[part])
-            out.append(ids)
+            for text, token in zip(parts[::2], parts[1::2]):  # the last text has no token after it
+                ids += cache[text] if text else ()
+                ids.append(special[token])
+            out.append(ids + cache[parts[-1]] if parts[-1] else ids)
         return out
 
 
