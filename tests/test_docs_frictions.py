@@ -199,3 +199,25 @@ def test_committed_reference_results_are_not_overwritten_without_force(tmp_path:
     assert main(["sidechannel", str(ROOT / "configs" / "sidechannel.yaml"), "--output-dir",
                  str(ROOT / "results"), "--no-progress"]) == 2
     assert "results/sidechannel: holds" in capsys.readouterr().err
+
+
+def test_kv_cache_fraction_scales_vllms_default_pool() -> None:
+    import pytest
+
+    from sim.core.errors import ApcsimError
+    from sim.experiment.config import config_to_dict, load_config
+    from sim.experiment.engine_description import resolve
+
+    path = ROOT / "configs" / "my_trace.yaml"
+    full = resolve(load_config(path)).num_gpu_blocks
+    assert resolve(load_config(path, ["engine.kv_cache_fraction=0.5"])).num_gpu_blocks == full // 2
+    assert resolve(load_config(path, ["engine.kv_cache_fraction=1"])).num_gpu_blocks == full
+    assert "kv_cache_fraction" not in config_to_dict(load_config(path))["engine"]  # point keys unchanged
+    for other in ("engine.num_gpu_blocks=1000", "engine.kv_cache_gib=4"):
+        with pytest.raises(ApcsimError, match="set one of num_gpu_blocks or kv_cache_gib or kv_cache_fraction"):
+            load_config(path, ["engine.kv_cache_fraction=0.5", other])
+    for bad in ("0", "1.5"):
+        with pytest.raises(ApcsimError, match="kv_cache_fraction"):
+            load_config(path, [f"engine.kv_cache_fraction={bad}"])
+    with pytest.raises(ApcsimError, match="max_model_len"):  # too small a share is vLLM's start-up refusal
+        resolve(load_config(path, ["engine.kv_cache_fraction=0.01"]))

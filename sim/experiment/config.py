@@ -121,6 +121,9 @@ class EngineConfig(_Strict):
     block_size: BlockSize = 16
     num_gpu_blocks: Annotated[int, Field(ge=2)] | None = None
     kv_cache_gib: Annotated[float, Field(gt=0)] | None = None
+    # a share of the pool vLLM would profile (0.5 halves it); no vLLM flag: --num-gpu-blocks-override of
+    # that share. Left out of the resolved config when unset, so other configs keep their point keys
+    kv_cache_fraction: Annotated[float, Field(gt=0, le=1)] | None = Field(default=None, exclude_if=_unset)
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.92
     max_num_batched_tokens: Annotated[int, Field(gt=0)] = 8192
     max_num_seqs: Annotated[int, Field(gt=0)] = 256
@@ -189,8 +192,10 @@ class EngineConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_capacity(self) -> EngineConfig:
-        if self.num_gpu_blocks is not None and self.kv_cache_gib is not None:
-            raise ValueError("set num_gpu_blocks or kv_cache_gib, not both")
+        given = [k for k in ("num_gpu_blocks", "kv_cache_gib", "kv_cache_fraction") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError("set one of num_gpu_blocks or kv_cache_gib or kv_cache_fraction, "
+                             f"not {' and '.join(given)}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "

@@ -140,21 +140,31 @@ def _pool_key(cfg: ExperimentConfig) -> str:
     e = cfg.engine
     if e.num_gpu_blocks is not None:
         return "engine.num_gpu_blocks"
+    if e.kv_cache_fraction is not None:
+        return "engine.kv_cache_fraction"
     return "engine.kv_cache_gib" if e.kv_cache_gib is not None else "gpu"
 
 
 def _num_gpu_blocks(cfg: ExperimentConfig, model: Callable[[], ModelSpec], block_size: int) -> int:
-    """The pool size in blocks (null block included): given, from ``kv_cache_gib``, or from the GPU."""
+    """The pool size in blocks (null block included): given, from ``kv_cache_gib``, or from the GPU
+    (times ``kv_cache_fraction``, floored, when set: a share of vLLM's profiled pool)."""
     e = cfg.engine
     if e.num_gpu_blocks is not None:
         return e.num_gpu_blocks
     spec = model()
     try:
         gpu = load_gpu_spec(_spec_name(cfg, cfg.gpu))
-        return kv_cache_blocks(spec, gpu, block_size, e.gpu_memory_utilization, e.kv_cache_gib,
-                               max_num_batched_tokens=e.max_num_batched_tokens)
+        blocks = kv_cache_blocks(spec, gpu, block_size, e.gpu_memory_utilization, e.kv_cache_gib,
+                                 max_num_batched_tokens=e.max_num_batched_tokens)
     except ValueError as exc:
         raise ConfigError(f"{cfg.source}: {_pool_key(cfg)}: {exc}") from None
+    if e.kv_cache_fraction is None:
+        return blocks
+    scaled = int(blocks * e.kv_cache_fraction)
+    if scaled < 2:  # the null block and one usable block, as num_gpu_blocks' own minimum
+        raise ConfigError(f"{cfg.source}: engine.kv_cache_fraction: {e.kv_cache_fraction} of {blocks} blocks "
+                          f"leaves {scaled}; a pool needs at least 2")
+    return scaled
 
 
 def _capacity_tokens(groups: tuple[KVGroupSpec, ...], block_size: int, num_gpu_blocks: int) -> int:
