@@ -221,3 +221,16 @@ def test_kv_cache_fraction_scales_vllms_default_pool() -> None:
             load_config(path, [f"engine.kv_cache_fraction={bad}"])
     with pytest.raises(ApcsimError, match="max_model_len"):  # too small a share is vLLM's start-up refusal
         resolve(load_config(path, ["engine.kv_cache_fraction=0.01"]))
+
+
+def test_version_names_apcsim_the_vllm_mirrored_and_the_compiled_modules(capsys) -> None:
+    from sim.cli.main import main
+    from sim.core.native_build import ENGINE_MODULES, interpreted_engine_modules
+
+    assert main(["--version"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"apcsim \S+", lines[0])
+    assert lines[1] == "mirrors vLLM 0.33.0 (default; engine.vllm_version: 0.25.1 too)"
+    native = len(ENGINE_MODULES) - len(interpreted_engine_modules())
+    assert lines[2].startswith(f"compiled: engine modules (mypyc) {native} of {len(ENGINE_MODULES)}; Cython: ")
+    assert all(f"{what} " in lines[2] for what in ("block pool", "hash chain", "trace scanner", "KV-event index"))

@@ -108,6 +108,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="apcsim", description="Simulate vLLM automatic prefix caching.")
+    from sim.cli.version import VersionAction
+
+    parser.add_argument("--version", action=VersionAction,
+                        help="print apcsim's version, the vLLM version it mirrors and whether the compiled modules "
+                             "are in use")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="replay one experiment config and write results/<name>/")
     run.add_argument("config", help="experiment YAML file")
