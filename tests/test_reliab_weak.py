@@ -58,6 +58,31 @@ def _fleet(**cluster: object) -> dict:
     return {**BASE, "cluster": {"replicas": 2, "router": "round_robin", **cluster}}
 
 
+def _explain(tmp: Path, damage: Callable[[Path], None]) -> list[str]:
+    """A real attribution run, damaged, then ``apcsim explain`` on it."""
+    assert main(_run(tmp, {**BASE, "replay": {"attribution": "full"}})) == 0
+    damage(tmp / "o")
+    return ["explain", str(tmp / "o"), "--request", "syn-0"]
+
+
+def _foreign_blocks(folder: Path) -> None:
+    import pandas as pd
+
+    pd.DataFrame({"request_id": ["syn-0"], "x": [1]}).to_parquet(folder / "blocks.parquet")
+
+
+def _incomplete(folder: Path) -> None:
+    meta = folder / "meta.json"
+    meta.write_text(meta.read_text().replace('"complete": true', '"complete": false'))
+
+
+def _plot_damaged(tmp: Path) -> list[str]:
+    sweep = {"name": "sw", "output_dir": str(tmp), "base": BASE, "grid": {"engine.block_size": [16]}}
+    assert main(["sweep", _config(tmp, sweep, "sweep.yaml"), "--workers", "1", "--no-plots", "--no-progress"]) == 0
+    (tmp / "sw" / "table.parquet").write_bytes(b"PAR1 garbage")
+    return ["plot", str(tmp / "sw")]
+
+
 Row = tuple[str, Callable[[Path], list[str]], str]
 ROWS: list[Row] = [
     # tracebacks that are one line now
@@ -76,7 +101,16 @@ ROWS: list[Row] = [
     ("true/false in a token list", lambda t: _trace_run(t, "t.jsonl", b'{"id":"a","arrival":0,"tokens":[true,2,3],'
                                                                          b'"output_tokens":2}\n'),
      "t.jsonl:1: field 'tokens': token id at index 0: expected int, got True"),
+    ("explain on a corrupt blocks.parquet", lambda t: _explain(t, lambda f: (f / "blocks.parquet").write_bytes(b"x")),
+     "o: cannot read its tables"),
+    ("explain on a wrong-schema blocks.parquet", lambda t: _explain(t, _foreign_blocks),
+     "o: a table lacks the column 'block'"),
+    ("plot on a corrupt table.parquet", _plot_damaged, "sw: cannot read its tables"),
     # misleading messages
+    ("explain on a folder an interrupted run left", lambda t: _explain(t, _incomplete),
+     "o: not a complete results folder"),
+    ("explain on a missing folder", lambda t: ["explain", str(t / "nothing"), "--request", "0"],
+     "nothing: no such results folder"),
     ("a FIFO as trace", _fifo_run, "t.jsonl: is a FIFO, not a regular file"),
     ("pydantic internals in a key path", lambda t: _run(t, _fleet(kv_events={"delay_s": {"dist": "lognormal",
                                                                                        "mean": 1}})),

@@ -15,16 +15,20 @@ from pathlib import Path
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     from sim.analysis.explain import ExplainError, explain, render, render_top, top_requests
+    from sim.experiment.results_folder import reading_results, require_complete
 
     if (args.request is None) == (args.top is None):
         raise ExplainError("apcsim explain: give --request ID or --top N")
+    require_complete(args.run_dir)  # a missing folder, or one an interrupted run left: refused first
     if args.top is not None:
         if args.top < 1:
             raise ExplainError(f"--top must be >= 1, got {args.top}")
-        t = top_requests(Path(args.run_dir), args.top)
+        with reading_results(args.run_dir):
+            t = top_requests(Path(args.run_dir), args.top)
         print(json.dumps(t, indent=2) if args.json else render_top(t))
         return 0
-    e = explain(Path(args.run_dir), args.request)
+    with reading_results(args.run_dir):  # a damaged or foreign table: one line, not a traceback
+        e = explain(Path(args.run_dir), args.request)
     print(json.dumps(e, indent=2) if args.json else render(e, all_blocks=args.blocks == "all"))
     return 0
 

@@ -58,8 +58,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def _cmd_plot(args: argparse.Namespace) -> int:
     from sim.analysis.plots import plot_sweep
+    from sim.experiment.results_folder import reading_results
 
-    paths = plot_sweep(Path(args.sweep_dir))
+    with reading_results(args.sweep_dir):  # a damaged or foreign table.parquet: one line, not a traceback
+        paths = plot_sweep(Path(args.sweep_dir))
     for p in paths:
         print(p)
     return 0

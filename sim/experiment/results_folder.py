@@ -41,7 +41,8 @@ import re
 import shutil
 import stat
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,26 @@ def writable_folder(folder: str | Path, files: tuple[str, ...] = (), option: str
             raise ResultsError(f"{folder / name}: is {kind}, where apcsim writes a result file; move it or pick "
                                f"another {option}")
     return folder
+
+
+@contextmanager
+def reading_results(folder: str | Path) -> Iterator[None]:
+    """Around code that reads a results or sweep folder's tables: a damaged or foreign table --
+    pyarrow's ``ArrowInvalid``, a pandas parser error, a missing column (``KeyError: 'block'``), an
+    unreadable file -- becomes one :class:`ResultsError` naming the folder, not a traceback."""
+    try:
+        yield
+    except ApcsimError:
+        raise
+    except KeyError as exc:
+        raise ResultsError(f"{folder}: a table lacks the column {exc.args[0]!r}: not results of this apcsim, or "
+                           f"damaged; rerun the command that wrote it") from None
+    except (OSError, ValueError) as exc:
+        if not isinstance(exc, OSError) and not type(exc).__module__.startswith(("pyarrow", "pandas")):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise ResultsError(f"{folder}: cannot read its tables ({first}); damaged? rerun the command that "
+                           f"wrote it") from None
 
 
 def _not_a_file(p: Path) -> str:
