@@ -211,7 +211,9 @@ class StepRunner:
             self.intake.next_arrival - ARRIVAL_EPS_S,
             observed=self.intake.observed,
         )
-        return None if tier is not None and window is not None and not window_allowed(tier, window) else window
+        if tier is not None and window is not None and not window_allowed(self.scheduler, tier, window):
+            return None
+        return window
 
     def play_window(self, window: Window) -> None:
         """Play a planned window's steps on the scheduler (``sim.replay.window_apply``), with an

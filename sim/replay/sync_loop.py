@@ -79,8 +79,11 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
     total_blocks = sched.kv_cache_manager.block_pool.num_gpu_blocks - 1
     free, cached, n_finished = map(list, zip(*window.per_step))
     shapes = window.shapes
+    durations = window.durations
+    if run.kv_worker is not None:  # a tiered step records its end minus its start (StepRunner._transfers)
+        durations = [starts[j + 1] - starts[j] for j in range(k)]
     rec.steps(  # (columns as lists: sim.replay.column_table.NumericColumnTable.extend)
-        list(range(first_step, first_step + k)), starts[:k], window.durations, [s.num_seqs for s in shapes],
+        list(range(first_step, first_step + k)), starts[:k], durations, [s.num_seqs for s in shapes],
         [s.num_new_tokens for s in shapes], [s.num_prefill_tokens for s in shapes],
         [s.num_decode_seqs for s in shapes], [0] * k, [0] * k, n_finished, [n_running] * k, waiting,
         free, cached, [1.0 - f / total_blocks for f in free],

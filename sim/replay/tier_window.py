@@ -9,9 +9,11 @@ finished since the previous step; each step's output then completes the transfer
 reports. A window of pure decodes plans none of that when the connector is *quiet* at its start
 (:func:`tier_quiet`):
 
-* nothing is batched for the next ``build_connector_meta`` (no finished request awaits its commit,
-  no load or flush is planned), no request waits for a load (``kv_holding_waiting``) and no load is
-  in flight;
+* nothing is batched for the next ``build_connector_meta`` (no load or flush is planned, no request
+  finished since the last step has a chunk left to offer), no request waits for a load
+  (``kv_holding_waiting``) and no load is in flight; the requests finished since the last step
+  commit their accesses at the window's start, as its first step's ``build_connector_meta`` would
+  (``commit_finished``: their final store pass offers nothing);
 * only prompt tokens are offloaded (``offload_prompt_only``, vLLM's default), and every running
   request has offered every chunk of its prompt: a decode step's store pass is then a no-op;
 * no finished request's store is in flight (``block_id_to_pending_jobs``), so no block a decoder
@@ -22,12 +24,12 @@ reports. A window of pure decodes plans none of that when the connector is *quie
   up (a lookup that met a chunk still being stored would defer the head, and the waiting loop would
   go on to the next request).
 
-With no store in flight the head's refused lookups are side-effect free (they find no pending
-chunk and only reset the store progress of a request that never ran). Requests finish only at a
-window's last step, so their final pass and commit run in the next plain step, as in the plain
-loop. After a window the connector's step count moves on by k and every bulk request's keys and
-block ids are brought up to date (its block ids are its block table: vLLM's are the admitted table
-extended by each step's new blocks).
+With no store in flight the head's refused lookups are side-effect free (they find no pending chunk
+and only reset the store progress of a request that never ran). Requests finish only at a window's
+last step, so their final pass and commit run in the next step, as in the plain loop. After a window
+the connector's step count moves on by k and every bulk request's keys and block ids are brought up
+to date (its block ids are its block table: vLLM's are the admitted table extended by each step's
+new blocks).
 
 Invariant: a window's tables, stats, KV events and tier counters equal the plain loop's
 (``tests/test_tier_window.py``). Imports neither simpy nor torch.
@@ -37,66 +39,133 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sim.core.offload.request_state import RequestOffloadState
 from sim.core.offload.tier import OffloadTier
+from sim.core.request import Request
 from sim.core.scheduler import Scheduler
-from sim.core.transfer_job import KVConnectorOutput
+from sim.core.transfer_job import KVConnectorMetadata, KVConnectorOutput, TransferJob
 from sim.replay.decode_window import Window
 from sim.replay.kv_transfer import LinkKVWorker
 
 
 def tier_quiet(sched: Scheduler, tier: OffloadTier) -> bool:
-    """Query: a decode window may start now (see the module docstring; the window itself is checked
-    by :func:`window_allowed`)."""
+    """Query: a decode window may start now (see the module docstring; the window itself, its
+    requests included, is checked by :func:`window_allowed`)."""
     conn = tier.connector
-    if (not conn.offload_prompt_only or tier.kv_holding_waiting or tier.finished_recving or conn.has_step_work()
-            or conn.block_id_to_pending_jobs or conn.chunks_being_loaded):
+    return not (not conn.offload_prompt_only or tier.kv_holding_waiting or tier.finished_recving
+                or conn.has_step_work() or conn.block_id_to_pending_jobs or conn.chunks_being_loaded)
+
+
+def _prompt_offered(st: RequestOffloadState, r: Request, tpc: int, bpc: int) -> bool:
+    """Query: ``r`` computed its prompt and offered every storable chunk of it."""
+    prompt = r.num_prompt_tokens
+    if r.num_computed_tokens < prompt:
         return False
-    tpc, bpc = conn.tokens_per_chunk, conn.blocks_per_chunk
-    for r in sched.running:
-        st = conn.req_status.get(r.request_id)
-        if st is None or r.num_computed_tokens < r.num_prompt_tokens:
-            return False
-        if st.next_stored_chunk_idx < st.storable_chunks(r.num_prompt_tokens, tpc, bpc):
-            return False  # an offer still to make (e.g. after an allocation failure)
-    return True
+    # (past the prompt's last full chunk nothing is storable: no need to count)
+    idx = st.next_stored_chunk_idx
+    return idx * tpc > prompt - tpc or idx >= st.storable_chunks(prompt, tpc, bpc)
 
 
-def window_allowed(tier: OffloadTier, window: Window) -> bool:
-    """Query: a window planned while the connector was quiet has no prefill tail, and no lookup of
-    the waiting head while a store is in flight."""
-    return not window.tail and not (tier.connector.jobs and any(window.lookups))
+def _offerers(sched: Scheduler, tier: OffloadTier, window: Window) -> list[Request] | None:
+    """Query: the window's tail requests that offer chunks in it (see the module docstring), or
+    None when the window is not allowed."""
+    conn = tier.connector
+    tpc, bpc, hpc = conn.tokens_per_chunk, conn.blocks_per_chunk, conn.hashes_per_chunk
+    status = conn.req_status
+    for r in window.bulk:
+        st = status.get(r.request_id)
+        if st is None or not _prompt_offered(st, r, tpc, bpc):
+            return None  # (e.g. an offer left after an allocation failure)
+    offerers: list[Request] = []
+    max_len = sched.config.max_model_len
+    for r, steps in zip(window.tail, window.tail_steps, strict=True):
+        st = status.get(r.request_id)
+        if st is None:
+            return None
+        if _prompt_offered(st, r, tpc, bpc):
+            continue
+        n_samples = sum(1 for s in steps if s.samples)
+        if n_samples and (len(r.output_token_ids) + n_samples >= r.max_tokens or r.num_tokens + n_samples >= max_len):
+            return None  # it would finish at the last step: its stores' blocks are watched then
+        if len(r.block_hashes) // hpc < r.num_prompt_tokens // tpc:
+            return None  # its keys would bound an offer
+        offerers.append(r)
+    return offerers
+
+
+def window_allowed(sched: Scheduler, tier: OffloadTier, window: Window) -> bool:
+    """Query: a window planned while the connector was quiet: its bulk has offered every chunk, its
+    offering prefills (:func:`_offerers`) finish in it and need no key it lacks; no lookup of the
+    waiting head while a store is in flight or may start; with the tier's KV events on, no store in
+    flight or offered at all (a window reports its steps' completions around its block operations,
+    so their CPU ``BlockStored`` would not interleave with the steps' own events as the plain
+    loop's do)."""
+    offerers = _offerers(sched, tier, window)
+    if offerers is None:
+        return False
+    stores = bool(tier.connector.jobs or offerers)
+    return not (stores and (any(window.lookups) or tier.kv_events is not None))
 
 
 def play_window_transfers(
     sched: Scheduler, tier: OffloadTier, worker: LinkKVWorker, window: Window, apply_steps: Callable[[], None]
 ) -> None:
     """Changes state: the window's steps (``apply_steps()``, ``sim.replay.window_apply``) with the
-    worker's reports of each step: those of the steps before the last complete before the window's
-    block operations (nothing in them reads the connector), the last step's after them, as
-    ``update_from_output`` completes them after freeing the finished requests."""
-    reports: list[KVConnectorOutput] = []
-    if worker.has_pending():
+    connector's work and the worker's reports of each step: the finished requests' commit first,
+    then per step the offering prefills' offers (``build_store_job``, their source blocks filled in
+    after the window) and, for the steps before the last, the step's report -- all before the
+    window's block operations (nothing in them reads the connector, nor the offers the pool) --
+    and the last step's report after them, as ``update_from_output`` completes it after freeing
+    the finished requests."""
+    conn = tier.connector
+    conn.commit_finished()  # the first step's build_connector_meta (finished requests)
+    offerers = _offerers(sched, tier, window)
+    assert offerers is not None
+    hpc, tpc = conn.hashes_per_chunk, conn.tokens_per_chunk
+    k = window.k
+    offers: list[list[tuple[RequestOffloadState, int]]] = [[] for _ in range(k)]
+    if offerers:
+        of_tail = {id(r) for r in offerers}
+        for r, steps in zip(window.tail, window.tail_steps, strict=True):
+            if id(r) in of_tail:  # (tail order is running order: each step's offers in its order)
+                st = conn.req_status[r.request_id]
+                st.update_offload_keys(hpc, tpc)  # (a prefill's keys: all hashed at admission)
+                for s in steps:
+                    offers[s.step].append((st, s.computed_before + s.num_new))
+    late: list[tuple[int, RequestOffloadState, list[int]]] = []
+    last: KVConnectorOutput | None = None
+    if offerers or worker.has_pending():
         first = sched.step_index
         starts = window.starts
-        for j in range(window.k):
-            worker.start_step(first + j, starts[j], None)
-            reports.append(worker.finish_step(first + j, starts[j + 1]))
-    for rep in reports[:-1]:
-        tier.update_from_kv_xfer_finished(rep)
+        for j in range(k):
+            meta = None
+            if offers[j]:
+                jobs: list[TransferJob] = []
+                for st, n_after in offers[j]:
+                    conn.build_store_job(st, n_after, jobs, late)
+                meta = KVConnectorMetadata([], jobs, set())
+            worker.start_step(first + j, starts[j], meta)
+            rep = worker.finish_step(first + j, starts[j + 1])
+            if j < k - 1:
+                tier.update_from_kv_xfer_finished(rep)
+            else:
+                last = rep
     apply_steps()
-    if reports:
-        tier.update_from_kv_xfer_finished(reports[-1])
-    after_tier_window(sched, tier, window)
+    if last is not None:
+        tier.update_from_kv_xfer_finished(last)
+    after_tier_window(sched, tier, window, late)
 
 
-def after_tier_window(sched: Scheduler, tier: OffloadTier, window: Window) -> None:
+def after_tier_window(
+    sched: Scheduler, tier: OffloadTier, window: Window, late: list[tuple[int, RequestOffloadState, list[int]]]
+) -> None:
     """Changes state: the connector after a played window (see the module docstring)."""
     conn = tier.connector
     conn.step += window.k
     kvm = sched.kv_cache_manager
-    hpc, tpc = conn.hashes_per_chunk, conn.tokens_per_chunk
+    hpc, tpc, bpc = conn.hashes_per_chunk, conn.tokens_per_chunk, conn.blocks_per_chunk
     held = kvm.request_ids()
-    for r in window.bulk:
+    for r in window.bulk + window.tail:
         st = conn.req_status.get(r.request_id)
         if st is None:
             continue
@@ -108,3 +177,12 @@ def after_tier_window(sched: Scheduler, tier: OffloadTier, window: Window) -> No
             n = len(st.block_ids)
             if len(blocks) > n:
                 st.block_ids.extend([b.block_id for b in blocks[n:]])
+    for r, steps in zip(window.tail, window.tail_steps, strict=True):
+        if any(s.samples for s in steps):  # scheduled past its prefill (vLLM _update_after_schedule)
+            tier.inflight_prefills.pop(r.request_id, None)
+    for job_id, st, chunk_ids in late:  # the window's store jobs get their source blocks
+        job = conn.jobs.get(job_id)
+        if job is not None:
+            bids = st.block_ids
+            job.source_block_ids = [b for i in chunk_ids for b in bids[i * bpc : (i + 1) * bpc]]
+            assert len(job.source_block_ids) == len(chunk_ids) * bpc and 0 not in job.source_block_ids

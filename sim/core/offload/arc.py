@@ -59,6 +59,9 @@ class ARCCachePolicy(CachePolicy):
     def keys(self) -> Iterable[OffloadKey]:
         return [*self.t1, *self.t2]
 
+    def none_resident(self, keys: Sequence[OffloadKey]) -> bool:
+        return self.t1.keys().isdisjoint(keys) and self.t2.keys().isdisjoint(keys)
+
     def insert(self, key: OffloadKey, chunk: ChunkStatus, ctx: ReqContext) -> None:
         self.t1[key] = chunk
         self.b1.pop(key, None)
@@ -110,10 +113,6 @@ class ARCCachePolicy(CachePolicy):
                     self.t2[key] = self.t1.pop(key)
                 elif key in self.t2:
                     self.t2.move_to_end(key)
-
-    def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
-        out = self.evict_split(n, protected)
-        return None if out is None else list(zip(out[0], out[1], strict=True))
 
     def evict_split(self, n: int, protected: set[OffloadKey]) -> tuple[list[OffloadKey], list[ChunkStatus]] | None:
         if n == 0:

@@ -1,69 +1,51 @@
 """The offload connector's scheduler side (mirrors vLLM 0.33.0's ``OffloadingConnectorScheduler``,
-``distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``, for one full-attention KV group,
-no partial tails, no sync-load budget, one worker).
+``distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``, for one full-attention KV group, no partial
+tails, no sync-load budget, one worker).
 
 Per step, in the order vLLM's ``Scheduler.schedule`` calls it:
 
-1. ``get_num_new_matched_tokens(request, local_hit)`` (waiting loop, fresh or re-admitted request):
-   resets the request's block table and ``next_stored_chunk_idx``; defers (None) while the request
-   still has jobs in flight; else counts **consecutive** resident chunks from chunk
-   ``local_hit // tokens_per_chunk``, bounded by ``min(num_tokens, #keys * tokens_per_chunk)`` (not
-   ``num_tokens - 1``); the hit is ``tokens_per_chunk * (start + count) - local_hit``, and **0 if
-   it is under one chunk**; None if a counted chunk is still being stored (HIT_PENDING) or one of
-   them is being loaded by another request. Every hit is an async load (vLLM's default
+1. ``get_num_new_matched_tokens(request, local_hit)`` (waiting loop, fresh or re-admitted request): resets the
+   request's block table and ``next_stored_chunk_idx``; defers (None) while the request still has jobs in flight;
+   else counts **consecutive** resident chunks from chunk ``local_hit // tokens_per_chunk``, bounded by
+   ``min(num_tokens, #keys * tokens_per_chunk)`` (not ``num_tokens - 1``); the hit is ``tokens_per_chunk * (start +
+   count) - local_hit``, and **0 if it is under one chunk**; None if a counted chunk is still being stored
+   (HIT_PENDING) or one of them is being loaded by another request. Every hit is an async load (vLLM's default
    ``sync_load_budget_bytes`` 0).
-2. ``update_state_after_alloc(request, blocks, ext)``: notes every allocated block (re-allocation
-   flushes); with a hit, pins the chunks (``prepare_load``), creates the load job and sets
-   ``next_stored_chunk_idx`` past the hit, so neither GPU-hit nor loaded chunks are offered again.
-3. ``build_connector_meta(output)`` (end of ``schedule``): updates keys and block tables from the
-   step's scheduled requests; flushes the in-flight jobs of requests preempted in this step and the
-   stores (of finished requests) whose source blocks were re-allocated in this step; then for every
-   scheduled request (scheduled order) and every request finished since the last step offers chunks
-   ``[next_stored_chunk_idx, storable)`` in one ``prepare_store`` -- ``storable`` clamps the
-   computed tokens after this step to the prompt (``offload_prompt_only``), the allocated blocks and
-   the keys; a finished request uses ``max(num_prompt_tokens, num_tokens - 1)``. A failed allocation
-   (None) counts and leaves the index, so the chunks are offered again next step. Finally the
-   finished requests' accesses are committed to the policy.
+2. ``update_state_after_alloc(request, blocks, ext)``: notes every allocated block (re-allocation flushes); with a
+   hit, pins the chunks (``prepare_load``), creates the load job and sets ``next_stored_chunk_idx`` past the hit, so
+   neither GPU-hit nor loaded chunks are offered again.
+3. ``build_connector_meta(output)`` (end of ``schedule``): updates keys and block tables from the step's scheduled
+   requests; flushes the in-flight jobs of requests preempted in this step and the stores (of finished requests)
+   whose source blocks were re-allocated in this step; then for every scheduled request (scheduled order) and every
+   request finished since the last step offers chunks ``[next_stored_chunk_idx, storable)`` in one ``prepare_store``
+   -- ``storable`` clamps the computed tokens after this step to the prompt (``offload_prompt_only``), the allocated
+   blocks and the keys; a finished request uses ``max(num_prompt_tokens, num_tokens - 1)``. A failed allocation
+   (None) counts and leaves the index, so the chunks are offered again next step. Finally the finished requests'
+   accesses are committed to the policy.
 4. ``update_connector_output(out)``: completes stores and loads (unpinning, ``chunks_being_loaded``).
 
-Invariants: ``jobs`` holds exactly the in-flight jobs; a request's state lives until it finished and
-its last job completed; ``has_pending_push_work`` is true while any job is in flight (the engine keeps
-stepping). Imports nothing from the project beyond ``sim.core`` leaves and this package.
+Invariants: ``jobs`` holds exactly the in-flight jobs; a request's state lives until it finished and its last job
+completed; ``has_pending_push_work`` is true while any job is in flight (the engine keeps stepping). Imports nothing
+from the project beyond ``sim.core`` leaves and this package.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.core.kv_cache_block import KVCacheBlock
+from sim.core.kv_cache_spec import cdiv
+from sim.core.offload.events import OffloadingEventsTracker
 from sim.core.offload.manager import CPUOffloadingManager, LookupResult
 from sim.core.offload.policy import OffloadKey, ReqContext
-from sim.core.offload.request_state import JobStatus, RequestOffloadState
-from sim.core.request import FINISHED_ABORTED, PREEMPTED, Request
+from sim.core.offload.request_state import ConnectorStats, JobStatus, RequestOffloadState
+from sim.core.request import PREEMPTED, Request
 from sim.core.transfer_job import KVConnectorMetadata, KVConnectorOutput, TransferJob
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.core.config import OffloadConfig
     from sim.core.scheduler_output import SchedulerOutput
-
-
-@dataclass(slots=True)
-class ConnectorStats:
-    """Cumulative connector counters (vLLM's ``OffloadingConnectorStats``, job counts, and the
-    ``connector_prefix_cache_stats`` the scheduler records at each admission)."""
-
-    allocation_failures: int = 0  # vllm:kv_offload_allocation_failure
-    load_jobs: int = 0
-    store_jobs: int = 0
-    blocks_loaded: int = 0
-    blocks_stored: int = 0
-    deferred_lookups: int = 0  # lookups answered None
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class OffloadingConnectorScheduler:
@@ -89,6 +71,9 @@ class OffloadingConnectorScheduler:
         self._batch_allocated_block_ids: set[int] = set()
         self._finished_order: list[str] = []  # requests finished since the last step, in free order
         self.stats = ConnectorStats()
+        # vLLM OffloadingEventsTracker (sim.core.offload.events): set by OffloadTier when the
+        # engine's KV events are on; None costs nothing
+        self.events_tracker: OffloadingEventsTracker | None = None
         self.step = 0  # schedule() calls seen (build_connector_meta count)
 
     def _new_job_id(self) -> int:
@@ -123,9 +108,26 @@ class OffloadingConnectorScheduler:
         return bool(self.jobs)
 
     def has_step_work(self) -> bool:
-        """Query: the next ``build_connector_meta`` has finished requests to commit or this step's
-        jobs to hand out (the replay's decode windows wait while it does)."""
-        return bool(self._finished_order or self._batch_load_jobs or self._batch_jobs_to_flush)
+        """Query: the next ``build_connector_meta`` has this step's jobs to hand out, or a request
+        finished since the last step still has chunks to offer (the replay's decode windows wait
+        while it does; a finished request's commit alone can run at a window's start:
+        :meth:`commit_finished`)."""
+        if self._batch_load_jobs or self._batch_jobs_to_flush:
+            return True
+        tpc, bpc, prompt_only = self.tokens_per_chunk, self.blocks_per_chunk, self.offload_prompt_only
+        for rid in self._finished_order:
+            st = self.req_status.get(rid)
+            if st is not None and st.final_offer_end(tpc, bpc, prompt_only) > st.next_stored_chunk_idx:
+                return True
+        return False
+
+    def commit_finished(self) -> None:
+        """The part of a decode step's ``build_connector_meta`` that a decode window plays at its
+        start: the requests finished since the last step, whose final store pass offers nothing
+        (``has_step_work`` is false), commit their accesses to the policy."""
+        if self._finished_order:
+            assert not self.has_step_work(), "a finished request still has chunks to offer"
+            self._commit_finished()
 
     # -- lookup -------------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -152,7 +154,7 @@ class OffloadingConnectorScheduler:
         max_hit = min(st.req.num_tokens, len(keys) * tpc)
         if max_hit - local < tpc:
             return 0
-        num_chunks = min(_cdiv(max_hit, tpc), len(keys))
+        num_chunks = min(cdiv(max_hit, tpc), len(keys))
         start = local // tpc
         count = 0
         pending = False
@@ -165,6 +167,8 @@ class OffloadingConnectorScheduler:
             pending |= res is LookupResult.HIT_PENDING
         if count == 0:
             return 0
+        if self.events_tracker is not None:  # vLLM record_lookup of every counted chunk
+            self.events_tracker.record_lookup(st, start, keys[start : start + count])
         if not pending:
             max_hit = min(max_hit, tpc * (start + count))
         hit = max_hit - local
@@ -174,7 +178,7 @@ class OffloadingConnectorScheduler:
             return None  # a counted chunk is still being stored
         if self.chunks_being_loaded:
             loading = self.chunks_being_loaded
-            if any(k in loading for k in keys[start : _cdiv(local + hit, tpc)]):
+            if any(k in loading for k in keys[start : cdiv(local + hit, tpc)]):
                 return None  # another request's load brings these chunks in
         return hit
 
@@ -184,19 +188,21 @@ class OffloadingConnectorScheduler:
     ) -> None:
         """The request was allocated ``blocks`` (all of them); with ``num_external_tokens`` > 0,
         start its load (vLLM ``update_state_after_alloc``)."""
-        self._batch_allocated_block_ids.update(b.block_id for b in blocks if b.block_id != 0)
+        allocated = self._batch_allocated_block_ids
+        allocated.update([b.block_id for b in blocks])
+        allocated.discard(0)  # (the null block: never the request's own)
         if num_external_tokens == 0:
             return
         st = self.req_status[request.request_id]
         bs = self.block_size
         local = st.num_locally_computed_tokens
         num_cached = local + num_external_tokens
-        num_gpu_blocks = _cdiv(num_cached, bs)
+        num_gpu_blocks = cdiv(num_cached, bs)
         # the blocks past the GPU hit were just allocated (caching delayed): the first of them
         # starts the load region
-        load_start = _cdiv(local, bs)
+        load_start = cdiv(local, bs)
         num_pending_blocks = num_gpu_blocks - load_start
-        num_chunks = _cdiv(num_cached, self.tokens_per_chunk)
+        num_chunks = cdiv(num_cached, self.tokens_per_chunk)
         keys = st.keys[load_start // self.blocks_per_chunk : num_chunks] if num_pending_blocks else []
         st.next_stored_chunk_idx = num_chunks  # CHUNK_LEVEL policy: hits are not offered again
         self.manager.prepare_load(keys, st.ctx)
@@ -216,15 +222,28 @@ class OffloadingConnectorScheduler:
         """The step's loads, stores and flushes (see the module docstring, step 3)."""
         hpc, tpc = self.hashes_per_chunk, self.tokens_per_chunk
         allocated = self._batch_allocated_block_ids
-        for s in output.scheduled:  # vLLM _update_req_states
-            st = self.req_status[s.request.request_id]
+        status = self.req_status
+        prompt_only = self.offload_prompt_only
+        store_jobs: list[TransferJob] = []
+        # vLLM updates every scheduled request (_update_req_states), then offers their chunks (_build_store_jobs);
+        # one pass does both per request, in scheduled order: an offer reads only its own request's state and the
+        # manager, and the flushes below read neither (only a finished request's store watches blocks: later)
+        for s in output.scheduled:
+            req = s.request
+            st = status[req.request_id]
             st.update_offload_keys(hpc, tpc)
             if s.admitted:  # the whole block table
                 st.block_ids.clear()
             if s.new_blocks:
                 ids = [b.block_id for b in s.new_blocks]
                 st.block_ids.extend(ids)
-                allocated.update(i for i in ids if i != 0)
+                allocated.update(ids)
+            n_after = s.num_computed_before + s.num_new_tokens
+            prompt = req.num_prompt_tokens
+            if prompt_only and n_after >= prompt and st.next_stored_chunk_idx * tpc > prompt - tpc:
+                continue  # a decode whose prompt is all offered: build_store_job's fast path
+            self.build_store_job(st, n_after, store_jobs)
+        allocated.discard(0)  # (the null block is never allocated to a request)
         load_ids = {j.job_id for j in self._batch_load_jobs}
         flush = self._batch_jobs_to_flush
         for r in output.preempted:  # their in-flight jobs must land before the blocks are reused
@@ -236,14 +255,13 @@ class OffloadingConnectorScheduler:
             for bid in allocated:
                 if bid in pending:
                     flush.update(pending[bid])
-        store_jobs: list[TransferJob] = []
-        for s in output.scheduled:
-            self._build_store_job(s.request.request_id, s.num_computed_before + s.num_new_tokens, store_jobs)
         # NOTE: vLLM iterates the finished_req_ids *set* (an order that depends on str hashing);
         # here the requests go in the order they finished (deterministic; see coord notes)
         finished = self._finished_order
         for rid in finished:
-            self._build_store_job(rid, -1, store_jobs)
+            st_f = status.get(rid)
+            if st_f is not None:
+                self.build_store_job(st_f, -1, store_jobs)
         meta = KVConnectorMetadata(
             [
                 TransferJob(j.job_id, j.request_id, j.kind, j.num_blocks, j.job_id in flush)
@@ -252,7 +270,16 @@ class OffloadingConnectorScheduler:
             [TransferJob(j.job_id, j.request_id, j.kind, j.num_blocks, j.job_id in flush) for j in store_jobs],
             set(flush),
         )
-        for rid in finished:  # every offer of theirs is made: commit their accesses
+        self._commit_finished()
+        self._batch_load_jobs = []
+        self._batch_jobs_to_flush = set()
+        self._batch_allocated_block_ids = set()
+        self.step += 1
+        return meta
+
+    def _commit_finished(self) -> None:
+        """The requests finished since the last step made every offer: commit their accesses."""
+        for rid in self._finished_order:
             st_f = self.req_status.get(rid)
             if st_f is None:
                 continue
@@ -261,19 +288,20 @@ class OffloadingConnectorScheduler:
             if not st_f.transfer_jobs:
                 del self.req_status[rid]
         self._finished_order = []
-        self._batch_load_jobs = []
-        self._batch_jobs_to_flush = set()
-        self._batch_allocated_block_ids = set()
-        self.step += 1
-        return meta
 
-    def _build_store_job(self, req_id: str, num_tokens_after_batch: int, out: list[TransferJob]) -> None:
-        """Offer one request's next chunks (vLLM ``_build_store_jobs``' loop body);
-        ``num_tokens_after_batch`` < 0 marks a finished request."""
-        st = self.req_status.get(req_id)
-        if st is None:
-            return
+    def build_store_job(
+        self,
+        st: RequestOffloadState,
+        num_tokens_after_batch: int,
+        out: list[TransferJob],
+        late_sources: list[tuple[int, RequestOffloadState, list[int]]] | None = None,
+    ) -> None:
+        """Offer one request's next chunks (vLLM ``_build_store_jobs``' loop body); ``num_tokens_after_batch``
+        < 0 marks a finished request. With ``late_sources`` (a decode window's prefill: its new block ids are
+        known once the window is played) a store job's ``(job id, state, chunk indices)`` is appended there
+        for its source blocks (``sim.replay.tier_window``); its block count is its chunks' (no null block)."""
         req = st.req
+        req_id = req.request_id
         tpc, bpc = self.tokens_per_chunk, self.blocks_per_chunk
         if (
             self.offload_prompt_only
@@ -284,30 +312,36 @@ class OffloadingConnectorScheduler:
             # all lie before next_stored_chunk_idx -- vLLM's advance_stored_idx would change nothing
             return
         finished = req.status > PREEMPTED
-        if req.status == FINISHED_ABORTED:
-            num_tokens_after_batch = req.num_computed_tokens
-        elif finished:
-            # the commit point of the GPU cache: the last sampled token's slot is never stored
-            num_tokens_after_batch = max(req.num_prompt_tokens, req.num_tokens - 1)
-        n = min(num_tokens_after_batch, req.num_tokens)
-        if self.offload_prompt_only:
-            n = min(n, req.num_prompt_tokens)
-        num_chunks = st.storable_chunks(n, tpc, bpc)
+        if finished:
+            num_chunks = st.final_offer_end(self.tokens_per_chunk, self.blocks_per_chunk, self.offload_prompt_only)
+        else:
+            n = min(num_tokens_after_batch, req.num_tokens)
+            if self.offload_prompt_only:
+                n = min(n, req.num_prompt_tokens)
+            # (a window's prefill: its blocks cover n, its block ids are not appended yet)
+            num_chunks = st.storable_chunks(n, tpc, bpc) if late_sources is None else min(n // tpc, len(st.keys))
         start = st.next_stored_chunk_idx
-        if num_chunks <= start:
-            st.advance_stored_idx(n, tpc, bpc)
+        if num_chunks <= start:  # (vLLM's advance_stored_idx would change nothing)
             return
         new_keys = st.keys[start:num_chunks]
         result = self.manager.prepare_store(new_keys, st.ctx)
         if result is None:
             self.stats.allocation_failures += 1
             return
-        if not result.keys_to_store:
-            st.advance_stored_idx(n, tpc, bpc)
+        if not result.keys_to_store:  # advance_stored_idx: past the chunks offered
+            st.next_stored_chunk_idx = num_chunks
             return
+        if self.events_tracker is not None:  # vLLM record_store in _build_store_jobs
+            self.events_tracker.record_store(st, start, new_keys, result.keys_to_store)
         bids = st.block_ids
-        if len(result.keys_to_store) == len(new_keys):  # every offered chunk is stored (the usual case)
-            src = [b for b in bids[start * bpc : num_chunks * bpc] if b != 0]
+        if late_sources is not None:
+            to_store = set(result.keys_to_store)
+            chunk_ids = [i for i, key in enumerate(new_keys, start) if key in to_store]
+            src = []
+        elif len(result.keys_to_store) == len(new_keys):  # every offered chunk is stored (the usual case)
+            src = bids[start * bpc : num_chunks * bpc]
+            if 0 in src:
+                src = [b for b in src if b != 0]
         else:
             to_store = set(result.keys_to_store)
             src = []
@@ -317,10 +351,14 @@ class OffloadingConnectorScheduler:
         st.next_stored_chunk_idx = max(st.next_stored_chunk_idx, num_chunks)
         job_id = self._new_job_id()
         st.transfer_jobs.add(job_id)
-        self.jobs[job_id] = JobStatus(req_id, list(result.keys_to_store), True, src)
-        out.append(TransferJob(job_id, req_id, "store", len(src)))
+        self.jobs[job_id] = JobStatus(req_id, list(result.keys_to_store), True, src, result.chunks)
+        num_blocks = len(src)
+        if late_sources is not None:
+            late_sources.append((job_id, st, chunk_ids))
+            num_blocks = len(chunk_ids) * bpc
+        out.append(TransferJob(job_id, req_id, "store", num_blocks))
         self.stats.store_jobs += 1
-        self.stats.blocks_stored += len(src)
+        self.stats.blocks_stored += num_blocks
         if finished:  # its blocks are free now: watch them for re-allocation
             for bid in src:
                 self.block_id_to_pending_jobs.setdefault(bid, set()).add(job_id)
@@ -334,7 +372,7 @@ class OffloadingConnectorScheduler:
             job = self.jobs.pop(job_id)
             st = self.req_status[job.req_id]
             if job.is_store:
-                self.manager.complete_store(job.keys)
+                self.manager.complete_store(job.keys, job.chunks)
             else:
                 self.manager.complete_load(job.keys)
                 self.chunks_being_loaded.difference_update(job.keys)
@@ -347,9 +385,8 @@ class OffloadingConnectorScheduler:
     def _unwatch(self, job_id: int, block_ids: Iterable[int]) -> None:
         pending = self.block_id_to_pending_jobs
         for bid in block_ids:
-            jobs = pending[bid]
-            jobs.remove(job_id)
-            if not jobs:
+            pending[bid].remove(job_id)
+            if not pending[bid]:
                 del pending[bid]
 
     def check_integrity(self) -> None:

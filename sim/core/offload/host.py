@@ -28,3 +28,4 @@ class SchedulerHost(Protocol):
     deferred_waiting: set[str]
     cadence: PrefillCadence
     profile: VersionProfile
+    step_index: int  # the next schedule() call's index (KV-event sinks tag events with it)

@@ -1,36 +1,34 @@
-"""The CPU tier's LRU policy (mirrors vLLM 0.33.0's ``LRUCachePolicy``,
-``v1/kv_offload/cpu/policies/lru.py``), on rank groups instead of vLLM's lazy min-heap.
+"""The CPU tier's LRU policy (mirrors vLLM 0.33.0's ``LRUCachePolicy``, ``v1/kv_offload/cpu/policies/lru.py``),
+on rank groups instead of vLLM's lazy min-heap.
 
 Recency is a *rank* ``(major, minor)``, smallest evicted first (vLLM's numbering):
 
-* a request gets a rank ``r`` (``_next_rank += 1``) at its first store or load access; a chunk it
-  inserts or first touches gets ``(r, -position)``, and a touch only ever raises a rank -- so while a
-  request runs, its chunks sit at its first-access rank, older requests' chunks go first, and within
-  one request the tail (larger position) goes before the head;
+* a request gets a rank ``r`` (``_next_rank += 1``) at its first store or load access; a chunk it inserts or
+  first touches gets ``(r, -position)``, and a touch only ever raises a rank -- so while a request runs, its
+  chunks sit at its first-access rank, older requests' chunks go first, and within one request the tail
+  (larger position) goes before the head;
 * when the request finishes, its ``k`` resident keys get fresh ranks ``(m + 1, 0) .. (m + k, 0)``
   (``m = _next_rank``), tail first and head last, so the head becomes the most recent;
 * a key inserted without a position gets ``(_next_rank += 1, 0)``.
 
-vLLM evicts the smallest ranks among the evictable (ref_cnt 0), unprotected keys, in rank order
-(heap pops; stale entries skipped, protected ones pushed back). Here the same order comes from *rank
-groups* (``RankGroup``): a chunk's rank is ``(chunk.group.gid, chunk.minor)`` -- ``(r, -position)``
-in its request's group ``r``; for the ``i``-th key of a finish batch ``(m + 1, i)`` (vLLM: ``(m + 1
-+ i, 0)``) or, when the batch is exactly the request's own group, that group renamed ``m + 1`` with
-its minors ``-position`` kept (the batch's order *is* descending position); ``(n, 0)`` alone in
-group ``n`` without a position. This orders as vLLM's ranks do: a finish batch takes the majors
-``m + 1 .. m + k`` at once, so every other rank (request ranks included) has a major outside that
-range and compares with the batch's keys on the major alone; inside a group the minors are distinct
-and ordered as vLLM's ranks. A group keeps its evictable keys in a dict in rank order (descending
-for a request's group, whose chunks arrive head to tail) while ``ordered``. Eviction walks the
-groups by id (``_gids``) and each group's keys in order: the n smallest unprotected ranks, as
-vLLM's heap pops them, with no stale entries (a finish renames or refills groups, no re-pushes).
+vLLM evicts the smallest ranks among the evictable (ref_cnt 0), unprotected keys, in rank order (heap pops;
+stale entries skipped, protected ones pushed back). Here the same order comes from *rank groups*
+(``RankGroup``): a chunk's rank is ``(chunk.group.gid, chunk.minor)`` -- ``(r, -position)`` in its request's
+group ``r``; for the ``i``-th key of a finish batch ``(m + 1, i)`` (vLLM: ``(m + 1 + i, 0)``) or, when the batch
+is exactly the request's own group, that group renamed ``m + 1`` with its minors ``-position`` kept (the batch's
+order *is* descending position); ``(n, 0)`` alone in group ``n`` without a position. This orders as vLLM's ranks
+do: a finish batch takes the majors ``m + 1 .. m + k`` at once, so every other rank (request ranks included) has
+a major outside that range and compares with the batch's keys on the major alone; inside a group the minors are
+distinct and ordered as vLLM's ranks. A group keeps its evictable keys in a dict in rank order (descending for a
+request's group, whose chunks arrive head to tail) while ``ordered``. Eviction walks the groups by id
+(``_gids``) and each group's keys in order: the n smallest unprotected ranks, as vLLM's heap pops them, with no
+stale entries (a finish renames or refills groups, no re-pushes).
 
-Invariants (``check_integrity``): every resident chunk has a registered group whose ``population``
-counts it; the groups' ``keys`` are exactly the evictable (ref_cnt 0) keys, each in its chunk's
-group; ``_gids`` is sorted and names exactly the registered groups (emptied ones are dropped when an
-eviction walks past them); an ``ordered`` group's keys are strictly monotone in its direction.
-Eviction never takes a pending (ref_cnt -1), pinned (> 0) or protected chunk. Imports nothing from
-the project beyond this package.
+Invariants (``check_integrity``): every resident chunk has a registered group whose ``population`` counts it;
+the groups' ``keys`` are exactly the evictable (ref_cnt 0) keys, each in its chunk's group; ``_gids`` is sorted
+and names exactly the registered groups (emptied ones are dropped when an eviction walks past them); an
+``ordered`` group's keys are strictly monotone in its direction. Eviction never takes a pending (ref_cnt -1),
+pinned (> 0) or protected chunk. Imports nothing from the project beyond this package.
 """
 
 from __future__ import annotations
@@ -70,11 +68,7 @@ class LRUCachePolicy(CachePolicy):
     def _new_group(self, gid: int, asc: bool, finished: bool = False) -> RankGroup:
         group = RankGroup(gid, asc, finished)
         self._groups[gid] = group
-        gids = self._gids
-        if not gids or gids[-1] < gid:
-            gids.append(gid)
-        else:
-            insort(gids, gid)
+        insort(self._gids, gid)  # (usually at the end: the largest id)
         return group
 
     def _request_group(self, ctx: ReqContext) -> RankGroup:
@@ -133,6 +127,12 @@ class LRUCachePolicy(CachePolicy):
     def keys(self) -> Iterable[OffloadKey]:
         return self.chunks.keys()
 
+    def none_resident(self, keys: Sequence[OffloadKey]) -> bool:
+        return self.chunks.keys().isdisjoint(keys)
+
+    def observes_finish_sets(self) -> bool:
+        return False  # a finish re-ranks the request's resident keys, however they were accessed
+
     def insert(self, key: OffloadKey, chunk: ChunkStatus, ctx: ReqContext) -> None:
         self.chunks[key] = chunk
         position = ctx.key_positions.get(key)
@@ -175,10 +175,9 @@ class LRUCachePolicy(CachePolicy):
 
     def remove(self, key: OffloadKey) -> None:
         chunk = self.chunks.pop(key)
-        group = chunk.group
-        assert group is not None
-        group.population -= 1
-        group.keys.pop(key, None)
+        assert chunk.group is not None
+        chunk.group.population -= 1
+        chunk.group.keys.pop(key, None)
 
     def on_request_access(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         # vLLM LRUCachePolicy.on_request_access: the request's rank is taken even when no key is
@@ -207,7 +206,7 @@ class LRUCachePolicy(CachePolicy):
         # fresh ranks tail first, head last (vLLM: touch(reversed(order_request_keys(...)))), so the
         # request's head chunk is the most recently used
         chunks = self.chunks
-        found = [chunks.get(k) for k in keys]
+        found = list(map(chunks.get, keys))
         resident = [k for k, c in zip(keys, found) if c is not None]
         if not resident:
             return
@@ -231,14 +230,14 @@ class LRUCachePolicy(CachePolicy):
         gid: int,
         ctx: ReqContext,
     ) -> bool:
-        """The finish batch of ``on_request_finished`` without moving the request's own group key
-        by key, when that is exact; False (nothing changed) otherwise.
+        """The finish batch of ``on_request_finished`` without moving the request's own group key by key,
+        when that is exact; False (nothing changed) otherwise.
 
-        With every key positioned (and none repeated) the batch runs in descending position. When it
-        holds the whole own group (``own.population`` of its keys) and every other key of the batch
-        sits before the group's first position, the batch is: the own group in its order (descending
-        position = ascending minor), then the others -- so the group is renamed ``gid`` (its keys
-        take ``gid .. gid + P - 1``) and only the others move, into group ``gid + P``."""
+        With every key positioned (and none repeated) the batch runs in descending position. When it holds the
+        whole own group (``own.population`` of its keys) and every other key of the batch sits before the
+        group's first position, the batch is: the own group in its order (descending position = ascending
+        minor), then the others -- so the group is renamed ``gid`` (its keys take ``gid .. gid + P - 1``) and
+        only the others move, into group ``gid + P``."""
         chunks, of = self.chunks, [c.group for c in cs]
         num_own = of.count(own)
         if num_own != own.population:
@@ -269,10 +268,6 @@ class LRUCachePolicy(CachePolicy):
                 self._move(key, chunks[key], rest, j)
         return True
 
-    def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
-        out = self.evict_split(n, protected)
-        return None if out is None else list(zip(out[0], out[1], strict=True))
-
     def evict_split(self, n: int, protected: set[OffloadKey]) -> tuple[list[OffloadKey], list[ChunkStatus]] | None:
         if n == 0:
             return [], []
@@ -301,16 +296,18 @@ class LRUCachePolicy(CachePolicy):
                 break
         if len(selected) < n:  # atomic: nothing changed (a sort keeps the order)
             return None
-        chunks = self.chunks
-        victims = [chunks.pop(key) for key in selected]
+        victims = list(map(self.chunks.pop, selected))
         start = 0
         for group, count in taken:
-            if count == len(group.keys):
+            members = group.keys
+            if count == len(members):
                 group.keys = {}
-            else:
-                members = group.keys
+            elif count * 2 <= len(members) or not members.keys().isdisjoint(protected):
                 for key in selected[start : start + count]:
                     del members[key]
+            else:  # the victims are the group's first count keys in rank order: keep the rest
+                group.keys = dict.fromkeys(islice(members, count, None) if group.asc else
+                                           islice(members, len(members) - count))
             group.population -= count
             start += count
         # drop the groups the walk found without any chunk
@@ -333,13 +330,14 @@ class LRUCachePolicy(CachePolicy):
         assert group is not None
         if len(cs) > 1 and [c.group for c in cs].count(group) == len(cs):
             minors = [c.minor for c in cs]
-            run = sorted(minors, reverse=not group.asc)
             members = group.keys
-            joins = not members or (group.ordered and (run[0] > group.bound if group.asc else run[0] < group.bound))
-            if joins and run == minors and len(set(minors)) == len(minors):
-                # a run in the group's order past its end: append it whole
+            first = minors[0]
+            joins = not members or (group.ordered and (first > group.bound if group.asc else first < group.bound))
+            nxt = islice(minors, 1, None)
+            if joins and all(map(int.__lt__, minors, nxt) if group.asc else map(int.__gt__, minors, nxt)):
+                # a run strictly in the group's order past its end: append it whole
                 members.update(dict.fromkeys(keys))
-                group.bound = run[-1]
+                group.bound = minors[-1]
                 group.ordered = True
                 return
         for key, chunk in zip(keys, cs, strict=True):
@@ -366,8 +364,8 @@ class LRUCachePolicy(CachePolicy):
 
     @property
     def ranks(self) -> dict[OffloadKey, Rank]:
-        """Query: every resident key's rank in vLLM's numbering (a finish batch's keys numbered
-        in order from ``m + 1``: exact until one of them is evicted; the order always is)."""
+        """Query: every resident key's rank in vLLM's numbering (a finish batch's keys numbered in order from
+        ``m + 1``: exact until one of them is evicted; the order always is)."""
         members: dict[int, list[OffloadKey]] = {}
         for key, chunk in self.chunks.items():
             assert chunk.group is not None

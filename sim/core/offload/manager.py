@@ -55,10 +55,12 @@ class RequestCacheAccess:
 
 @dataclass(slots=True)
 class PrepareStoreOutput:
-    """What ``prepare_store`` decided: the keys to copy (in offer order) and the keys it evicted."""
+    """What ``prepare_store`` decided: the keys to copy (in offer order) and the keys it evicted;
+    ``chunks``: the chunks allocated for ``keys_to_store``, beside them (for ``complete_store``)."""
 
     keys_to_store: list[OffloadKey]
     evicted_keys: list[OffloadKey]
+    chunks: list[ChunkStatus] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -99,7 +101,12 @@ class CPUOffloadingManager:
         # vLLM: the tracker exists only for a threshold of 2 or more (1 would admit every key)
         self.counts: OrderedDict[OffloadKey, int] | None = OrderedDict() if store_threshold >= 2 else None
         self.stats = ManagerStats()
+        # vLLM ``events`` (enable_events): raw (removed, keys) events for the KV-event tracker
+        # (sim.core.offload.events); None while the engine's KV events are off
+        self.events: list[tuple[bool, list[OffloadKey]]] | None = None
         self._tracks_misses = self.policy.observes_store_misses()  # LRU: on_store_miss does nothing
+        # LRU's finish reads the keys alone: the inserted/reused sets need not be kept
+        self._finish_sets = self.policy.observes_finish_sets()
 
     # -- helpers ------------------------------------------------------------------------------
     def num_free_chunks(self) -> int:
@@ -175,7 +182,7 @@ class CPUOffloadingManager:
                 held = set(resident)
                 new_keys = [k for k in new_keys if k in held] if held else []
             self.policy.on_request_access(new_keys, ctx)
-        if reused:
+        if reused and self._finish_sets:
             # re-reading a chunk this request inserted is not a second access
             inserted = state.inserted
             state.reused.update(k for k in reused if k not in inserted)
@@ -210,9 +217,34 @@ class CPUOffloadingManager:
                 self.num_evictable += 1
                 self.policy.mark_evictable(key)
 
+    def _fresh_offer(self, keys: Sequence[OffloadKey], state: RequestCacheAccess) -> bool:
+        """Whether ``keys`` are all absent from the tier, unseen by the request and distinct -- then
+        recorded as seen (the usual offer: a prefill's new chunks). ``_record_request_access`` of
+        such an offer extends the request's keys and tells the policy of no resident key: the same
+        as here, with one set pass instead of a lookup per key. False changes nothing."""
+        seen = state.seen
+        if state.finished or not self.policy.none_resident(keys) or not seen.isdisjoint(keys):
+            return False
+        num_seen = len(seen)
+        seen.update(keys)
+        if len(seen) - num_seen < len(keys):  # a key repeated in the offer: the general path
+            seen.difference_update(keys)
+            return False
+        state.keys.extend(keys)
+        return True
+
     def prepare_store(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> PrepareStoreOutput | None:
         """Allocate chunks for the absent keys of an offer (see the module docstring); None when
         they cannot all be allocated (then no chunk was allocated or evicted)."""
+        if self.counts is None and keys:
+            state = self._access(ctx)
+            if self._fresh_offer(keys, state):
+                key_list = keys if isinstance(keys, list) else list(keys)
+                if self._tracks_misses:  # (unseen keys were never store misses of this request)
+                    self.policy.on_store_miss(key_list, ctx)
+                    state.store_misses.update(key_list)
+                self.policy.on_request_access([], ctx)  # (LRU: the request's rank is taken)
+                return self._store(key_list, [], state, ctx)
         if self.counts is not None:
             self._record_accesses(keys)
         found = self.policy.get_many(keys)
@@ -240,6 +272,12 @@ class CPUOffloadingManager:
         self._record_request_access(recorded_keys, ctx, reused=ready_existing, resident=ready_existing)
         if not to_store:
             return PrepareStoreOutput([], [])
+        return self._store(to_store, ready_existing, state, ctx)
+
+    def _store(
+        self, to_store: list[OffloadKey], ready_existing: list[OffloadKey], state: RequestCacheAccess, ctx: ReqContext
+    ) -> PrepareStoreOutput | None:
+        """``prepare_store``'s allocation of ``to_store`` (not empty), evicting as needed."""
         num_to_evict = len(to_store) - self.num_free_chunks()
         evicted_keys: list[OffloadKey] = []
         if num_to_evict > 0:
@@ -254,16 +292,30 @@ class CPUOffloadingManager:
             self.num_evictable -= len(freed)
             self.free_list.extend(freed)
             self.stats.chunks_evicted += len(freed)
-        self.policy.insert_many(to_store, self._allocate_chunks(len(to_store)), ctx)
+            if self.events is not None:  # before the new chunks are inserted, as vLLM appends it
+                self.events.append((True, evicted_keys))
+        chunks = self._allocate_chunks(len(to_store))
+        self.policy.insert_many(to_store, chunks, ctx)
         self.num_write_pending += len(to_store)
-        state.inserted.update(to_store)
+        if self._finish_sets:
+            state.inserted.update(to_store)
         self.stats.chunks_stored += len(to_store)
         self.stats.allocations += 1
-        return PrepareStoreOutput(to_store, evicted_keys)
+        return PrepareStoreOutput(to_store, evicted_keys, chunks)
 
-    def complete_store(self, keys: Collection[OffloadKey]) -> None:
-        """Make the chunks of a finished store ready and evictable."""
+    def complete_store(self, keys: Collection[OffloadKey], chunks: Sequence[ChunkStatus] | None = None) -> None:
+        """Make the chunks of a finished store ready and evictable; ``chunks``: the store's
+        ``PrepareStoreOutput.chunks`` (its keys' chunks, still pending: no lookup needed)."""
         key_list = keys if isinstance(keys, list) else list(keys)
+        if chunks and len(chunks) == len(key_list) and all(c.ref_cnt < 0 for c in chunks):
+            for c in chunks:
+                c.ref_cnt = 0
+            self.num_write_pending -= len(chunks)
+            self.num_evictable += len(chunks)
+            self.policy.mark_evictable_many(key_list, chunks)
+            if self.events is not None:
+                self.events.append((False, key_list))
+            return
         ready: list[OffloadKey] = []
         ready_chunks: list[ChunkStatus] = []
         for key, chunk in zip(key_list, self.policy.get_many(key_list)):
@@ -274,6 +326,8 @@ class CPUOffloadingManager:
         self.num_write_pending -= len(ready)
         self.num_evictable += len(ready)
         self.policy.mark_evictable_many(ready, ready_chunks)
+        if ready and self.events is not None:
+            self.events.append((False, ready))
 
     def on_request_finished(self, ctx: ReqContext) -> None:
         """Commit the finished request's accesses to the policy (once)."""
@@ -281,7 +335,10 @@ class CPUOffloadingManager:
         if not isinstance(state, RequestCacheAccess) or state.finished:
             return
         state.finished = True
-        self.policy.on_request_finished(state.keys, state.inserted - state.reused, state.reused, ctx)
+        if self._finish_sets:
+            self.policy.on_request_finished(state.keys, state.inserted - state.reused, state.reused, ctx)
+        else:
+            self.policy.on_request_finished(state.keys, set(), set(), ctx)
 
     # -- queries ------------------------------------------------------------------------------
     def usage(self) -> float:

@@ -118,6 +118,15 @@ class CachePolicy(ABC):
         """Query: whether ``on_store_miss`` does anything (else the manager need not track them)."""
         return False
 
+    def observes_finish_sets(self) -> bool:
+        """Query: whether ``on_request_finished`` reads its ``insertion_only`` and ``reused`` sets
+        (else the manager passes them empty and need not keep them)."""
+        return True
+
+    def none_resident(self, keys: Sequence[OffloadKey]) -> bool:
+        """Query: no key of ``keys`` is resident."""
+        return all(c is None for c in self.get_many(keys))
+
     def on_store_miss(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
         """Keys about to be stored, observed once per request before insertion (ARC adapts)."""
         return
@@ -132,9 +141,11 @@ class CachePolicy(ABC):
     ) -> None:
         """Commit one finished request's accesses; ``keys`` head to tail."""
 
-    @abstractmethod
     def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, ChunkStatus]] | None:
-        """Exactly ``n`` evictable chunks not in ``protected``, removed -- or None and nothing changed."""
+        """Exactly ``n`` evictable chunks not in ``protected``, removed -- or None and nothing changed
+        (a policy defines this or ``evict_split``, each defaults to the other)."""
+        out = self.evict_split(n, protected)
+        return None if out is None else list(zip(out[0], out[1], strict=True))
 
     def evict_split(self, n: int, protected: set[OffloadKey]) -> tuple[list[OffloadKey], list[ChunkStatus]] | None:
         """``evict`` as two lists: the victims' keys and their chunks, in eviction order."""

@@ -14,19 +14,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.core.offload.policy import OffloadKey, ReqContext
-from sim.core.request import Request
+from sim.core.offload.policy import ChunkStatus, OffloadKey, ReqContext
+from sim.core.request import FINISHED_ABORTED, Request
+
+
+@dataclass(slots=True)
+class ConnectorStats:
+    """Cumulative connector counters (vLLM's ``OffloadingConnectorStats``, job counts, and the
+    ``connector_prefix_cache_stats`` the scheduler records at each admission)."""
+
+    allocation_failures: int = 0  # vllm:kv_offload_allocation_failure
+    load_jobs: int = 0
+    store_jobs: int = 0
+    blocks_loaded: int = 0
+    blocks_stored: int = 0
+    deferred_lookups: int = 0  # lookups answered None
 
 
 @dataclass(slots=True)
 class JobStatus:
     """One in-flight job: its request, its keys (for complete_store/complete_load) and, for a store,
-    its source GPU blocks (watched for re-allocation once the request has finished)."""
+    its source GPU blocks (watched for re-allocation once the request has finished) and the CPU
+    chunks allocated for its keys (``PrepareStoreOutput.chunks``)."""
 
     req_id: str
     keys: list[OffloadKey]
     is_store: bool
     source_block_ids: list[int] = field(default_factory=list)
+    chunks: list[ChunkStatus] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -49,7 +64,10 @@ class RequestOffloadState:
         """Extend ``keys`` with the request's newly full chunks (vLLM ``update_offload_keys``)."""
         keys = self.keys
         n = len(keys)
-        new = self.req.block_hashes[hashes_per_chunk * (n + 1) - 1 :: hashes_per_chunk]
+        hashes = self.req.block_hashes
+        if len(hashes) < hashes_per_chunk * (n + 1):
+            return  # no new full chunk (the usual decode step)
+        new = hashes[hashes_per_chunk * (n + 1) - 1 :: hashes_per_chunk]
         if new:
             keys.extend(new)
             # the key of chunk i ends at token (i + 1) * tokens_per_chunk
@@ -65,3 +83,16 @@ class RequestOffloadState:
         self.next_stored_chunk_idx = max(
             self.next_stored_chunk_idx, self.storable_chunks(num_offloadable_tokens, tokens_per_chunk, blocks_per_chunk)
         )
+
+    def final_offer_end(self, tokens_per_chunk: int, blocks_per_chunk: int, prompt_only: bool) -> int:
+        """Query: the storable chunks of a finished request's final store pass (vLLM
+        ``_build_store_jobs`` for a finished request: its tokens up to the commit point)."""
+        req = self.req
+        if req.status == FINISHED_ABORTED:
+            n = req.num_computed_tokens
+        else:  # the commit point of the GPU cache: the last sampled token's slot is never stored
+            n = max(req.num_prompt_tokens, req.num_tokens - 1)
+        n = min(n, req.num_tokens)
+        if prompt_only:
+            n = min(n, req.num_prompt_tokens)
+        return self.storable_chunks(n, tokens_per_chunk, blocks_per_chunk)

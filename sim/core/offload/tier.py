@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from sim.core.full_attention_coordinator import UnitaryFullAttentionCoordinator
 from sim.core.kv_cache_block import KVCacheBlock
 from sim.core.offload.connector import OffloadingConnectorScheduler
+from sim.core.offload.events import OffloadingEventsTracker
 from sim.core.offload.host import SchedulerHost
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.request import WAITING_FOR_REMOTE_KVS, Request
@@ -70,6 +71,8 @@ class OffloadTier:
         self.prompt_tokens_local_hit = 0
         self.prompt_tokens_external = 0
         self.prompt_tokens_computed = 0
+        # the CPU tier's KV events (sim.core.offload.events), once the engine's KV events are on
+        self.kv_events: OffloadingEventsTracker | None = None
 
     # -- queries ------------------------------------------------------------------------------
     def has_pending_work(self) -> bool:
@@ -125,6 +128,8 @@ class OffloadTier:
         """End of ``schedule()`` (phase C done): the connector metadata, then the step fence
         (vLLM: ``build_connector_meta``, ``sched_step_seq += 1`` for a non-empty step,
         ``_update_after_schedule``'s ``last_sched_seq`` and in-flight-prefill bookkeeping)."""
+        if self.kv_events is None and self.sched.kv_cache_manager.block_pool.event_sink is not None:
+            self._start_kv_events()  # (the replay sets the pool's sink after building the engine)
         out.kv_connector_metadata = self.connector.build_connector_meta(out)
         if self.defer_block_free and out.total_num_scheduled_tokens > 0:
             self.sched_step_seq += 1
@@ -156,6 +161,42 @@ class OffloadTier:
             req = requests.get(rid)
             if req is not None and req.status == WAITING_FOR_REMOTE_KVS:
                 self.finished_recving.add(rid)
+        if self.kv_events is not None:
+            self._publish_kv_events()
+
+    def _start_kv_events(self) -> None:
+        """The engine's KV events are on: the manager records its raw events and the connector
+        snapshots payloads from now on (vLLM ``enable_events`` / ``OffloadingEventsTracker``)."""
+        conn = self.connector
+        self.kv_events = OffloadingEventsTracker(
+            conn.block_size, conn.blocks_per_chunk, conn.config.self_describing_kv_events
+        )
+        conn.events_tracker = self.kv_events
+        conn.manager.events = []
+
+    def _publish_kv_events(self) -> None:
+        """End of ``update_from_output``: the tier's events since the last call go to the pool's
+        sink after the pool's own (vLLM ``Scheduler.update_from_output``: ``kv_cache_manager.
+        take_events()``, then ``connector.take_events()``, one batch). The pool emits as it goes, so
+        the stream order is vLLM's. Sinks tag an event with ``step_index``, which ``schedule()``
+        already advanced: a synchronous engine's tier events are tagged with the step whose output
+        this is, so they join that step's batch as in vLLM; with async scheduling the next step was
+        scheduled before this output, and they keep the advanced index, as the pool's events of
+        this ``update_from_output`` do (batches stay in step order)."""
+        manager = self.connector.manager
+        raw = manager.events
+        sched = self.sched
+        sink = sched.kv_cache_manager.block_pool.event_sink
+        if not raw or sink is None or self.kv_events is None:
+            return
+        manager.events = []
+        shift = 0 if sched.config.async_scheduling else 1
+        sched.step_index -= shift
+        try:
+            for event in self.kv_events.take_events(raw):
+                sink(event)
+        finally:
+            sched.step_index += shift
 
     def update_waiting_for_remote_kv(self, request: Request) -> None:
         """A finished load's blocks enter the GPU prefix cache; a whole-prompt load recomputes its
