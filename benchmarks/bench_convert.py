@@ -9,7 +9,9 @@ The log is generated with a fixed seed: each line a chat-completions record with
 alone (generation and training not counted); CPU time beside wall time, since the tokenizer may
 use more than one thread.
 
-    python benchmarks/bench_convert.py [--lines 100000] [--turns all|last] [--keep DIR]
+    python benchmarks/bench_convert.py [--lines 100000] [--turns all|last] [--workers N] [--keep DIR]
+
+CPU time is the converting process's own (``--workers``: the workers' time is not in it).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=100_000)
     ap.add_argument("--turns", choices=("all", "last"), default="all")
+    ap.add_argument("--workers", type=int, default=1, help="convert --workers (processes)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the log, model folder and output here")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,10 +63,11 @@ def main() -> None:
         out = folder / "trace.jsonl"
         wall, cpu = time.perf_counter(), time.process_time()
         s = convert(log, out, ConvertOptions(format="openai", tokenizer=str(model), turns=args.turns,
-                                             progress=False))
+                                             progress=False, workers=args.workers))
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         size = log.stat().st_size / 1e6
-        print(f"convert openai, {args.lines:,} lines ({size:.1f} MB), turns={args.turns}: {s.requests:,} requests, "
+        print(f"convert openai, {args.lines:,} lines ({size:.1f} MB), turns={args.turns}, workers={args.workers}: "
+              f"{s.requests:,} requests, "
               f"{s.prompt_tokens:,} prompt tokens")
         print(f"wall {wall:.2f} s, cpu {cpu:.2f} s: {args.lines / wall:,.0f} lines/s "
               f"({s.requests / wall:,.0f} requests/s, {size / wall:.1f} MB/s; target >= 20,000 lines/s); "

@@ -219,3 +219,18 @@ def test_trace_tenants_and_salts_win_over_drawn_ones(tmp_path, model):
     assert got[3][0] in ("t0", "t1") and got[3][1] == got[3][0]  # no label: drawn, as before
     drawn = labels(num_tenants=2, salt="per_tenant", assign_by="random")
     assert {t for t, _ in drawn} <= {"t0", "t1"} and all(s == t for t, s in drawn)
+
+
+def test_workers_give_the_same_trace(tmp_path, model):
+    """--workers: batches converted in other processes, results in input order: the same bytes,
+    rejected lines included."""
+    recs = [{**CHAT, "id": f"c{i}", "created": 1000 + i} for i in range(30)]
+    recs[7] = {"messages": [{"content": "no role"}]}
+    src = _jsonl(tmp_path / "w.jsonl", recs)
+    outs = []
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}.jsonl"
+        convert(src, out, ConvertOptions(format="openai", tokenizer=str(model), skip_bad_lines=True, batch=4,
+                                         workers=workers))
+        outs.append(out.read_text())
+    assert outs[0] == outs[1] and json.loads(outs[0].splitlines()[0])["apcsim_trace"]["rejected_line_numbers"] == [8]

@@ -62,7 +62,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         format=args.format, tokenizer=args.tokenizer, timestamps=args.timestamps, turns=turns,
         turn_gap_s=args.turn_gap, default_output_tokens=args.default_output_tokens,
         chat_template=not args.no_chat_template, skip_bad_lines=args.skip_bad_lines,
-        progress=False if args.no_progress else None,
+        progress=False if args.no_progress else None, workers=args.workers,
     )
     print(describe(convert(args.input, args.out, opts), args.out))
     return 0
@@ -100,6 +100,8 @@ def add_convert_parsers(sub: Any) -> None:
                    help="vllm-bench: tokenize the prompt as is (vllm bench --custom-skip-chat-template)")
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="reject a bad record alone and count it (header and summary) instead of stopping")
+    p.add_argument("--workers", type=_positive, default=1,
+                   help="processes converting batches of records (default 1; the output is the same)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_convert)
     a = sub.add_parser("anonymize", help="write a shareable hashed trace (no token ids, no text)")

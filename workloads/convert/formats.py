@@ -17,9 +17,10 @@
   ``output_tokens`` (int); the prompt is one user message under the chat template unless
   ``--no-chat-template`` (``--custom-skip-chat-template``).
 
-A ShareGPT list given as JSONL, or JSONL given as ShareGPT, is refused on line 1. Each bad
-record raises ``FieldProblem`` (its reader adds file and line). Imports sim.core / ``workloads``
-only.
+JSONL given as ShareGPT is refused on line 1 here, a ShareGPT list given as JSONL by
+``workloads.convert.batch``. Each bad record raises ``FieldProblem`` (its reader adds file and
+line). ShareGPT's one JSON list is read whole (the stdlib has no streaming JSON parser).
+Imports sim.core / ``workloads`` only.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from typing import Any
 from workloads.convert.conversation import Chat
 from workloads.convert.timestamps import TimestampMode, parse_timestamp
 from workloads.trace_format import is_int
-from workloads.trace_json import FieldProblem, decode_line
-from workloads.trace_lines import open_trace, trace_lines
+from workloads.trace_json import FieldProblem
+from workloads.trace_lines import open_trace
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 _ROLE_ALIASES = {"developer": "system", "function": "tool"}
@@ -179,28 +180,6 @@ def sharegpt_chat(obj: Any, index: int) -> Chat:
             raise FieldProblem(f"conversations[{i}].value", "expected a string")
         messages.append({"role": _SHAREGPT_ROLES[who], "content": value})
     return Chat(id=_label(obj, "id") or f"conv{index}", messages=messages)
-
-
-def read_jsonl(path: str | os.PathLike[str], parse: Callable[[Any, int], Chat],
-               progress: Callable[[int], None]) -> Iterator[Record]:
-    """Records of a JSONL file; a file holding one JSON list (ShareGPT) is refused on line 1."""
-    for lineno, raw, _ in trace_lines(path, scan=False):
-        progress(len(raw) + 1)
-        try:
-            obj = decode_line(raw)
-        except FieldProblem as problem:
-            shared = lineno == 1 and raw.lstrip().startswith(b"[")
-            yield lineno, FieldProblem(None, "a JSON list (ShareGPT?) where one JSON object per line was expected; "
-                                             "use --format sharegpt") if shared else problem
-            continue
-        if lineno == 1 and isinstance(obj, list):
-            yield lineno, FieldProblem(None, "a JSON list (ShareGPT?) where one JSON object per line was "
-                                             "expected; use --format sharegpt")
-            return
-        try:
-            yield lineno, parse(obj, lineno)
-        except FieldProblem as exc:
-            yield lineno, exc
 
 
 def read_sharegpt(path: str | os.PathLike[str], progress: Callable[[int], None]) -> Iterator[Record]:

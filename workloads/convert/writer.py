@@ -1,10 +1,12 @@
 """``apcsim convert``: a text log, benchmark dataset or hash-id trace to apcsim's canonical token
 trace, streamed (mirrors what vLLM's OpenAI server does to each request: template, tokenize).
 
-Pipeline: a format reader (``workloads.convert.formats``; ``mooncake`` and ``bailian`` through
-their loaders) yields records; chats are rendered and cut (``conversation.plan_chat``), their
-pieces tokenized in batches of ``batch`` texts (one call into the Rust tokenizer), and the requests
-written to a temporary file beside the output with their arrivals kept aside. A second pass writes
+Pipeline: the input's records (raw JSONL lines, or ShareGPT's parsed chats; ``mooncake`` and
+``bailian`` through their loaders) go in batches of ``batch`` records to
+``workloads.convert.batch`` -- here, or in ``workers`` processes, results in input order -- which
+parses, renders and cuts each chat (``conversation.plan_chat``), tokenizes the batch's pieces in
+one call and serializes the requests; they are written to a temporary file beside the output with
+their arrivals kept aside. A second pass writes
 the output: a header line ``{"apcsim_trace": {...}}`` (source, format, tokenizer and its
 fingerprint, ``approximate``, ``timestamps``, the counts, ``rejected_lines``), then the requests
 sorted by arrival (stable: a record's turns and the input's order among equal times are kept),
@@ -23,6 +25,7 @@ Bad records raise ``TraceFormatError`` (``file:line: field 'x': problem``), or w
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from array import array
@@ -33,13 +36,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from workloads.convert.conversation import ChatPlan, TurnMode, build_requests, plan_chat
-from workloads.convert.formats import Record, openai_chat, read_jsonl, read_sharegpt, vllm_bench_chat
+from workloads.convert.batch import BatchConverter, Item, Outcome, init_worker, run_batch
+from workloads.convert.conversation import TurnMode
+from workloads.convert.formats import read_sharegpt
 from workloads.convert.timestamps import TimestampMode
 from workloads.convert.tokenizer import Tokenizer, load_tokenizer
 from workloads.errors import SkipLog
 from workloads.trace_format import MAX_SKIPPED_LINES_KEPT, TraceFormatError, TraceRequest, request_to_json
-from workloads.trace_json import FieldProblem
+from workloads.trace_lines import trace_lines
 
 FORMATS: tuple[str, ...] = ("openai", "sharegpt", "vllm-bench", "mooncake", "bailian")
 TEXT_FORMATS = frozenset({"openai", "sharegpt", "vllm-bench"})
@@ -62,7 +66,8 @@ class ConvertOptions:
     chat_template: bool = True
     skip_bad_lines: bool = False
     progress: bool | None = None
-    batch: int = 4096
+    batch: int = 1024  # records per batch (one tokenizer call; one worker task)
+    workers: int = 1  # processes converting batches (1: this one)
 
 
 @dataclass
@@ -103,18 +108,24 @@ class _Spool:
         self.at = 0
 
     def add(self, req: TraceRequest, summary: ConvertSummary) -> None:
-        if req.id in self.ids:  # a repeated record id: the request keeps its place, named apart
-            req.id = f"{req.id}#{len(self.arrivals)}"
-        self.ids.add(req.id)
-        self.arrivals.append(req.arrival)
-        req.arrival = 0.0
-        line = request_to_json(req) + "\n"
-        self.offsets.append(self.at)
-        self.at += len(line.encode("utf-8"))
-        self.fh.write(line)
+        """A request built here (hash-id formats)."""
+        arrival, req.arrival = req.arrival, 0.0
+        self.add_line(arrival, req.id, request_to_json(req) + "\n")
         summary.requests += 1
         summary.prompt_tokens += len(req.tokens)
         summary.output_tokens += req.output_tokens
+
+    def add_line(self, arrival: float, rid: str, line: str) -> None:
+        """A request's JSON line (with ``"arrival":0.0``; the arrival is kept aside)."""
+        if rid in self.ids:  # a repeated record id: the request keeps its place, named apart
+            new = f"{rid}#{len(self.arrivals)}"
+            line = line.replace(f'{{"id":{json.dumps(rid)}', f'{{"id":{json.dumps(new)}', 1)
+            rid = new
+        self.ids.add(rid)
+        self.arrivals.append(arrival)
+        self.offsets.append(self.at)
+        self.at += len(line.encode("utf-8"))
+        self.fh.write(line)
 
 
 def _progress(path: Path, enabled: bool | None) -> tuple[Callable[[int], None], Callable[[], None]]:
@@ -127,16 +138,24 @@ def _progress(path: Path, enabled: bool | None) -> tuple[Callable[[int], None], 
     return bar.update, bar.close
 
 
-def _records(path: Path, opts: ConvertOptions, tick: Callable[[int], None]) -> Iterator[Record]:
+def _items(path: Path, opts: ConvertOptions, tick: Callable[[int], None]) -> Iterator[Item]:
+    """The records to convert: raw JSONL lines (parsed in the batch), or ShareGPT's parsed chats."""
     if opts.format == "sharegpt":
-        return read_sharegpt(path, tick)
-    if opts.format == "openai":
-        return read_jsonl(path, lambda obj, n: openai_chat(obj, n, opts.timestamps), tick)
-    return read_jsonl(path, lambda obj, n: vllm_bench_chat(obj, n, opts.chat_template), tick)
+        yield from read_sharegpt(path, tick)
+        return
+    for lineno, raw, _ in trace_lines(path, scan=False):
+        tick(len(raw) + 1)
+        yield lineno, raw
 
 
-def _reject(summary: ConvertSummary, opts: ConvertOptions, name: str, lineno: int, exc: FieldProblem) -> None:
-    err = TraceFormatError(name, lineno, exc.field, exc.problem)
+def _batches(items: Iterator[Item], size: int) -> Iterator[list[Item]]:
+    while batch := list(itertools.islice(items, size)):
+        yield batch
+
+
+def _reject(summary: ConvertSummary, opts: ConvertOptions, name: str, lineno: int,
+            problem: tuple[str | None, str]) -> None:
+    err = TraceFormatError(name, lineno, *problem)
     if not opts.skip_bad_lines:
         raise err
     summary.rejected_lines += 1
@@ -146,51 +165,45 @@ def _reject(summary: ConvertSummary, opts: ConvertOptions, name: str, lineno: in
         summary.first_rejection = str(err)
 
 
+def _outcomes(path: Path, opts: ConvertOptions, tok: Tokenizer,
+              tick: Callable[[int], None]) -> Iterator[Outcome]:
+    """Every record's outcome, in input order: batches converted here or by ``opts.workers``
+    processes (``spawn``: a fork after the tokenizer's threads ran could deadlock them)."""
+    batches = _batches(_items(path, opts, tick), opts.batch)
+    if opts.workers <= 1:
+        convert_batch = BatchConverter(opts, tok)
+        for batch in batches:
+            yield from convert_batch(batch)
+        return
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(opts.workers, init_worker, (opts,)) as pool:
+        for outcomes in pool.imap(run_batch, batches):  # in order
+            yield from outcomes
+
+
 def _text_requests(path: Path, opts: ConvertOptions, tok: Tokenizer, summary: ConvertSummary,
-                   tick: Callable[[int], None]) -> Iterator[TraceRequest]:
+                   spool: _Spool, tick: Callable[[int], None]) -> None:
     name = os.fspath(path)
-    pending: list[tuple[int, ChatPlan]] = []
-    texts = 0
-    stamped: bool | None = None  # whether records carry timestamps (the first record decides)
-
-    def flush() -> Iterator[TraceRequest]:
-        pieces = [p for _, plan in pending for p in plan.pieces]
-        ids = tok.encode_batch(pieces)
-        at = 0
-        for lineno, plan in pending:
-            n = len(plan.pieces)
-            try:
-                reqs = build_requests(plan, ids[at:at + n], opts.turn_gap_s)
-            except FieldProblem as exc:
-                _reject(summary, opts, name, lineno, exc)
-                reqs = []
-            at += n
-            summary.records += bool(reqs)
-            summary.default_output_requests += plan.defaulted if reqs else 0
-            yield from reqs
-        pending.clear()
-
-    for lineno, rec in _records(path, opts, tick):
-        try:
-            if isinstance(rec, FieldProblem):
-                raise rec
-            has = rec.arrival is not None
+    stamped: bool | None = None  # whether records carry timestamps (the first good record decides)
+    for out in _outcomes(path, opts, tok, tick):
+        if out.stamped is not None and out.problem is None:
             if stamped is None:
-                stamped = has
-            elif has != stamped:
-                raise FieldProblem("timestamp", "missing, while earlier records have one (--timestamps none "
-                                                "ignores them all)" if stamped else
-                                   "given, while earlier records have none (--timestamps none ignores them all)")
-            plan = plan_chat(rec, tok.template, opts.turns, opts.default_output_tokens)
-        except FieldProblem as exc:
-            _reject(summary, opts, name, lineno, exc)
+                stamped = out.stamped
+            elif out.stamped != stamped:
+                out.problem = ("timestamp", "missing, while earlier records have one (--timestamps none ignores "
+                                            "them all)" if stamped else "given, while earlier records have none "
+                                                                        "(--timestamps none ignores them all)")
+        if out.problem is not None:
+            _reject(summary, opts, name, out.lineno, out.problem)
             continue
-        pending.append((lineno, plan))
-        texts += len(plan.pieces)
-        if texts >= opts.batch:
-            yield from flush()
-            texts = 0
-    yield from flush()
+        for arrival, rid, line in out.lines:
+            spool.add_line(arrival, rid, line)
+        summary.records += 1
+        summary.requests += len(out.lines)
+        summary.prompt_tokens += out.prompt_tokens
+        summary.output_tokens += out.output_tokens
+        summary.default_output_requests += out.defaulted
     summary.timestamps = "epoch" if stamped else "none"
 
 
@@ -228,10 +241,11 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], opts: Conv
     spool = _Spool(target.with_name(target.name + ".part"))
     tick, close = _progress(path, opts.progress)
     try:
-        reqs = (_text_requests(path, opts, tok, summary, tick) if tok is not None
-                else _hash_requests(path, opts, summary))
-        for req in reqs:
-            spool.add(req, summary)
+        if tok is not None:
+            _text_requests(path, opts, tok, summary, spool, tick)
+        else:
+            for req in _hash_requests(path, opts, summary):
+                spool.add(req, summary)
         spool.fh.close()
         if summary.requests == 0:
             raise TraceFormatError(os.fspath(path), 1, None, "no request converted" + (
