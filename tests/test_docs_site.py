@@ -142,3 +142,11 @@ def test_config_show_prints_a_valid_config_equal_to_the_resolved_one(tmp_path: P
     want["engine"].update(num_gpu_blocks=resolve(original).num_gpu_blocks,
                           max_model_len=resolve(original).max_model_len)
     assert config_to_dict(shown) == want
+
+
+def test_config_show_refuses_a_sweep_file_in_one_line(capsys) -> None:
+    from sim.cli.main import main
+
+    assert main(["config", "show", str(ROOT / "configs" / "sweeps" / "smoke.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a sweep file (it has base, grid)" in err[0] and "base_config" in err[0]

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from sim.experiment.config import config_to_dict, load_config, load_yaml, override_value
+from sim.experiment.config import ConfigError, config_to_dict, load_config, load_yaml, override_value
 from sim.experiment.engine_description import resolve
 
 
@@ -74,8 +74,12 @@ def _set_by(key: str, overrides: list[tuple[str, Any]]) -> bool:
 def resolved_values(path: str | Path, overrides: list[str] | None = None) -> list[ResolvedValue]:
     """Every leaf of ``path``'s resolved config (``overrides`` applied) with its source."""
     overrides = list(overrides or [])
-    cfg = load_config(path, overrides)
     raw = load_yaml(path)
+    sweep_keys = sorted({"grid", "zip", "base", "base_config"} & set(raw)) if isinstance(raw, dict) else []
+    if sweep_keys:
+        raise ConfigError(f"{path}: a sweep file (it has {', '.join(sweep_keys)}); config show takes one "
+                          "experiment file, e.g. the sweep's base_config")
+    cfg = load_config(path, overrides)
     given = [override_value(item) for item in overrides]
     engine = resolve(cfg)
     derived = {"engine.num_gpu_blocks": engine.num_gpu_blocks, "engine.max_model_len": engine.max_model_len}
