@@ -234,3 +234,18 @@ def test_workers_give_the_same_trace(tmp_path, model):
                                          workers=workers))
         outs.append(out.read_text())
     assert outs[0] == outs[1] and json.loads(outs[0].splitlines()[0])["apcsim_trace"]["rejected_line_numbers"] == [8]
+
+
+def test_every_format_example_of_the_docs_page_converts(tmp_path):
+    """docs/convert.md's three-line example of each format, in its order, converts as shown."""
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "convert.md").read_text()
+    blocks = [b for b in re.findall(r"```\n(.*?)```", doc, re.S) if b.lstrip().startswith(("{", "["))]
+    formats = ["openai", "sharegpt", "vllm-bench", "mooncake", "bailian"]
+    assert len(blocks) == len(formats)
+    for fmt, block in zip(formats, blocks, strict=True):
+        src = tmp_path / f"{fmt}.txt"
+        src.write_text(block)
+        s = convert(src, tmp_path / f"{fmt}.out.jsonl", ConvertOptions(format=fmt, tokenizer="approx"))
+        assert s.records == (2 if fmt == "sharegpt" else 3) and s.rejected_lines == 0
