@@ -124,6 +124,16 @@ ROWS: list[Row] = [
      "--set engine.kv_cache_gib=3, --set engine.block_size=32 (on "),
     ("--set with an empty key part", lambda t: _run(t, BASE, "--set", "engine.=5"),
      "--set engine.=5: 'engine.' has an empty key between its dots"),
+    # strictness the README promises: quoted numbers and booleans, true/false for numbers
+    ("a quoted number", lambda t: _run(t, {**BASE, "engine": {**BASE["engine"], "max_model_len": "4096"}}),
+     "base.yaml: engine.max_model_len: a quoted number ('4096'): write 4096 without quotes"),
+    ("a quoted boolean", lambda t: _run(t, {**BASE, "engine": {**BASE["engine"], "enable_prefix_caching": "yes"}}),
+     "engine.enable_prefix_caching: a quoted boolean ('yes'): write true without quotes"),
+    ("true for a number", lambda t: _run(t, {**BASE, "seed": True}), "base.yaml: seed: true where a number is due"),
+    ("a number for true/false", lambda t: _run(t, {**BASE, "engine": {**BASE["engine"], "use_eagle": 1}}),
+     "engine.use_eagle: a number (1) where true or false is due"),
+    ("a quoted number from --set", lambda t: _run(t, BASE, "--set", "seed='7'"),
+     "--set seed='7': seed: a quoted number ('7')"),
     # silent choices refused
     ("llm-d weights all 0", lambda t: _run(t, _fleet(router={"kind": "llm_d", "weights": {"queue": 0, "kv_cache": 0,
                                                                                         "prefix": 0}})),

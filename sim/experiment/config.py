@@ -36,7 +36,7 @@ from sim.core.kv_cache_spec import KVGroupSpec, check_groups
 from sim.experiment.block_size_rule import check_block_size
 from sim.experiment.cluster_config import ROUTER_TAGS, ClusterConfig
 from sim.experiment.config_error import ConfigError
-from sim.experiment.config_messages import error_lines
+from sim.experiment.config_messages import MAX_LINES, error_lines
 from sim.experiment.offload_tier import check_offload_keys, check_offload_size
 from sim.experiment.overrides import (  # noqa: F401  (re-exported: callers import them from here)
     apply_overrides,
@@ -45,6 +45,7 @@ from sim.experiment.overrides import (  # noqa: F401  (re-exported: callers impo
     set_dotted,
 )
 from sim.experiment.sidechannel_config import SideChannelConfig
+from sim.experiment.strict_scalars import scalar_problems
 from sim.experiment.strict_yaml import YAMLInputError, load_yaml_file
 from sim.experiment.version_keys import DEFAULT_VERSION, check_engine_keys, check_version, check_version_key, hash_unit
 from sim.timing.step_noise import DEFAULT_SIGMA
@@ -330,11 +331,15 @@ def config_from_dict(data: Any, source: str = "<config>", base_dir: str | Path =
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of keys, got {type(data).__name__}")
     try:
-        return ExperimentConfig.model_validate({**data, "base_dir": str(base_dir), "source": source},
-                                               context={STARTUP_CHECKS: startup_checks})
+        cfg = ExperimentConfig.model_validate({**data, "base_dir": str(base_dir), "source": source},
+                                              context={STARTUP_CHECKS: startup_checks})
     except ValidationError as exc:
         lines = error_lines(source, exc.errors(), UNION_TAGS)
         raise ConfigError("\n".join(lines)) from None
+    quoted = [f"{source}: {loc}: {problem}" for loc, problem in scalar_problems(data, cfg)]  # "8192", "yes"
+    if quoted:
+        raise ConfigError("\n".join(quoted[:MAX_LINES]))
+    return cfg
 
 
 def load_yaml(path: str | Path) -> Any:
