@@ -234,6 +234,9 @@ def test_workers_give_the_same_trace(tmp_path, model):
                                          workers=workers))
         outs.append(out.read_text())
     assert outs[0] == outs[1] and json.loads(outs[0].splitlines()[0])["apcsim_trace"]["rejected_line_numbers"] == [8]
+    from workloads.convert.writer import auto_workers
+
+    assert auto_workers(src) == 1  # a small input converts in this process (starting workers costs more)
 
 
 def test_every_format_example_of_the_docs_page_converts(tmp_path):

@@ -26,6 +26,10 @@ def _positive(text: str) -> int:
     return value
 
 
+def _workers(text: str) -> int | None:
+    return None if text == "auto" else _positive(text)
+
+
 def _seconds(text: str) -> float:
     value = float(text)
     if not 0 <= value < float("inf"):
@@ -100,8 +104,9 @@ def add_convert_parsers(sub: Any) -> None:
                    help="vllm-bench: tokenize the prompt as is (vllm bench --custom-skip-chat-template)")
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="reject a bad record alone and count it (header and summary) instead of stopping")
-    p.add_argument("--workers", type=_positive, default=1,
-                   help="processes converting batches of records (default 1; the output is the same)")
+    p.add_argument("--workers", type=_workers, default=None, metavar="N|auto",
+                   help="processes converting batches of records (default auto: 1 below 32 MB of input, else "
+                        "one per core but one, at most 8); the output is the same for any N")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_convert)
     a = sub.add_parser("anonymize", help="write a shareable hashed trace (no token ids, no text)")

@@ -67,7 +67,7 @@ class ConvertOptions:
     skip_bad_lines: bool = False
     progress: bool | None = None
     batch: int = 1024  # records per batch (one tokenizer call; one worker task)
-    workers: int = 1  # processes converting batches (1: this one)
+    workers: int | None = 1  # processes converting batches (1: this one; None: auto_workers)
 
 
 @dataclass
@@ -148,6 +148,14 @@ def _items(path: Path, opts: ConvertOptions, tick: Callable[[int], None]) -> Ite
         yield lineno, raw
 
 
+def auto_workers(path: Path) -> int:
+    """``--workers auto``: this process alone below :data:`PROGRESS_MIN_BYTES` of input (starting
+    workers costs about a second), else one worker per core but one, at most 8."""
+    if path.stat().st_size < PROGRESS_MIN_BYTES:
+        return 1
+    return max(1, min(8, (os.cpu_count() or 1) - 1))
+
+
 def _batches(items: Iterator[Item], size: int) -> Iterator[list[Item]]:
     while batch := list(itertools.islice(items, size)):
         yield batch
@@ -170,14 +178,15 @@ def _outcomes(path: Path, opts: ConvertOptions, tok: Tokenizer,
     """Every record's outcome, in input order: batches converted here or by ``opts.workers``
     processes (``spawn``: a fork after the tokenizer's threads ran could deadlock them)."""
     batches = _batches(_items(path, opts, tick), opts.batch)
-    if opts.workers <= 1:
+    workers = opts.workers if opts.workers is not None else auto_workers(path)
+    if workers <= 1:
         convert_batch = BatchConverter(opts, tok)
         for batch in batches:
             yield from convert_batch(batch)
         return
     import multiprocessing
 
-    with multiprocessing.get_context("spawn").Pool(opts.workers, init_worker, (opts,)) as pool:
+    with multiprocessing.get_context("spawn").Pool(workers, init_worker, (opts,)) as pool:
         for outcomes in pool.imap(run_batch, batches):  # in order
             yield from outcomes
 
