@@ -192,9 +192,12 @@ def test_replay_tables_summary_and_explain(tmp_path: Path) -> None:
     e = explain(tmp_path, "b")
     assert (e["hit_tokens"], e["cpu_hit_tokens"], e["missed_tokens"]) == (0, 32, 33)
     assert e["miss_tokens"] == {"partial_block": 1, "evicted": 32}
-    text = render(e)
+    text = render(e, all_blocks=True)  # one line per block (the default groups a run of one cause)
     assert "0 GPU hit, 32 CPU hit, 33 missed" in text
     assert "loaded from the CPU tier (chunk 1)" in text and "evicted from both tiers" in text
+    grouped = render(e)
+    assert "loaded from the CPU tier (chunk 0)" in grouped and "evicted from both tiers" in grouped
+    assert len(grouped.splitlines()) < len(text.splitlines())
 
 
 def test_untiered_tables_and_summary_are_unchanged() -> None:
