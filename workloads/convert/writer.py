@@ -42,13 +42,17 @@ from workloads.convert.formats import read_sharegpt
 from workloads.convert.timestamps import TimestampMode
 from workloads.convert.tokenizer import Tokenizer, load_tokenizer
 from workloads.errors import SkipLog
-from workloads.trace_format import MAX_SKIPPED_LINES_KEPT, TraceFormatError, TraceRequest, request_to_json
+from workloads.trace_format import (
+    HEADER_KEY,
+    MAX_SKIPPED_LINES_KEPT,
+    TraceFormatError,
+    TraceRequest,
+    request_to_json,
+)
 from workloads.trace_lines import trace_lines
 
 FORMATS: tuple[str, ...] = ("openai", "sharegpt", "vllm-bench", "mooncake", "bailian")
 TEXT_FORMATS = frozenset({"openai", "sharegpt", "vllm-bench"})
-HEADER_KEY = "apcsim_trace"
-"""The key of a trace's header object (line 1), read by ``workloads.trace_header``."""
 PROGRESS_MIN_BYTES = 32 << 20
 """Inputs smaller than this convert without a progress bar."""
 
