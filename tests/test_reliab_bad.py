@@ -217,7 +217,7 @@ def _trace_sweep(tmp_path: Path, trace: Path) -> Path:
         "name": "resume", "output_dir": str(tmp_path / "sweeps"),
         "base": {"engine": {"num_gpu_blocks": 400, "max_model_len": 4096}, "latency": {"kind": "fixed",
                  "step_time_s": 0.01}, "workload": {"kind": "trace", "path": str(trace)}},
-        "grid": {"engine.block_size": [16, 32]},
+        "grid": {"engine.block_size": [16, 32]}, "bounds": False,
     }
     p = tmp_path / "sweep.yaml"
     p.write_text(yaml.safe_dump(sweep))

@@ -77,7 +77,7 @@ def _incomplete(folder: Path) -> None:
 
 
 def _plot_damaged(tmp: Path) -> list[str]:
-    sweep = {"name": "sw", "output_dir": str(tmp), "base": BASE, "grid": {"engine.block_size": [16]}}
+    sweep = {"name": "sw", "output_dir": str(tmp), "base": BASE, "bounds": False, "grid": {"engine.block_size": [16]}}
     assert main(["sweep", _config(tmp, sweep, "sweep.yaml"), "--workers", "1", "--no-plots", "--no-progress"]) == 0
     (tmp / "sw" / "table.parquet").write_bytes(b"PAR1 garbage")
     return ["plot", str(tmp / "sw")]
@@ -135,6 +135,9 @@ ROWS: list[Row] = [
     ("a quoted number from --set", lambda t: _run(t, BASE, "--set", "seed='7'"),
      "--set seed='7': seed: a quoted number ('7')"),
     # silent choices refused
+    ("a 1,200-point sweep without --yes", lambda t: ["sweep", _config(t, {
+        "name": "big", "output_dir": str(t), "base": BASE, "grid": {"seed": list(range(1200))}}, "sweep.yaml")],
+     "sweep big: 1,200 points (about 7,200 requests to replay), more than 1,000: add --yes"),
     ("llm-d weights all 0", lambda t: _run(t, _fleet(router={"kind": "llm_d", "weights": {"queue": 0, "kv_cache": 0,
                                                                                         "prefix": 0}})),
      "cluster.router.weights: every weight is 0"),
@@ -195,3 +198,11 @@ def test_a_folder_apcsim_wrote_with_attribution_full_is_replaced(tmp_path, capsy
     argv = _run(tmp_path, {**BASE, "replay": {"attribution": "full"}})
     assert main(argv) == 0 and (tmp_path / "o" / "blocks.parquet").is_file()
     assert main(argv) == 0, capsys.readouterr().err
+
+
+def test_a_sweep_says_its_point_count_before_it_starts(tmp_path, capsys):
+    sweep = _config(tmp_path, {"name": "two", "output_dir": str(tmp_path), "base": BASE, "bounds": False,
+                               "grid": {"engine.block_size": [16, 32]}}, "sweep.yaml")
+    assert main(["sweep", sweep, "--workers", "1", "--no-plots", "--no-progress"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"sweep two: 2 points (about 12 requests to replay) -> {tmp_path / 'two'}/"

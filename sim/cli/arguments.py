@@ -101,3 +101,25 @@ def blame_overrides(message: str, args: argparse.Namespace) -> str:
     from sim.experiment.overrides import blame_override
 
     return "\n".join(blame_override(line, str(source), overrides) for line in message.splitlines())
+
+
+MAX_POINTS_WITHOUT_YES = 1000
+"""A sweep or study with more points than this runs only with ``--yes``."""
+
+
+def announce_points(what: str, name: str, points: list[Any], folder: Any, yes: bool) -> str:
+    """The line a sweep (or study) starts with -- its point count, the distinct configs among them and,
+    when every point's workload says its size, the requests it will replay -- or a ``ConfigError``
+    above :data:`MAX_POINTS_WITHOUT_YES` points without ``yes``: 10,000 points never start unannounced."""
+    from sim.experiment.config import ConfigError
+
+    distinct = len({p.key for p in points})
+    sizes: list[int] = [getattr(p.config.workload, "num_requests", None) or getattr(p.config.workload, "limit", None)
+                        or 0 for p in points]
+    facts = [f"{distinct:,} distinct configs"] if distinct != len(points) else []
+    facts += [f"about {sum(sizes):,} requests to replay"] if sizes and all(sizes) else []
+    count = f"{len(points):,} point{'' if len(points) == 1 else 's'}" + (f" ({', '.join(facts)})" if facts else "")
+    if len(points) > MAX_POINTS_WITHOUT_YES and not yes:
+        raise ConfigError(f"{what} {name}: {count}, more than {MAX_POINTS_WITHOUT_YES:,}: add --yes to run them all "
+                          f"(finished points are kept)")
+    return f"{what} {name}: {count} -> {folder}/"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sim.cli.arguments import int_at_least
+from sim.cli.arguments import announce_points, int_at_least
 
 
 def _cmd_sidechannel(args: argparse.Namespace) -> int:
@@ -27,7 +27,7 @@ def _cmd_sidechannel(args: argparse.Namespace) -> int:
 
     study = load_study(args.study, args.output_dir, args.set)
     refuse_tracked(Path(study.folder()), args.force, "study")  # committed reference results stay as they are
-    print(f"sidechannel {study.name}: {len(study.points)} points -> {study.folder()}/")
+    print(announce_points("sidechannel", study.name, study.points, study.folder(), args.yes), flush=True)
     report = run_study(study, workers=args.workers, ray=args.ray or args.ray_address is not None,
                        ray_address=args.ray_address, resume=not args.no_resume,
                        progress=False if args.no_progress else None)
@@ -66,6 +66,8 @@ def add_sidechannel_parser(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("--no-plots", action="store_true", help="write the tables only")
     sc.add_argument("--no-progress", action="store_true", help="no progress bar")
     sc.add_argument("--output-dir", default=None, help="parent of the study folder (default: the file's output_dir)")
+    sc.add_argument("--yes", action="store_true",
+                    help="run even more than 1,000 points (without it such a sidechannel is refused before it starts)")
     sc.add_argument("--force", action="store_true",
                     help="write into a folder holding committed (reference) results; refused without it")
     sc.set_defaults(func=_cmd_sidechannel)

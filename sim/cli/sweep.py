@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sim.cli.arguments import int_at_least
+from sim.cli.arguments import announce_points, int_at_least
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -29,7 +29,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     sweep = load_sweep(args.sweep, args.output_dir, args.set)
     refuse_tracked(Path(sweep.folder()), args.force, "sweep")  # committed reference results stay as they are
-    print(f"sweep {sweep.name}: {len(sweep.points)} points -> {sweep.folder()}/")
+    print(announce_points("sweep", sweep.name, sweep.points, sweep.folder(), args.yes), flush=True)
     report = run_sweep(
         sweep,
         workers=args.workers,
@@ -81,6 +81,8 @@ def add_sweep_parsers(sub: argparse._SubParsersAction) -> None:
     sw.add_argument("--no-plots", action="store_true", help="write the table only")
     sw.add_argument("--no-progress", action="store_true", help="no progress bar")
     sw.add_argument("--output-dir", default=None, help="parent of the sweep folder (default: the file's output_dir)")
+    sw.add_argument("--yes", action="store_true",
+                    help="run even more than 1,000 points (without it such a sweep is refused before it starts)")
     sw.add_argument("--force", action="store_true",
                     help="write into a folder holding committed (reference) results; refused without it")
     sw.set_defaults(func=_cmd_sweep)
