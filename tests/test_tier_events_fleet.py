@@ -92,3 +92,11 @@ def test_dynamo_credits_the_cpu_tier_only_with_self_describing_events() -> None:
     tiers = replay.router.events.tiers  # type: ignore[attr-defined]
     assert sum(tiers.cpu.num_entries(i) for i in range(2)) > 0
     assert (described.requests["replica"] != gpu_only.requests["replica"]).any()
+
+
+def test_the_tier_weights_come_from_the_router_config() -> None:
+    cfg = _cfg({"kind": "llm_d", "tier_weights": {"gpu": 1.0, "cpu": 0.5}})
+    r, info = build_router(cfg)
+    assert r.tier_weights == (1.0, 0.5) and info["tier_weights"] == {"gpu": 1.0, "cpu": 0.5}  # type: ignore[attr-defined]
+    r, _ = build_router(_cfg({"kind": "dynamo", "host_cache_hit_weight": 0.25}))
+    assert r.host_cache_hit_weight == 0.25  # type: ignore[attr-defined]

@@ -54,10 +54,19 @@ class LlmDWeights(_Strict):
         return self
 
 
+class LlmDTierWeights(_Strict):
+    """llm-d-kv-cache's ``backendConfigs``: the weight of a block cached on each device tier
+    (``DefaultKVCacheBackendConfig``: gpu 1.0, cpu 0.8); a block on both scores the larger."""
+
+    gpu: Annotated[float, Field(ge=0)] = 1.0
+    cpu: Annotated[float, Field(ge=0)] = 0.8
+
+
 class LlmDRouterConfig(_Strict):
     kind: Literal["llm_d"]
     prefix: Literal["precise", "approximate", "none"] = "precise"
     weights: LlmDWeights = LlmDWeights()
+    tier_weights: LlmDTierWeights = LlmDTierWeights()  # precise prefix with CPU offload tiers
     block_size: Annotated[int, Field(gt=0)] = 64
     max_prefix_blocks: Annotated[int, Field(gt=0)] = 256
     lru_capacity: Annotated[int, Field(gt=0)] = 31250
@@ -68,6 +77,7 @@ class DynamoRouterConfig(_Strict):
     overlap_credit: Annotated[float, Field(ge=0)] = 1.0
     temperature: Annotated[float, Field(ge=0)] = 0.0
     prefill_load_scale: Annotated[float, Field(ge=0)] = 1.0
+    host_cache_hit_weight: Annotated[float, Field(ge=0)] = 0.75  # --router-host-cache-hit-weight (CPU tiers)
 
 
 class SGLangRouterConfig(_Strict):

@@ -79,6 +79,8 @@ def build_router(cfg: ExperimentConfig) -> tuple[Router, dict[str, Any]]:
     if rc.kind == "llm_d":
         w = params.pop("weights")
         params.update(queue_weight=w["queue"], kv_cache_weight=w["kv_cache"], prefix_weight=w["prefix"])
+        t = params.pop("tier_weights")
+        params.update(gpu_weight=t["gpu"], cpu_weight=t["cpu"])
     seed = cfg.cluster.seed if cfg.cluster.seed is not None else cfg.seed
     return make_router(rc.kind, seed, **params), info
 
