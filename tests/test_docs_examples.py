@@ -1,6 +1,6 @@
 """Executable docs: every ```bash block of the README and docs/ whose first command is ``apcsim``
-runs here, in order per page, in a scratch folder that sees the repository's ``configs/`` and
-``workloads/`` (so a run never writes into the checkout's ``results/``); a ```text block right
+runs here, in order per page, in a scratch folder holding a copy of the repository's ``configs/``
+and a link to its ``workloads/`` (so a block never writes into the checkout); a ```text block right
 after it is what the block prints, compared line by line with its stdout, timings aside (wall and
 CPU seconds are masked). An expected block ending in a line ``...`` is compared with the first
 lines of the output only, one starting with ``...`` with its last lines. A doc that drifts from the
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -93,8 +94,8 @@ def _workspace(page: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One scratch folder per page (a page's blocks may read what an earlier block wrote)."""
     if page not in _WORKSPACES:
         ws = tmp_path_factory.mktemp(page.stem)
-        for name in ("configs", "workloads"):
-            (ws / name).symlink_to(ROOT / name)
+        shutil.copytree(ROOT / "configs", ws / "configs")  # a block may write beside a config (apcsim convert)
+        (ws / "workloads").symlink_to(ROOT / "workloads")  # the bundled traces, read only
         _WORKSPACES[page] = ws
     return _WORKSPACES[page]
 
