@@ -206,3 +206,16 @@ def test_a_sweep_says_its_point_count_before_it_starts(tmp_path, capsys):
     assert main(["sweep", sweep, "--workers", "1", "--no-plots", "--no-progress"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first == f"sweep two: 2 points (about 12 requests to replay) -> {tmp_path / 'two'}/"
+
+
+def test_tiny_and_huge_times_print_as_separate_readable_columns():
+    """A 1e-300 s step once printed '0 s4.00e-298 ms9.40e-298 ms': the columns ran together."""
+    from sim.cli.summary import render, seconds
+
+    assert [seconds(x) for x in (0.25, 9.9e-5, 1e-7, 3e-10, 1e-300, 3e9)] == [
+        "250 ms", "99.0 us", "100 ns", "0.300 ns", "1.00e-300 s", "3.00e+09 s"]
+    summary = {f"{k}_{q}_s": v for k in ("ttft", "tpot", "queue_time", "e2e")
+               for q, v in (("p50", 1e-300), ("p90", 4e-298), ("p99", 3e9), ("mean", 0.0))}
+    row = next(line for line in render(summary, name="x", folder="f", wall_time_s=0.1).splitlines()
+               if line.lstrip().startswith("TTFT"))
+    assert row.split() == ["TTFT", "1.00e-300", "s", "4.00e-298", "s", "3.00e+09", "s", "0", "s"]

@@ -34,7 +34,9 @@ def sig(x: Any, digits: int = 3) -> str:
     if x == 0:
         return "0"
     mag = math.floor(math.log10(abs(x)))
-    if mag >= digits - 1 and abs(x) < 1e9:
+    if abs(x) >= 1e9:  # 3000000000 reads as a run of digits: 3.00e+09
+        return f"{x:.{digits - 1}e}"
+    if mag >= digits - 1:
         return f"{round(x, digits - 1 - mag):,.0f}"
     if mag < -4:
         return f"{x:.{digits - 1}e}"
@@ -42,10 +44,17 @@ def sig(x: Any, digits: int = 3) -> str:
 
 
 def seconds(x: Any) -> str:
-    """A duration at 3 significant figures in s or ms."""
+    """A duration at 3 significant figures: s from 1 s, ms from 0.1 ms, us from 1 us, ns from 0.1 ns;
+    below that (a step time of 1e-300 s) in seconds with an exponent, never a run of zeros."""
     if not _ok(x):
         return "n/a"
-    return f"{sig(x * 1e3)} ms" if 0 < abs(x) < 1 else f"{sig(x)} s"
+    a = abs(x)
+    if a == 0 or a >= 1:
+        return f"{sig(x)} s"
+    for scale, unit, least in ((1e3, "ms", 0.1), (1e6, "us", 1.0), (1e9, "ns", 0.1)):
+        if a * scale >= least:
+            return f"{sig(x * scale)} {unit}"
+    return f"{x:.2e} s"
 
 
 def count(x: Any) -> str:
@@ -232,7 +241,7 @@ def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
     ]
     for label, key in _LATENCIES:
         cells = [seconds(s.get(f"{key}_p{q}_s")) for q in (50, 90, 99)] + [seconds(s.get(f"{key}_mean_s"))]
-        lines.append(f"  {label:<14}" + "".join(f"{c:>10}" for c in cells))
+        lines.append(f"  {label:<14}" + "".join(f" {c:>9}" for c in cells))  # a space even when a cell is wide
     lines.append(f"throughput  {sig(s.get('throughput_requests_per_s'))} requests/s, "
                  f"{sig(s.get('throughput_output_tokens_per_s'))} output tokens/s "
                  f"(mean batch {sig(s.get('mean_batch_size'))} requests)")
