@@ -199,7 +199,8 @@ def calibrate(setup: CalibrationSetup, preset: GridPreset, *, replays: Sequence[
     meta["replays"] = runs
     if link:
         meta[LINK_KEY] = measure_link(setup.device, model_shape=setup.model_shape, dtype=DTYPES[setup.dtype],
-                                      block_size=setup.block_size, repeats=link_repeats, seed=grid_seed, log=log)
+                                      block_size=setup.block_size, repeats=link_repeats, seed=grid_seed,
+                                      timing="thread_cpu" if ex_timing == "thread_cpu" else "wall", log=log)
     meta["calibration_wall_s"] = round(time.perf_counter() - t_start, 2)
     meta["host_load_average"] = load_average()  # 1/5/15-minute: contention from other processes on a shared host
     return FittedLatency(coefs, meta), _sample_rows(samples, held, pred, err)

@@ -15,7 +15,9 @@ vLLM's handler: on CUDA every transfer goes on the queue's own stream, which fir
 compute stream (a store must not read KV the forward has not written; a load must not race the
 compute stream's earlier writes of its destination blocks), and records a start and an end event --
 the end event says when it is done (``done``), the pair how long it took. On a CPU device the copy
-runs at submission and is done at once; its time is the wall clock around it. Copies are coalesced
+runs at submission and is done at once; its time is ``clock`` around it (the wall clock, or the
+thread's CPU time, which leaves out the time the process is descheduled on a shared machine: with
+one torch thread the copy runs on the calling thread). Copies are coalesced
 into runs: a stretch of consecutive source ids onto consecutive destination ids is one copy per
 tensor (vLLM batches one descriptor per block; a run is the same bytes in fewer calls).
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -109,11 +111,13 @@ class Transfer:
 class CopyQueue:
     """One direction's FIFO of block copies from ``src`` to ``dst`` tensors (pairwise)."""
 
-    def __init__(self, src: list[torch.Tensor], dst: list[torch.Tensor]) -> None:
+    def __init__(self, src: list[torch.Tensor], dst: list[torch.Tensor],
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if len(src) != len(dst) or not src:
             raise ValueError("a copy queue needs one destination tensor per source tensor")
         self.src = src
         self.dst = dst
+        self.clock = clock
         self.bytes_per_block = sum(t[0].numel() * t.element_size() for t in src)
         cuda = [t.device for t in (*src, *dst) if t.device.type == "cuda"]
         self.device = cuda[0] if cuda else None
@@ -126,9 +130,9 @@ class CopyQueue:
         spans = runs(src_ids, dst_ids)
         tr = Transfer(job_id, len(src_ids) * self.bytes_per_block)
         if self.stream is None:
-            t0 = time.perf_counter()
+            t0 = self.clock()
             self._copy(spans)
-            tr.seconds = time.perf_counter() - t0
+            tr.seconds = self.clock() - t0
         else:
             tr.start = torch.cuda.Event(enable_timing=True)
             tr.end = torch.cuda.Event(enable_timing=True)

@@ -109,7 +109,7 @@ def _link(device: str, results: Path, *, quick: bool, log: Log) -> tuple[bool, l
     cuda = device == "cuda" and torch.cuda.is_available()
     sec = measure_link(device if cuda else "cpu", model_shape=setup.model_shape, dtype=DTYPES[setup.dtype],
                        block_size=setup.block_size, sizes=(1, 4, 16) if quick else (1, 2, 4, 8, 16, 32, 64, 128, 256),
-                       repeats=3 if quick else 9, log=log)
+                       repeats=3 if quick else 9, timing="wall" if cuda else "thread_cpu", log=log)
     if cuda:
         from sim.timing.roofline import list_gpu_specs, load_gpu_spec
 

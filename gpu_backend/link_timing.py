@@ -9,8 +9,10 @@ paged cache of the calibrated model shape and a CPU store of the same layout:
 * on CUDA: device -> pinned host (``d2h``, a store) and pinned host -> device (``h2d``, a load),
   each timed by the CUDA events around it on the queue's own stream;
 * on a CPU-only machine there is no link: the same copies are host -> host memory copies
-  (``h2h_store``, ``h2h_load``), timed by the wall clock, and the result says so (``measured``).
-  They calibrate the code path, not a PCIe link; a CPU-only figure must not be read as one.
+  (``h2h_store``, ``h2h_load``), timed by the wall clock or (``timing="thread_cpu"``, one torch
+  thread) by the calling thread's CPU time, which leaves out the time the process is descheduled
+  on a shared machine; the result says so (``measured``). They calibrate the code path, not a
+  PCIe link; a CPU-only figure must not be read as one.
 
 Each transfer moves ``n`` consecutive blocks (one copy per layer's K and V tensor: what vLLM's
 batched DMA of a transfer's blocks reaches), ``n`` from :data:`SIZES_BLOCKS`; after warm-up
@@ -76,13 +78,13 @@ def fit_link(num_bytes: Sequence[float], seconds: Sequence[float]) -> tuple[floa
 
 
 def _copy_queues(device: torch.device, model_shape: str, dtype: torch.dtype, block_size: int,
-                 max_blocks: int) -> tuple[dict[str, tuple[CopyQueue, bool]], int]:
+                 max_blocks: int, clock: Callable[[], float]) -> tuple[dict[str, tuple[CopyQueue, bool]], int]:
     spec = resolve_model_shape(model_shape)
     cache = PagedKVCache(spec.num_layers, max_blocks + 1, block_size, spec.num_kv_heads, spec.head_dim,
                          dtype=dtype, device=device)
     store = CPUKVStore(cache, max_blocks)
-    down = CopyQueue(device_tensors(cache), store.tensors)
-    up = CopyQueue(store.tensors, device_tensors(cache))
+    down = CopyQueue(device_tensors(cache), store.tensors, clock)
+    up = CopyQueue(store.tensors, device_tensors(cache), clock)
     names = ("d2h", "h2d") if device.type == "cuda" else ("h2h_store", "h2h_load")
     return {names[0]: (down, False), names[1]: (up, True)}, down.bytes_per_block
 
@@ -96,12 +98,18 @@ def _ids(store_is_src: bool, n: int) -> tuple[list[int], list[int]]:
 
 def measure_link(device: torch.device | str, *, model_shape: str = "tiny", dtype: torch.dtype = torch.float32,
                  block_size: int = 16, sizes: Sequence[int] = SIZES_BLOCKS, repeats: int = 7, warmup: int = 2,
-                 seed: int = 0, budget_s: float | None = None,
+                 seed: int = 0, budget_s: float | None = None, timing: str = "wall",
                  log: Callable[[str], object] = print) -> dict[str, Any]:
-    """Time the copies (see the module docstring) and fit them; returns the ``host_link`` section."""
+    """Time the copies (see the module docstring) and fit them; returns the ``host_link`` section.
+    ``timing`` (a CPU device only): ``wall`` or ``thread_cpu`` (needs one torch thread)."""
     device = torch.device(device)
+    cuda = device.type == "cuda"
+    thread_cpu = timing == "thread_cpu" and not cuda
+    if thread_cpu and torch.get_num_threads() != 1:
+        raise ValueError(f"link timing 'thread_cpu' needs one torch thread, not {torch.get_num_threads()}")
     t_start = time.perf_counter()
-    queues, bytes_per_block = _copy_queues(device, model_shape, dtype, block_size, max(sizes))
+    queues, bytes_per_block = _copy_queues(device, model_shape, dtype, block_size, max(sizes),
+                                           time.thread_time if thread_cpu else time.perf_counter)
     rng = np.random.default_rng(seed)
     times: dict[tuple[str, int], list[float]] = {(d, n): [] for d in queues for n in sizes}
     plan = [(d, n) for d in queues for n in sizes]
@@ -131,9 +139,9 @@ def measure_link(device: torch.device | str, *, model_shape: str = "tiny", dtype
     pred = np.array([lat + s.num_bytes / (bw * 1e9) for s in samples])
     meas = np.array([s.median_s for s in samples])
     rel = (pred - meas) / meas
-    cuda = device.type == "cuda"
     measured = (f"pinned host <-> {device_name(device)} copies (CUDA events)" if cuda else
-                "host <-> host memory copies on a CPU-only machine (no GPU link; wall clock)")
+                "host <-> host memory copies on a CPU-only machine (no GPU link; "
+                f"{'thread CPU time' if thread_cpu else 'wall clock'})")
     fit = {"method": "scipy.optimize.nnls on rows [1, bytes] / measured (least squares in relative error), "
                      "both directions together",
            "mape": float(np.abs(rel).mean()), "max_abs_rel_error": float(np.abs(rel).max()),
@@ -141,6 +149,7 @@ def measure_link(device: torch.device | str, *, model_shape: str = "tiny", dtype
     section: dict[str, Any] = {
         "bandwidth_gb_s": bw, "latency_s": lat, "measured": measured,
         "device": device_name(device), "pinned_host_memory": cuda, "model_shape": model_shape,
+        "timing": "cuda_events" if cuda else timing,
         "dtype": str(dtype).replace("torch.", ""), "block_size": block_size, "bytes_per_block": bytes_per_block,
         "layout": "consecutive blocks: one copy per layer's K and V tensor per transfer",
         "directions": per_dir, "samples": [asdict(s) for s in samples],
