@@ -150,3 +150,15 @@ def test_config_show_refuses_a_sweep_file_in_one_line(capsys) -> None:
     assert main(["config", "show", str(ROOT / "configs" / "sweeps" / "smoke.yaml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a sweep file (it has base, grid)" in err[0] and "base_config" in err[0]
+
+
+@pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.name)
+def test_a_shown_apcsim_command_is_a_bash_block_that_runs_or_a_text_block(page: Path) -> None:
+    """``bash`` blocks starting with ``apcsim`` run in tests/test_docs_examples.py; a command that cannot run
+    as shown (the user's own files) goes in a ``text`` block, never in an unlabelled one."""
+    unlabelled = []
+    for m in re.finditer(r"^```(\w*)\n(.*?)^```\s*$", page.read_text(), re.S | re.M):
+        lines = [ln.strip() for ln in m.group(2).splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        if lines and lines[0].startswith("apcsim ") and m.group(1) not in ("bash", "text"):
+            unlabelled.append(lines[0][:60])
+    assert unlabelled == []
