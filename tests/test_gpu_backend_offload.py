@@ -5,6 +5,8 @@ from the CPU tier gives the same logits as a dense recompute (fp32, 1e-5), on CP
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("torch_one_thread")  # the `model` fixture is in conftest.py
@@ -131,3 +133,44 @@ def test_negative_control_corrupted_cpu_chunk_fails_the_comparison(model):
     assert r.facts["ok_scenario"], r.facts
     assert not r.passes(torch.float32)
     assert r.max_abs_diff > 1e3 * cases.FP32_TOL, r.summary()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(1, 3), max_size=2), st.lists(st.integers(1, 3), max_size=3),
+                          st.integers(0, 3)), min_size=1, max_size=8))
+def test_property_every_job_is_reported_once_never_in_its_own_step_unless_flushed(plan):
+    """Random steps of loads and stores (``(load sizes, store sizes, flush mask)``): every job is
+    reported exactly once; a job is never reported in the output of the step whose metadata carried
+    it unless that step flushed it, and a flushed store is reported in its own step; nothing is left
+    pending after two empty steps (on a CPU device every copy is done when submitted)."""
+    cache = PagedKVCache(1, 8, 2, 1, 2)
+    for t in device_tensors(cache):
+        t.copy_(torch.randn_like(t))
+    store = CPUKVStore(cache, num_chunks=6)
+    specs: dict[int, CopySpec] = {}
+    w = TorchOffloadWorker(cache, store, _Table(specs))
+    carried: dict[int, int] = {}
+    flushed: set[int] = set()
+    reported: dict[int, int] = {}
+    job = 0
+    for step, (loads, stores, mask) in enumerate([*plan, ([], [], 0), ([], [], 0)]):
+        ld, sd = [], []
+        for n in loads:
+            specs[job] = CopySpec(tuple(range(1, n + 1)), tuple(range(n)))
+            ld.append((job, f"r{job}", n))
+            job += 1
+        for i, n in enumerate(stores):
+            specs[job] = CopySpec(tuple(range(8 - n, 8)), tuple(range(6 - n, 6)))
+            sd.append((job, f"r{job}", n))
+            if mask >> i & 1:
+                flushed.add(job)
+            job += 1
+        for j, _, _ in (*ld, *sd):
+            carried[j] = step
+        w.start_step(step, _meta(loads=ld, stores=sd, flush={j for j, _, _ in sd if j in flushed}))
+        for j in w.finish_step(step).completed_jobs:
+            assert j not in reported
+            reported[j] = step
+    assert set(reported) == set(carried) and not w.has_pending()
+    for j, s in reported.items():
+        assert s == carried[j] if j in flushed else s > carried[j]
