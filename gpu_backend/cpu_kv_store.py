@@ -18,8 +18,11 @@ the end event says when it is done (``done``), the pair how long it took. On a C
 runs at submission and is done at once; its time is ``clock`` around it (the wall clock, or the
 thread's CPU time, which leaves out the time the process is descheduled on a shared machine: with
 one torch thread the copy runs on the calling thread). Copies are coalesced
-into runs: a stretch of consecutive source ids onto consecutive destination ids is one copy per
-tensor (vLLM batches one descriptor per block; a run is the same bytes in fewer calls).
+on the host side: a stretch of consecutive host rows is one copy per tensor, its device blocks taken
+as a slice when consecutive too, else gathered (a store: ``index_select`` on the device, then one
+copy to the host rows) or scattered (a load: one copy of the host rows to the device, then
+``index_copy_``) -- a fragmented block table costs two calls per tensor and host run, not one per
+block (vLLM batches one DMA descriptor per block in one call, ``swap_blocks_batch``).
 
 Invariants: a queue reports its transfers in submission order, each once; ``bytes_per_block`` is
 the KV bytes of one GPU block over all layers (K and V). Imports torch (this package only).
@@ -31,6 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -75,16 +79,16 @@ def device_tensors(cache: PagedKVCache) -> list[torch.Tensor]:
     return [t for pair in zip(cache.k, cache.v) for t in pair]
 
 
-def runs(src: Sequence[int], dst: Sequence[int]) -> list[tuple[int, int, int]]:
-    """``(src_start, dst_start, length)`` of the maximal stretches where both ids step by one."""
-    if len(src) != len(dst):
-        raise ValueError(f"a copy needs as many source as destination blocks ({len(src)} != {len(dst)})")
-    out: list[tuple[int, int, int]] = []
-    for s, d in zip(src, dst):
-        if out and s == out[-1][0] + out[-1][2] and d == out[-1][1] + out[-1][2]:
-            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
+def host_runs(host: Sequence[int], device: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """``(first host row, device ids)`` of the maximal stretches of consecutive host rows."""
+    if len(host) != len(device):
+        raise ValueError(f"a copy needs as many host rows as device blocks ({len(host)} != {len(device)})")
+    out: list[tuple[int, list[int]]] = []
+    for h, d in zip(host, device):
+        if out and h == out[-1][0] + len(out[-1][1]):
+            out[-1][1].append(d)
         else:
-            out.append((s, d, 1))
+            out.append((h, [d]))
     return out
 
 
@@ -109,14 +113,16 @@ class Transfer:
 
 
 class CopyQueue:
-    """One direction's FIFO of block copies from ``src`` to ``dst`` tensors (pairwise)."""
+    """One direction's FIFO of block copies from ``src`` to ``dst`` tensors (pairwise); ``host_side``
+    says which of the two is the CPU store (``dst`` for stores, ``src`` for loads)."""
 
-    def __init__(self, src: list[torch.Tensor], dst: list[torch.Tensor],
+    def __init__(self, src: list[torch.Tensor], dst: list[torch.Tensor], host_side: Literal["src", "dst"],
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if len(src) != len(dst) or not src:
             raise ValueError("a copy queue needs one destination tensor per source tensor")
         self.src = src
         self.dst = dst
+        self.host_is_src = host_side == "src"
         self.clock = clock
         self.bytes_per_block = sum(t[0].numel() * t.element_size() for t in src)
         cuda = [t.device for t in (*src, *dst) if t.device.type == "cuda"]
@@ -127,7 +133,7 @@ class CopyQueue:
 
     def submit(self, job_id: int, src_ids: Sequence[int], dst_ids: Sequence[int]) -> Transfer:
         """Changes state: queue the copy of blocks ``src_ids`` onto ``dst_ids`` (one transfer)."""
-        spans = runs(src_ids, dst_ids)
+        spans = host_runs(src_ids, dst_ids) if self.host_is_src else host_runs(dst_ids, src_ids)
         tr = Transfer(job_id, len(src_ids) * self.bytes_per_block)
         if self.stream is None:
             t0 = self.clock()
@@ -146,10 +152,24 @@ class CopyQueue:
         self.events[job_id] = tr
         return tr
 
-    def _copy(self, spans: list[tuple[int, int, int]]) -> None:
+    def _copy(self, spans: list[tuple[int, list[int]]]) -> None:
+        dev = (self.dst if self.host_is_src else self.src)[0].device
+        plan = []
+        for h, ids in spans:
+            n = len(ids)
+            whole = ids[-1] - ids[0] == n - 1 and all(b - a == 1 for a, b in zip(ids, ids[1:]))
+            plan.append((h, n, ids[0], None if whole else torch.tensor(ids, dtype=torch.long, device=dev)))
         for src, dst in zip(self.src, self.dst):
-            for s, d, n in spans:
-                dst[d : d + n].copy_(src[s : s + n], non_blocking=True)
+            for h, n, d, idx in plan:
+                if self.host_is_src:  # a load: host rows -> device blocks
+                    if idx is None:
+                        dst[d : d + n].copy_(src[h : h + n], non_blocking=True)
+                    else:
+                        dst.index_copy_(0, idx, src[h : h + n].to(dst.device, non_blocking=True))
+                elif idx is None:  # a store: device blocks -> host rows
+                    dst[h : h + n].copy_(src[d : d + n], non_blocking=True)
+                else:
+                    dst[h : h + n].copy_(src.index_select(0, idx), non_blocking=True)
 
     def done(self) -> list[Transfer]:
         """Changes state: the transfers done so far, in submission order, each reported once."""

@@ -83,8 +83,8 @@ def _copy_queues(device: torch.device, model_shape: str, dtype: torch.dtype, blo
     cache = PagedKVCache(spec.num_layers, max_blocks + 1, block_size, spec.num_kv_heads, spec.head_dim,
                          dtype=dtype, device=device)
     store = CPUKVStore(cache, max_blocks)
-    down = CopyQueue(device_tensors(cache), store.tensors, clock)
-    up = CopyQueue(store.tensors, device_tensors(cache), clock)
+    down = CopyQueue(device_tensors(cache), store.tensors, "dst", clock)
+    up = CopyQueue(store.tensors, device_tensors(cache), "src", clock)
     names = ("d2h", "h2d") if device.type == "cuda" else ("h2h_store", "h2h_load")
     return {names[0]: (down, False), names[1]: (up, True)}, down.bytes_per_block
 

@@ -124,8 +124,8 @@ class TorchOffloadWorker:
         self.cache = cache
         self.store = store
         self.addresses = addresses
-        self.stores = CopyQueue(device_tensors(cache), store.tensors)
-        self.loads = CopyQueue(store.tensors, device_tensors(cache))
+        self.stores = CopyQueue(device_tensors(cache), store.tensors, "dst")
+        self.loads = CopyQueue(store.tensors, device_tensors(cache), "src")
         self.in_flight: dict[int, _Job] = {}
         self._deferred: list[tuple[int, _Job]] = []
         self.awaiting_admission: set[str] = set()  # loads' requests the runner does not hold yet

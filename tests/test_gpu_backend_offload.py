@@ -18,7 +18,7 @@ from gpu_backend.cases_offload import (  # noqa: E402
     case_cpu_load_chunks,
     case_cpu_random,
 )
-from gpu_backend.cpu_kv_store import CopyQueue, CPUKVStore, device_tensors, runs  # noqa: E402
+from gpu_backend.cpu_kv_store import CopyQueue, CPUKVStore, device_tensors, host_runs  # noqa: E402
 from gpu_backend.kv_cache import PagedKVCache  # noqa: E402
 from gpu_backend.offload_worker import CopySpec, TorchOffloadWorker  # noqa: E402
 from sim.core.transfer_job import KVConnectorMetadata, TransferJob  # noqa: E402
@@ -30,11 +30,11 @@ def _check(r: cases.CaseResult) -> None:
     assert r.max_abs_diff <= cases.FP32_TOL, r.summary()
 
 
-def test_runs_coalesce_consecutive_ids_on_both_sides():
-    assert runs([4, 5, 6, 9], [0, 1, 2, 3]) == [(4, 0, 3), (9, 3, 1)]
-    assert runs([1, 2], [5, 3]) == [(1, 5, 1), (2, 3, 1)]  # the destination steps back: two copies
-    with pytest.raises(ValueError, match="as many source as destination"):
-        runs([1], [])
+def test_host_runs_coalesce_consecutive_host_rows_whatever_the_device_blocks():
+    assert host_runs([4, 5, 6, 9], [1, 2, 3, 7]) == [(4, [1, 2, 3]), (9, [7])]
+    assert host_runs([0, 1, 2], [5, 3, 8]) == [(0, [5, 3, 8])]  # one run: gathered / scattered on the device
+    with pytest.raises(ValueError, match="as many host rows as device blocks"):
+        host_runs([1], [])
 
 
 def test_store_layout_chunk_holds_its_sub_blocks_and_a_round_trip_is_exact():
@@ -45,8 +45,8 @@ def test_store_layout_chunk_holds_its_sub_blocks_and_a_round_trip_is_exact():
     assert store.k[0].shape == (6, 4, 2, 8) and not store.pinned  # 3 chunks x 2 blocks, no CUDA
     assert store.sub_blocks([2, 0]) == [4, 5, 0, 1]
     assert store.sub_blocks([2, 0], skip=1, count=2) == [5, 0]  # a load whose GPU hit ends in chunk 2
-    down = CopyQueue(device_tensors(cache), store.tensors)
-    up = CopyQueue(store.tensors, device_tensors(cache))
+    down = CopyQueue(device_tensors(cache), store.tensors, "dst")
+    up = CopyQueue(store.tensors, device_tensors(cache), "src")
     assert down.bytes_per_block == 2 * 2 * 4 * 2 * 8 * 4  # K and V of 2 layers, fp32
     down.submit(7, [3, 1], store.sub_blocks([2]))  # GPU blocks 3, 1 -> chunk 2
     (tr,) = down.done()
@@ -57,6 +57,10 @@ def test_store_layout_chunk_holds_its_sub_blocks_and_a_round_trip_is_exact():
     assert [x.job_id for x in up.done()] == [8] and up.done() == []  # reported once
     for t, w in zip(device_tensors(cache), want):
         assert torch.equal(t[4:6], w)
+    up.submit(9, store.sub_blocks([2]), [5, 1])  # scattered device blocks: one copy, then index_copy_
+    assert [x.job_id for x in up.done()] == [9]
+    for t, w in zip(device_tensors(cache), want):
+        assert torch.equal(t[5], w[0]) and torch.equal(t[1], w[1])
 
 
 class _Table:
