@@ -219,3 +219,24 @@ def test_tiny_and_huge_times_print_as_separate_readable_columns():
     row = next(line for line in render(summary, name="x", folder="f", wall_time_s=0.1).splitlines()
                if line.lstrip().startswith("TTFT"))
     assert row.split() == ["TTFT", "1.00e-300", "s", "4.00e-298", "s", "3.00e+09", "s", "0", "s"]
+
+
+def test_an_output_cut_at_max_model_len_is_marked_and_counted(tmp_path, capsys):
+    """A decision: such a request is served (as vLLM serves it, FINISHED_LENGTH_CAPPED), marked
+    finish_reason length_capped, counted in the summary and named on the workload line."""
+    import json
+
+    import pandas as pd
+
+    trace = (b'{"id":"long","arrival":0.0,"tokens":[' + b",".join(b"%d" % i for i in range(100)) +
+             b'],"output_tokens":400}\n{"id":"short","arrival":0.5,"tokens":[1,2,3],"output_tokens":4}\n')
+    argv = _trace_run(tmp_path, "t.jsonl", trace)
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(cfg.read_text().replace("max_model_len: 4096", "max_model_len: 256"))
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    req = pd.read_parquet(tmp_path / "o" / "requests.parquet").set_index("request_id")
+    assert req.loc["long", "finish_reason"] == "length_capped" and req.loc["long", "output_tokens"] == 156
+    assert req.loc["short", "finish_reason"] == "max_tokens" and req.loc["short", "output_tokens"] == 4
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["num_length_capped_requests"] == 1
+    assert "1 outputs cut at max_model_len (finish_reason length_capped)" in out

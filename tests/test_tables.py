@@ -165,7 +165,8 @@ def _requests(n: int, seed: int) -> list[tuple[object, ...]]:
         outputs = int(rng.integers(1, 4))
         out.append((f"r{i}", arrival, *times, int(rng.integers(1, 100)), outputs, None if rejected else
                     int(rng.integers(0, 50)), 0, "", None, None, None, None, False,
-                    "rejected" if rejected else "finished", "never_fits_pool: x" if rejected else ""))
+                    "rejected" if rejected else "finished", "never_fits_pool: x" if rejected else "",
+                    "" if rejected else "max_tokens"))
     return out
 
 

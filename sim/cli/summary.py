@@ -210,8 +210,11 @@ def _routing(s: Mapping[str, Any]) -> str | None:
 
 
 def _left_out(s: Mapping[str, Any]) -> str:
-    """What the run did not serve: rejected requests and skipped trace lines, when there are any."""
+    """What the run did not serve in full: rejected requests, outputs cut at max_model_len and skipped
+    trace lines, when there are any."""
     parts = [f"{exact(v)} {what}" for key, what in (("num_rejected_requests", "rejected (see reject_reason)"),
+                                                  ("num_length_capped_requests",
+                                                   "outputs cut at max_model_len (finish_reason length_capped)"),
                                                   ("skipped_bad_lines", "trace lines skipped"))
              if _ok(v := s.get(key)) and v > 0]
     return "; " + ", ".join(parts) if parts else ""

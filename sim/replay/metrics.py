@@ -10,7 +10,11 @@ Per request: ``arrival``, ``first_scheduled`` (start of the step that first admi
 ``hit_tokens`` (computed tokens granted at first admission, vLLM's ``num_new_computed_tokens``),
 ``num_preemptions`` and ``readmit_hit_tokens`` (hits on each re-admission, ``;``-separated),
 ``status`` (``finished``, or ``rejected``: refused at intake, ``sim.replay.rejection``) and
-``reject_reason`` (``prompt_too_long: ...`` / ``never_fits_pool: ...``, else empty).
+``reject_reason`` (``prompt_too_long: ...`` / ``never_fits_pool: ...``, else empty) and
+``finish_reason`` of a finished request: ``max_tokens`` (every requested output token was made) or
+``length_capped`` (stopped at ``max_model_len`` first, vLLM's ``FINISHED_LENGTH_CAPPED``:
+``output_tokens`` then counts the tokens made, fewer than the trace asked for); empty otherwise. The
+summary counts the capped ones (``num_length_capped_requests``).
 
 Rejected requests never ran: every summary metric is over the other requests
 (``num_requests`` counts those), and ``num_rejected_requests`` counts the rejected ones.
@@ -68,6 +72,7 @@ REQUEST_COLUMNS = (
     "prompt_logprobs",
     "status",
     "reject_reason",
+    "finish_reason",
 )
 
 STEP_COLUMNS = (
@@ -200,6 +205,8 @@ def summarize(
     out: dict[str, Any] = {
         "num_requests": n,
         "num_rejected_requests": num_rejected,
+        "num_length_capped_requests": int((col("finish_reason") == "length_capped").sum())
+        if n and "finish_reason" in requests else 0,
         "num_steps": len(steps),
         "prompt_tokens": prompt,
         "output_tokens": outputs,

@@ -26,7 +26,7 @@ TIER_COLUMNS = ("external_hit_tokens", "readmit_external_hit_tokens", "kv_wait_s
 _COL = {name: i for i, name in enumerate(REQUEST_COLUMNS)}
 _FIRST_SCHEDULED, _FIRST_TOKEN, _FINISH = _COL["first_scheduled"], _COL["first_token"], _COL["finish"]
 _HIT_TOKENS, _READMIT, _PREEMPTIONS = _COL["hit_tokens"], _COL["readmit_hit_tokens"], _COL["num_preemptions"]
-_OUTPUT_TOKENS, _STATUS = _COL["output_tokens"], _COL["status"]
+_OUTPUT_TOKENS, _STATUS, _FINISH_REASON = _COL["output_tokens"], _COL["status"], _COL["finish_reason"]
 
 
 class _Progress:
@@ -77,7 +77,7 @@ class ReplayRecorder:
             raise ValueError(f"duplicate request id {request_id!r}")
         self._rows[request_id] = self._requests.append_mutable(
             request_id, arrival, None, None, None, prompt_tokens, output_tokens, None, 0, "",
-            salt, lora, tenant, session, prompt_logprobs, "rejected" if reject_reason else "", reject_reason or "",
+            salt, lora, tenant, session, prompt_logprobs, "rejected" if reject_reason else "", reject_reason or "", "",
         )
 
     def admitted(self, request: Request, hit_tokens: int, now: float, external_hit_tokens: int = 0) -> None:
@@ -112,7 +112,10 @@ class ReplayRecorder:
         row[_FINISH] = now
         row[_STATUS] = "finished"
         row[_PREEMPTIONS] = request.num_preemptions
-        row[_OUTPUT_TOKENS] = len(request.output_token_ids)
+        made = len(request.output_token_ids)
+        # fewer than asked: the scheduler stopped it at max_model_len (vLLM FINISHED_LENGTH_CAPPED)
+        row[_FINISH_REASON] = "length_capped" if made < row[_OUTPUT_TOKENS] else "max_tokens"
+        row[_OUTPUT_TOKENS] = made
         if self._tier is not None:
             self._tier.setdefault(request.request_id, [0, "", 0])[2] = request.num_steps_waiting_for_kv
         self._progress.update(1)
