@@ -244,7 +244,8 @@ def test_every_format_example_of_the_docs_page_converts(tmp_path):
     import re
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "convert.md").read_text()
-    blocks = [b for b in re.findall(r"```\n(.*?)```", doc, re.S) if b.lstrip().startswith(("{", "["))]
+    fences = re.findall(r"^```(\w*)\n(.*?)^```$", doc, re.S | re.M)  # in order: a block's closing fence is no opening
+    blocks = [b for lang, b in fences if not lang and b.lstrip().startswith(("{", "["))]
     formats = ["openai", "sharegpt", "vllm-bench", "mooncake", "bailian"]
     assert len(blocks) == len(formats)
     for fmt, block in zip(formats, blocks, strict=True):

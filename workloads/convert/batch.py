@@ -7,17 +7,27 @@ parsed here, so that workers share the JSON work too), an already parsed
 or the problem that already rejects it. Each record's :class:`Outcome` carries its request lines
 (``"arrival":0.0`` in the line, the arrival aside, for the writer's sort), whether it had a
 timestamp, or its problem as ``(field, problem)``. Pieces of every chat of the batch are tokenized
-in one call. The outcomes are a pure function of the batch: the same output with any number of
-workers (tested). Imports sim.core / ``workloads`` only.
+in one call.
+
+A request line is written as ``workloads.trace_format.request_to_json`` writes a ``TraceRequest``
+(same keys, order and escapes), but assembled from the pieces' ids already serialized by the
+tokenizer's cache (``Tokenizer.encode_json``): no Python int per token, which was a third of a
+line's time once the history's messages came from the cache. ``ConvertOptions.reference`` keeps the
+former path (``TraceRequest`` objects, ``request_to_json``): the oracle of
+``tests/test_convert_speed.py`` (same bytes) and the benchmark's "before".
+
+The outcomes are a pure function of the batch: the same output with any number of workers
+(tested). Imports sim.core / ``workloads`` only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _string  # what json.dumps writes for a str
 from typing import Any
 
-from workloads.convert.conversation import Chat, ChatPlan, build_requests, plan_chat
+from workloads.convert.conversation import Chat, ChatPlan, build_requests, plan_chat, turn_requests
 from workloads.convert.formats import openai_chat, vllm_bench_chat
 from workloads.convert.tokenizer import Tokenizer, load_tokenizer
 from workloads.trace_format import request_to_json
@@ -79,7 +89,39 @@ class BatchConverter:
                                              self.opts.default_output_tokens)))
             except FieldProblem as exc:
                 out.problem = (exc.field, exc.problem)
-        ids = self.tok.encode_batch([p for _, plan in plans for p in plan.pieces])
+        pieces = [p for _, plan in plans for p in plan.pieces]
+        if self.opts.reference:
+            self._reference(plans, self.tok.encode_batch(pieces))
+            return outcomes
+        encoded = self.tok.encode_json(pieces)
+        gap = self.opts.turn_gap_s
+        at = 0
+        for out, plan in plans:
+            n = len(plan.pieces)
+            mine = encoded[at:at + n]
+            at += n
+            try:
+                turns = turn_requests(plan, [c for _, c in mine], gap)
+            except FieldProblem as exc:
+                out.problem = (exc.field, exc.problem)
+                continue
+            chat = plan.chat
+            labels = "".join(f',"{key}":{_string(value)}' for key, value in (
+                ("salt", chat.salt), ("lora", chat.lora), ("tenant", chat.tenant),
+                ("session", chat.session if chat.session is not None else chat.id)) if value is not None)
+            for t in turns:
+                answer = "" if t.answer is None else f',"output_token_ids":[{mine[t.answer][0]}]'
+                out.lines.append((t.arrival, t.id, f'{{"id":{_string(t.id)},"arrival":0.0,"tokens":['
+                                  f'{",".join([mine[p][0] for p in t.prompt if mine[p][1]])}],"output_tokens":'
+                                  f'{t.output_tokens}{answer}{labels}}}\n'))
+                out.prompt_tokens += sum([mine[p][1] for p in t.prompt])
+                out.output_tokens += t.output_tokens
+            out.defaulted = plan.defaulted
+        return outcomes
+
+    def _reference(self, plans: list[tuple[Outcome, ChatPlan]], ids: list[list[int]]) -> None:
+        """The requests as :class:`TraceRequest` objects serialized by ``request_to_json`` (the
+        former path; the fast path's oracle)."""
         at = 0
         for out, plan in plans:
             n = len(plan.pieces)
@@ -95,7 +137,6 @@ class BatchConverter:
                 out.prompt_tokens += len(req.tokens)
                 out.output_tokens += req.output_tokens
             out.defaulted = plan.defaulted if reqs else 0
-        return outcomes
 
 
 _WORKER: list[BatchConverter] = []  # the converter of a worker process (set by init_worker)

@@ -26,6 +26,7 @@ Imports sim.core / ``workloads`` only (neither simpy nor torch).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -150,38 +151,62 @@ def _final(plan: ChatPlan, prompt_pieces: int) -> None:
         plan.turns.append(_Turn(prompt_pieces, None, chat.answer_tokens))
 
 
-def build_requests(plan: ChatPlan, ids: list[list[int]], gap_s: float) -> list[TraceRequest]:
-    """The requests of a planned chat from its pieces' token ids (``ids[i]`` of ``plan.pieces[i]``).
-    Turn k arrives ``(T - k) * gap_s`` before the chat's arrival (the record's timestamp is its
-    last turn's); raises ``FieldProblem`` for a turn with an empty prompt."""
+@dataclass
+class TurnRequest:
+    """One turn's request in terms of the plan's pieces: its prompt is the concatenation of
+    ``prompt`` (piece indices), its ``output_token_ids`` piece ``answer`` (None: not kept)."""
+
+    id: str
+    arrival: float
+    prompt: list[int]
+    output_tokens: int
+    answer: int | None
+
+
+def turn_requests(plan: ChatPlan, counts: Sequence[int], gap_s: float) -> list[TurnRequest]:
+    """The requests of a planned chat from its pieces' token counts (``counts[i]`` of
+    ``plan.pieces[i]``). Turn k arrives ``(T - k) * gap_s`` before the chat's arrival (the record's
+    timestamp is its last turn's); raises ``FieldProblem`` for a turn with an empty prompt."""
     chat = plan.chat
-    out: list[TraceRequest] = []
-    flat: list[int] = []
+    out: list[TurnRequest] = []
+    prompt: list[int] = []  # the pieces of the prompt so far
+    tokens = 0
     covered = 0
     last = len(plan.turns) - 1
     for k, turn in enumerate(plan.turns):
-        for piece in ids[covered:turn.prompt_pieces]:
-            flat.extend(piece)
+        prompt.extend(range(covered, turn.prompt_pieces))
+        tokens += sum(counts[covered:turn.prompt_pieces])
         covered = turn.prompt_pieces
-        if not flat:
+        if not tokens:
             raise FieldProblem("messages", f"turn {k + 1}: the prompt has no tokens")
-        answer = ids[turn.answer_piece] if turn.answer_piece is not None else None
+        answer = counts[turn.answer_piece] if turn.answer_piece is not None else None
         if turn.answer_tokens is not None:
             n_out = turn.answer_tokens
         else:
-            n_out = len(answer) if answer else 1  # an empty answer still cost one step (the stop token)
+            n_out = answer if answer else 1  # an empty answer still cost one step (the stop token)
         if not 1 <= n_out < MAX_OUTPUT_TOKENS:
             raise FieldProblem("usage.completion_tokens", f"turn {k + 1}: expected an output length in "
                                                           f"[1, 2**24), got {n_out}")
-        out_ids = np.asarray(answer, dtype=np.int64) if answer and len(answer) >= n_out else None
-        arrival = 0.0 if chat.arrival is None else chat.arrival - (last - k) * gap_s
-        out.append(TraceRequest(
-            id=f"{chat.id}-t{k + 1}" if len(plan.turns) > 1 else chat.id, arrival=arrival,
-            tokens=np.asarray(flat, dtype=np.int64), output_tokens=n_out, output_token_ids=out_ids,
-            salt=chat.salt, lora=chat.lora, tenant=chat.tenant,
-            session=chat.session if chat.session is not None else chat.id,
-        ))
+        out.append(TurnRequest(
+            id=f"{chat.id}-t{k + 1}" if len(plan.turns) > 1 else chat.id,
+            arrival=0.0 if chat.arrival is None else chat.arrival - (last - k) * gap_s,
+            prompt=list(prompt), output_tokens=n_out,
+            answer=turn.answer_piece if answer and answer >= n_out else None))
         if answer is not None and turn.answer_piece == covered:
-            flat.extend(answer)
+            prompt.append(covered)
+            tokens += answer
             covered += 1
     return out
+
+
+def build_requests(plan: ChatPlan, ids: list[list[int]], gap_s: float) -> list[TraceRequest]:
+    """The requests of a planned chat from its pieces' token ids (``ids[i]`` of ``plan.pieces[i]``;
+    :func:`turn_requests`)."""
+    chat = plan.chat
+    return [TraceRequest(
+        id=t.id, arrival=t.arrival, tokens=np.asarray([i for p in t.prompt for i in ids[p]], dtype=np.int64),
+        output_tokens=t.output_tokens,
+        output_token_ids=None if t.answer is None else np.asarray(ids[t.answer], dtype=np.int64),
+        salt=chat.salt, lora=chat.lora, tenant=chat.tenant,
+        session=chat.session if chat.session is not None else chat.id,
+    ) for t in turn_requests(plan, [len(i) for i in ids], gap_s)]

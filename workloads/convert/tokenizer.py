@@ -26,7 +26,14 @@ alone gives the same ids, so a piece seen before (a system prompt, a tool list, 
 taken from a cache instead of being tokenized again. Otherwise every text goes to the library
 whole. ``encode_batch(texts, cached=False)`` is the plain path, the cache's oracle in the tests.
 
-Invariants: :meth:`Tokenizer.encode_batch` is a pure function of the texts. Errors are
+**Serialized ids** (speed; exact): the cache keeps each piece's ids also as their JSON text
+(``"12,7,301"``), so :meth:`Tokenizer.encode_json` gives a text's ids as that text and their count
+without a Python int per token: a prompt's ``tokens`` field is the comma-join of its pieces' texts
+(``workloads.convert.batch``). A history resent on every line of a log is thus tokenized and
+serialized once per message, not once per line.
+
+Invariants: :meth:`Tokenizer.encode_batch` and :meth:`Tokenizer.encode_json` are pure functions of
+the texts (``encode_json``'s text is ``",".join(map(str, ids))`` of ``encode_batch``'s ids). Errors are
 :class:`TokenizerError` (one line naming the file). Imports ``tokenizers`` (lazily) and jinja2.
 """
 
@@ -67,6 +74,18 @@ CACHE_LIMIT = 1 << 16
 """Pieces the segment cache keeps (emptied when full)."""
 
 
+Encoded = tuple[str, int, list[int]]
+"""A cache entry: the ids' JSON text (no brackets), their count, the ids."""
+
+
+def _entry(ids: list[int], text: list[str]) -> Encoded:
+    """An entry from ids; ``text[i]`` is ``str(i)`` (a table: five times faster than ``str``)."""
+    try:
+        return ",".join([text[i] for i in ids]), len(ids), ids
+    except IndexError:  # an id beyond the vocabulary's table (not from a well-formed tokenizer)
+        return ",".join(map(str, ids)), len(ids), ids
+
+
 @dataclass
 class Tokenizer:
     """Encodes texts to token ids; ``template`` renders chats (None: the model has none)."""
@@ -79,10 +98,15 @@ class Tokenizer:
     segment_safe: bool = False  # the normalizer and pre-tokenizer treat every cut piece alike (see above)
     _split: re.Pattern[str] | None = None  # the added tokens, longest first (None: no segment cache)
     _special: dict[str, int] = field(default_factory=dict)
-    _cache: dict[str, list[int]] = field(default_factory=dict)
+    _cache: dict[str, Encoded] = field(default_factory=dict)  # text piece (or added token) -> its ids
+    _id_text: list[str] = field(default_factory=list)  # str(i) for every id of the vocabulary
 
     def __post_init__(self) -> None:
-        if self._hf is None or not self.segment_safe:
+        if self._hf is None:  # approx: the ids are bytes
+            self._id_text = [str(i) for i in range(256)]
+            return
+        self._id_text = [str(i) for i in range(max(self._hf.get_vocab(with_added_tokens=True).values()) + 1)]
+        if not self.segment_safe:
             return
         added = self._hf.get_added_tokens_decoder()
         if not added or any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added.values()):
@@ -90,6 +114,25 @@ class Tokenizer:
         self._special = {t.content: i for i, t in added.items()}
         alternatives = sorted(self._special, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(re.escape(a) for a in alternatives) + ")")
+        self._reset_cache()
+
+    def _reset_cache(self) -> None:
+        self._cache.clear()
+        self._cache.update({token: _entry([i], self._id_text) for token, i in self._special.items()})
+
+    def _cuts(self, texts: Sequence[str]) -> list[list[str]]:
+        """Each text cut at its added tokens (``text, token, text, ..., text``), every part in the
+        cache (the added tokens always are; the missing pieces are encoded in one call)."""
+        assert self._split is not None and self._hf is not None
+        cache = self._cache
+        cuts = [self._split.split(t) for t in texts]
+        missing = list({part for parts in cuts for part in parts if part and part not in cache})
+        if len(cache) + len(missing) > CACHE_LIMIT:
+            self._reset_cache()
+            missing = list({part for parts in cuts for part in parts if part and part not in cache})
+        for part, enc in zip(missing, self._hf.encode_batch_fast(missing, add_special_tokens=False), strict=True):
+            cache[part] = _entry(enc.ids, self._id_text)
+        return cuts
 
     def encode_batch(self, texts: Sequence[str], *, cached: bool = True) -> list[list[int]]:
         """Token ids of each text (no special tokens added); ``cached=False`` skips the segment
@@ -98,21 +141,25 @@ class Tokenizer:
             return [list(t.encode("utf-8")) for t in texts]
         if self._split is None or not cached:
             return [enc.ids for enc in self._hf.encode_batch_fast(list(texts), add_special_tokens=False)]
-        cache, special = self._cache, self._special
-        cuts = [self._split.split(t) for t in texts]  # text, token, text, token, ..., text
-        missing = list({part for parts in cuts for part in parts[::2] if part and part not in cache})
-        if len(cache) + len(missing) > CACHE_LIMIT:
-            cache.clear()
-            missing = list({part for parts in cuts for part in parts[::2] if part})
-        for part, enc in zip(missing, self._hf.encode_batch_fast(missing, add_special_tokens=False), strict=True):
-            cache[part] = enc.ids
+        cache = self._cache
         out: list[list[int]] = []
-        for parts in cuts:
+        for parts in self._cuts(texts):
             ids: list[int] = []
-            for text, token in zip(parts[::2], parts[1::2]):  # the last text has no token after it
-                ids += cache[text] if text else ()
-                ids.append(special[token])
-            out.append(ids + cache[parts[-1]] if parts[-1] else ids)
+            for part in parts:
+                if part:
+                    ids += cache[part][2]
+            out.append(ids)
+        return out
+
+    def encode_json(self, texts: Sequence[str]) -> list[tuple[str, int]]:
+        """Each text's ids as ``(",".join(map(str, ids)), len(ids))`` (see the module docstring)."""
+        if self._split is None:
+            return [_entry(ids, self._id_text)[:2] for ids in self.encode_batch(texts)]
+        cache = self._cache
+        out: list[tuple[str, int]] = []
+        for parts in self._cuts(texts):
+            entries = [cache[part] for part in parts if part]
+            out.append((",".join([e[0] for e in entries if e[1]]), sum([e[1] for e in entries])))
         return out
 
 

@@ -72,6 +72,7 @@ class ConvertOptions:
     progress: bool | None = None
     batch: int = 1024  # records per batch (one tokenizer call; one worker task)
     workers: int | None = 1  # processes converting batches (1: this one; None: auto_workers)
+    reference: bool = False  # the former serialization (TraceRequest + request_to_json): the tests' oracle
 
 
 @dataclass
@@ -105,7 +106,7 @@ class _Spool:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fh = open(path, "w", encoding="utf-8")
+        self.fh = open(path, "wb")  # bytes: each line encoded once (its length is the next offset)
         self.arrivals = array("d")
         self.offsets = array("q")
         self.ids: set[str] = set()
@@ -128,8 +129,9 @@ class _Spool:
         self.ids.add(rid)
         self.arrivals.append(arrival)
         self.offsets.append(self.at)
-        self.at += len(line.encode("utf-8"))
-        self.fh.write(line)
+        raw = line.encode("utf-8")
+        self.at += len(raw)
+        self.fh.write(raw)
 
 
 def _progress(path: Path, enabled: bool | None) -> tuple[Callable[[int], None], Callable[[], None]]:
@@ -281,12 +283,12 @@ def _finish(spool: _Spool, target: Path, summary: ConvertSummary) -> None:
     origin = float(arrivals[order[0]])
     summary.span_s = float(arrivals[order[-1]]) - origin
     tmp = target.with_name(target.name + ".tmp")
-    with open(spool.path, "rb") as src, open(tmp, "w", encoding="utf-8") as dst:
-        dst.write(json.dumps(summary.header(), separators=(",", ":")) + "\n")
+    with open(spool.path, "rb") as src, open(tmp, "wb") as dst:
+        dst.write(json.dumps(summary.header(), separators=(",", ":")).encode("utf-8") + b"\n")
         lines: Iterator[bytes] = iter(src) if not summary.reordered else _at_offsets(src, spool.offsets, order)
         for i, raw in zip(order.tolist(), lines, strict=True):
             rel = float(arrivals[i]) - origin
-            dst.write(raw.decode("utf-8").replace('"arrival":0.0', f'"arrival":{rel!r}', 1))
+            dst.write(raw.replace(b'"arrival":0.0', f'"arrival":{rel!r}'.encode(), 1))
     os.replace(tmp, target)
 
 
