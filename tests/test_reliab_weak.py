@@ -240,3 +240,26 @@ def test_an_output_cut_at_max_model_len_is_marked_and_counted(tmp_path, capsys):
     assert req.loc["short", "finish_reason"] == "max_tokens" and req.loc["short", "output_tokens"] == 4
     assert json.loads((tmp_path / "o" / "summary.json").read_text())["num_length_capped_requests"] == 1
     assert "1 outputs cut at max_model_len (finish_reason length_capped)" in out
+
+
+def test_a_fleet_counts_rejected_requests_by_one_rule(tmp_path):
+    """A decision (the single engine's rule, sim.replay.metrics): rejected requests are counted,
+    never averaged -- num_requests, goodput and every replica's figures are over served requests, and
+    the replicas' counts add up to the fleet's."""
+    import json
+
+    long = b",".join(b"%d" % i for i in range(300))
+    trace = b"".join(b'{"id":"r%d","arrival":%d.0,"tokens":[%s],"output_tokens":2}\n'
+                     % (i, i, long if i % 3 == 0 else b"1,2,3,4,5,6,7,8") for i in range(12))
+    argv = _trace_run(tmp_path, "t.jsonl", trace)
+    data = yaml.safe_load((tmp_path / "base.yaml").read_text())
+    data["engine"]["max_model_len"] = 256
+    data["cluster"] = {"replicas": 2, "router": "round_robin", "ttft_slo_s": 10.0}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(data))
+    assert main(argv) == 0
+    s = json.loads((tmp_path / "o" / "summary.json").read_text())
+    c = s["cluster"]
+    assert s["num_requests"] == 8 and s["num_rejected_requests"] == 4
+    assert sum(r["num_requests"] for r in c["replicas"]) == 8
+    assert sum(r["num_rejected_requests"] for r in c["replicas"]) == 4
+    assert c["goodput_fraction"] == 1.0  # every served request met a 10 s SLO; the rejected are not in it

@@ -8,7 +8,8 @@ From the combined request table (one row per request, ``replica`` = where it fin
   ``request_hit_rate``, busy time (sum of step durations), TTFT p50 / p99;
 * ``load_imbalance_busy`` and ``load_imbalance_prompt_tokens``: max over mean across replicas of
   busy time and of prompt tokens served (1.0 is perfect balance);
-* ``goodput_*``: requests whose TTFT met ``ttft_slo_s`` (fraction, and per second of the run);
+* ``goodput_*``: served requests whose TTFT met ``ttft_slo_s`` (fraction of the served, and per
+  second of the run);
 * ``belief``: over requests with a believed hit, the believed and actual hit tokens summed,
   ``false_positive_rate`` = sum(max(believed - actual, 0)) / sum(believed) (residency the router
   believed in and the engine did not have) and ``false_negative_rate`` = sum(max(actual -
@@ -17,6 +18,13 @@ From the combined request table (one row per request, ``replica`` = where it fin
   the ``window_s`` before the fault, while it is down and in the ``window_s`` after it is back, and
   ``recovery_s``: time from ``up_at`` until the TTFT p50 over the next ``window_s`` of arrivals is
   back within 10 % of its pre-fault level (NaN if never).
+
+One rule for rejected requests, the single engine's (``sim.replay.metrics``): they never ran, so
+every figure -- the fleet's ``num_requests``, goodput, each replica's ``num_requests``, prompt
+tokens, hit rates, TTFT -- is over the served requests, and they are only counted
+(``num_rejected_requests``, in total and per replica, where the replica that refused them is
+named): the replicas' ``num_requests`` add up to the fleet's, and so do their
+``num_rejected_requests``.
 
 Invariants: a pure function of the tables. Imports neither simpy nor torch.
 """
@@ -33,6 +41,13 @@ import pandas as pd
 from sim.core.prefix_cache_stats import PrefixCacheStats
 
 
+def _rejected(requests: pd.DataFrame) -> pd.Series:
+    """Which rows were refused at intake (``status == "rejected"``; none without the column)."""
+    if "status" not in requests.columns:
+        return pd.Series(False, index=requests.index)
+    return requests["status"].astype(str) == "rejected"
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 
@@ -46,13 +61,16 @@ def replica_rows(requests: pd.DataFrame, steps: pd.DataFrame,
                  stats: Sequence[PrefixCacheStats]) -> list[dict[str, Any]]:
     """One summary row per replica."""
     rows = []
+    rejected = _rejected(requests)
     for i, st in enumerate(stats):
-        rq = requests[requests["replica"] == i]
+        mine = requests["replica"] == i
+        rq = requests[mine & ~rejected]
         sp = steps[steps["replica"] == i]
         prompt = int(rq["prompt_tokens"].sum())
         rows.append({
             "replica": i,
             "num_requests": len(rq),
+            "num_rejected_requests": int((mine & rejected).sum()),
             "prompt_tokens": prompt,
             "token_hit_rate": _ratio(st.hits, st.queries) if st.queries else 0.0,
             "request_hit_rate": _ratio(float(rq["hit_tokens"].sum()), prompt) if prompt else 0.0,
@@ -133,7 +151,8 @@ def cluster_block(requests: pd.DataFrame, steps: pd.DataFrame, stats: Sequence[P
                   faults: Sequence[tuple[int, float, float | None, int]], kv_events: dict[str, int]) -> dict[str, Any]:
     """The ``cluster`` block of ``summary.json``."""
     rows = replica_rows(requests, steps, stats)
-    met = requests["ttft"] <= ttft_slo_s
+    served = requests[~_rejected(requests)]  # the one rule: rejected requests are counted, never averaged
+    met = served["ttft"] <= ttft_slo_s
     out: dict[str, Any] = {
         "num_replicas": len(stats),
         "router": router,
@@ -141,7 +160,7 @@ def cluster_block(requests: pd.DataFrame, steps: pd.DataFrame, stats: Sequence[P
         "load_imbalance_busy": _imbalance([r["busy_s"] for r in rows]),
         "load_imbalance_prompt_tokens": _imbalance([float(r["prompt_tokens"]) for r in rows]),
         "ttft_slo_s": ttft_slo_s,
-        "goodput_fraction": float(met.mean()) if len(requests) else math.nan,
+        "goodput_fraction": float(met.mean()) if len(served) else math.nan,
         "goodput_requests_per_s": _ratio(float(met.sum()), span_s),
         "num_reroutes": int(requests["reroutes"].sum()) if len(requests) else 0,
         "kv_events": kv_events,
