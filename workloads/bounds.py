@@ -48,10 +48,12 @@ repeated lookups of a request that waits at the head of the queue, so it can dif
 apply to several KV-cache groups or a sliding window (blocks leave the window and groups compete).
 
 Invariants: every reference uses :func:`request_block_keys`, so all three see the same keys and
-lookup caps. The reference string is built with numpy; the policies are set / heap / ordered-dict
-loops (about a million references per second), run by their compiled twins of
-``workloads.bounds_scan`` where built (tens of millions per second, equal hit counts: the Python
-loops stay as the oracle, ``compiled=False``). Imports sim.core only (neither simpy nor torch).
+lookup caps. The reference string comes from ``workloads.block_refs`` (one compiled pass from the
+token runs where built); the policies are set / heap / ordered-dict loops (about a million
+references per second), run by their compiled twins of ``workloads.bounds_scan`` where built (tens
+of millions per second, equal hit counts: the Python loops stay as the oracle, ``compiled=False``);
+:func:`offline_bounds` runs the three side by side in one compiled pass over the requests
+(``all_hits``). Imports sim.core only (neither simpy nor torch).
 """
 
 from __future__ import annotations
@@ -59,38 +61,21 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Container, Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from sim.core.hashing import BlockHash, FastBlockHasher, blocks_extra_keys
+from sim.core.hashing import BlockHash, FastBlockHasher
 from sim.core.request import token_array
+from workloads.block_refs import BlockReferences as BlockReferences  # re-exported: callers import them from here
+from workloads.block_refs import _arrays, request_block_keys
+from workloads.block_refs import _dense_ids as _dense_ids
+from workloads.block_refs import block_references as block_references
 from workloads.trace_format import TraceRequest
 
 try:  # the compiled policy loops (same hit counts; built by pip install -e .)
     from workloads import bounds_scan as _scan
 except ImportError:  # pragma: no cover - where the extension is not built
     _scan = None  # type: ignore[assignment]
-
-_KEY_BYTES = 16  # FastBlockHasher keys are 128-bit
-
-
-def request_block_keys(
-    req: TraceRequest, hasher: FastBlockHasher, prompt: np.ndarray, include_outputs: bool = True
-) -> tuple[list[BlockHash], int]:
-    """``req``'s chain of cached full-block keys and how many leading ones its lookup may hit
-    (``prompt``: its expanded prompt tokens). Pure."""
-    bs = hasher.block_size
-    n = int(prompt.size)
-    cached = prompt
-    if include_outputs and req.output_token_ids is not None and req.output_tokens > 1:
-        outs = np.asarray(req.output_token_ids[: req.output_tokens - 1], dtype=np.int64)
-        cached = np.concatenate([prompt, outs])
-    n_full = int(cached.size) // bs
-    if n_full == 0:
-        return [], 0
-    keys = hasher.hash_token_blocks(cached[: n_full * bs], blocks_extra_keys(req.lora, req.salt, (), 0, n_full, bs))
-    return keys, 0 if req.prompt_logprobs else min(len(keys), max(0, (n - 1) // bs))
 
 
 def _leading_hits(keys: Sequence[object], start: int, lookup: int, cache: Container[object]) -> int:
@@ -152,136 +137,9 @@ def infinite_cache_hit_bound(
     return hit_bounds(requests, [block_size], include_outputs=include_outputs)[block_size]
 
 
-# -- the block reference string -----------------------------------------------------------------
-@dataclass
-class BlockReferences:
-    """The block reference string of a request stream at one block size.
-
-    ``ids[start[r]:start[r] + length[r]]`` are request ``r``'s block keys (dense ints, chain order);
-    its first ``lookup[r]`` of them are looked up; ``prompt_tokens`` is the sum of prompt lengths;
-    ``prompt_blocks[r]`` of its keys are full prompt blocks and ``reads_cache[r]`` is False for a
-    ``prompt_logprobs`` request (both for ``workloads.tier_bounds``; None when built by hand).
-    """
-
-    block_size: int
-    ids: np.ndarray  # int64, one per block reference
-    start: np.ndarray  # int64, per request
-    length: np.ndarray  # int64, per request
-    lookup: np.ndarray  # int64, per request
-    prompt_tokens: int
-    prompt_blocks: np.ndarray | None = None  # int64, per request
-    reads_cache: np.ndarray | None = None  # bool, per request
-
-    @property
-    def num_requests(self) -> int:
-        return int(self.start.size)
-
-    @property
-    def num_references(self) -> int:
-        return int(self.ids.size)
-
-    @property
-    def num_distinct_blocks(self) -> int:
-        return int(self.ids.max()) + 1 if self.ids.size else 0
-
-    def next_lookup(self, *, compiled: bool = True) -> np.ndarray:
-        """For each reference position ``p``: the position of the next *lookup* reference of the
-        same block after ``p`` (``num_references`` when there is none); ``compiled=False``: the
-        numpy code (the oracle) even where the compiled scan is built."""
-        if compiled and _scan is not None:
-            return _scan.next_lookups(*_arrays(self))
-        n = self.ids.size
-        if n == 0:
-            return np.zeros(0, dtype=np.int64)
-        is_lookup = np.zeros(n, dtype=bool)
-        owner = np.repeat(np.arange(self.start.size), self.length)
-        offset = np.arange(n, dtype=np.int64) - self.start[owner]
-        is_lookup[offset < self.lookup[owner]] = True
-        pos = np.arange(n, dtype=np.int64)
-        order = np.lexsort((pos, self.ids))  # by block, then position
-        grp = self.ids[order]
-        big = np.int64(n + 1)
-        val = grp * big + np.where(is_lookup[order], order, n)  # position or "none" (n), per group
-        # suffix minimum, then shift by one: the smallest lookup position strictly after each one
-        suffix = np.minimum.accumulate(val[::-1])[::-1]
-        after = np.empty(n, dtype=np.int64)
-        after[:-1] = suffix[1:]
-        after[-1] = (grp[-1] + 1) * big  # nothing after the last element
-        same = (after // big) == grp
-        nxt_sorted = np.where(same, after - grp * big, n)
-        out = np.empty(n, dtype=np.int64)
-        out[order] = nxt_sorted
-        return out
-
-
-def block_references(
-    requests: Iterable[TraceRequest], block_size: int, *, include_outputs: bool = True
-) -> BlockReferences:
-    """Hash every request's blocks (:func:`request_block_keys`) into a :class:`BlockReferences`."""
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    hasher = FastBlockHasher(block_size)
-    chunks: list[np.ndarray] = []
-    lengths: list[int] = []
-    lookups: list[int] = []
-    prompt_blocks: list[int] = []
-    reads: list[bool] = []
-    prompt_tokens = 0
-    for req in requests:
-        prompt = token_array(req.tokens)
-        prompt_tokens += int(prompt.size)
-        keys, lookup = request_block_keys(req, hasher, prompt, include_outputs)
-        lengths.append(len(keys))
-        lookups.append(lookup)
-        prompt_blocks.append(min(len(keys), int(prompt.size) // block_size))
-        reads.append(not req.prompt_logprobs)
-        if keys:
-            chunks.append(np.frombuffer(b"".join(keys), dtype=f"S{_KEY_BYTES}"))
-    raw = np.concatenate(chunks) if chunks else np.zeros(0, dtype=f"S{_KEY_BYTES}")
-    ids = _dense_ids(raw)
-    length = np.asarray(lengths, dtype=np.int64)
-    start = np.zeros(length.size, dtype=np.int64)
-    if length.size:
-        start[1:] = np.cumsum(length)[:-1]
-    return BlockReferences(block_size, ids, start, length, np.asarray(lookups, dtype=np.int64), prompt_tokens,
-                           np.asarray(prompt_blocks, dtype=np.int64), np.asarray(reads, dtype=bool))
-
-
-def _dense_ids(raw: np.ndarray) -> np.ndarray:
-    """Each 16-byte key's rank among the distinct keys in byte order (``np.unique``'s inverse),
-    sorting the keys read as two big-endian 64-bit halves (byte order = numeric order of the
-    halves): by the first half alone when equal first halves always come with equal second ones
-    (distinct 128-bit hashes practically never share 64 bits), else by both. Several times faster
-    than sorting 16-byte strings."""
-    if raw.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    halves = np.frombuffer(raw.tobytes(), dtype=">u8").reshape(-1, 2)
-    hi, lo = halves[:, 0].astype(np.uint64), halves[:, 1].astype(np.uint64)
-    order = np.argsort(hi)
-    same_hi = hi[order[1:]] == hi[order[:-1]]
-    new_lo = lo[order[1:]] != lo[order[:-1]]
-    if (same_hi & new_lo).any():  # two keys share their first half: order by both halves
-        order = np.lexsort((lo, hi))
-        same_hi = hi[order[1:]] == hi[order[:-1]]
-        new_lo = lo[order[1:]] != lo[order[:-1]]
-    new = np.empty(order.size, dtype=bool)
-    new[0] = True
-    new[1:] = ~same_hi | new_lo
-    ids = np.empty(order.size, dtype=np.int64)
-    ids[order] = np.cumsum(new) - 1
-    return ids
-
-
 # -- the policies over a reference string -------------------------------------------------------
 def _rate(hit_blocks: int, refs: BlockReferences) -> float:
     return hit_blocks * refs.block_size / refs.prompt_tokens if refs.prompt_tokens else 0.0
-
-
-def _arrays(refs: BlockReferences) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """The reference string as the compiled loops take it (contiguous int64)."""
-    return (np.ascontiguousarray(refs.ids, dtype=np.int64), np.ascontiguousarray(refs.start, dtype=np.int64),
-            np.ascontiguousarray(refs.length, dtype=np.int64), np.ascontiguousarray(refs.lookup, dtype=np.int64),
-            refs.num_distinct_blocks)
 
 
 def infinite_hit_rate(refs: BlockReferences, *, compiled: bool = True) -> float:
@@ -305,7 +163,7 @@ def belady_hit_rate(refs: BlockReferences, capacity: int, *, compiled: bool = Tr
         raise ValueError(f"capacity must be >= 0, got {capacity}")
     if compiled and _scan is not None:
         ids, start, length, lookup, m = _arrays(refs)
-        return _rate(_scan.belady_hits(ids, refs.next_lookup(), start, length, lookup, m, capacity), refs)
+        return _rate(_scan.all_hits(ids, refs.next_lookup(), start, length, lookup, m, capacity)[1], refs)
     ids = refs.ids.tolist()
     nxt = refs.next_lookup().tolist()
     never = refs.num_references
@@ -348,7 +206,8 @@ def lru_hit_rate(refs: BlockReferences, capacity: int, *, compiled: bool = True)
     if capacity < 0:
         raise ValueError(f"capacity must be >= 0, got {capacity}")
     if compiled and _scan is not None:
-        return _rate(_scan.lru_hits(*_arrays(refs), capacity), refs)
+        ids, start, length, lookup, m = _arrays(refs)
+        return _rate(_scan.all_hits(ids, refs.next_lookup(), start, length, lookup, m, capacity)[2], refs)
     ids = refs.ids.tolist()
     lru: OrderedDict[int, None] = OrderedDict()  # front = next to evict
     hits = 0
@@ -379,6 +238,11 @@ def offline_bounds(refs: BlockReferences, capacity: int | None, *, infinite: flo
     """``infinite_cache_hit_rate`` (``infinite``: when the caller knows it already), and with a
     capacity ``belady_hit_rate`` and ``lru_sequential_hit_rate`` (NaN without one: the
     single-pool model does not apply)."""
+    if capacity is not None and _scan is not None:  # the three side by side, one compiled pass
+        ids, start, length, lookup, m = _arrays(refs)
+        inf, bel, lru = _scan.all_hits(ids, refs.next_lookup(), start, length, lookup, m, capacity)
+        return {"infinite_cache_hit_rate": _rate(inf, refs) if infinite is None else infinite,
+                "belady_hit_rate": _rate(bel, refs), "lru_sequential_hit_rate": _rate(lru, refs)}
     out = {"infinite_cache_hit_rate": infinite_hit_rate(refs) if infinite is None else infinite}
     if capacity is None:
         out.update(belady_hit_rate=float("nan"), lru_sequential_hit_rate=float("nan"))
