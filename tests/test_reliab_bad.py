@@ -317,3 +317,18 @@ def test_run_json_prints_only_the_json_document_on_stdout(tmp_path, capsys):
     doc = json.loads(out)  # the whole of stdout parses
     assert rc == 0 and doc["num_requests"] == 3
     assert err[0] == f"wrote {tmp_path / 'o'}/" and err[-1].startswith("wall time ")
+
+
+def test_a_resumed_sidechannel_study_reruns_a_point_whose_trace_changed(tmp_path, capsys):
+    """Bad case 7 for apcsim sidechannel (it resumes through the same sweep machinery)."""
+    study = yaml.safe_load((Path(__file__).parents[1] / "configs" / "sidechannel_chat.yaml").read_text())
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(_trace_lines(300))
+    study.update(output_dir=str(tmp_path / "out"), workload={"kind": "trace", "path": str(trace)})
+    p = tmp_path / "study.yaml"
+    p.write_text(yaml.safe_dump(study))
+    argv = ["sidechannel", str(p), "--workers", "1", "--no-plots", "--no-progress"]
+    assert main(argv) == 0 and "ran 1, skipped 0" in capsys.readouterr().out
+    assert main(argv) == 0 and "ran 0, skipped 1" in capsys.readouterr().out
+    trace.write_bytes(_trace_lines(299))
+    assert main(argv) == 0 and "ran 1 (1 of them again: their input files changed)" in capsys.readouterr().out
