@@ -210,6 +210,26 @@ def test_a_folder_of_result_files_is_still_replaced(tmp_path):
     assert json.loads((out / "summary.json").read_text())["num_requests"] == 3
 
 
+def test_apcsim_sizes_own_subfolder_is_kept_and_checked(tmp_path, capsys):
+    """``apcsim size`` writes into ``<results>/sizing/`` by default: a later run keeps it (it was
+    refused as 'not apcsim results (sizing)'); a sizing folder holding anything else is refused."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(_trace_lines(3))
+    cfg = _trace_config(tmp_path, trace)
+    data = yaml.safe_load(cfg.read_text())
+    cfg.write_text(yaml.safe_dump({**data, "output_dir": str(tmp_path / "res")}))
+    run = ["run", str(cfg), "--no-progress", "--no-bounds"]
+    assert main(run) == 0
+    assert main(["size", str(cfg), "--slo", "ttft_p99=2s", "--max-replicas", "2"]) == 0
+    sizing = tmp_path / "res" / "t" / "sizing" / "sizing.json"
+    kept = sizing.read_bytes()
+    assert main(run) == 0 and sizing.read_bytes() == kept
+    (sizing.parent / "mine.txt").write_text("a user's file")
+    capsys.readouterr()
+    assert main(run) == 2 and "not apcsim results (sizing)" in capsys.readouterr().err
+    assert (sizing.parent / "mine.txt").read_text() == "a user's file"
+
+
 # -- 7. a resumed sweep whose trace file changed -------------------------------------------------
 
 def _trace_sweep(tmp_path: Path, trace: Path) -> Path:

@@ -27,7 +27,7 @@ def _cmd_size(args: argparse.Namespace) -> int:
     from sim.experiment.config import ConfigError, config_to_dict, load_config
     from sim.experiment.input_files import fingerprint, input_files
     from sim.experiment.results import run_metadata, write_json
-    from sim.experiment.results_folder import writable_folder
+    from sim.experiment.results_access import writable_folder
     from sim.experiment.run import replay_experiment
     from sim.experiment.sizing import check_routers, parse_slo, size_router
 

@@ -58,7 +58,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def _cmd_plot(args: argparse.Namespace) -> int:
     from sim.analysis.plots import plot_sweep
-    from sim.experiment.results_folder import reading_results
+    from sim.experiment.results_access import reading_results
 
     with reading_results(args.sweep_dir):  # a damaged or foreign table.parquet: one line, not a traceback
         paths = plot_sweep(Path(args.sweep_dir))

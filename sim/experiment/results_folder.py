@@ -6,7 +6,9 @@ it, in the same parent folder (so every rename stays on one file system):
 1. :meth:`~ResultsFolder.open` -- *before the replay*: refuses a target that is a file, or a
    folder holding anything but result files (it will be replaced whole) -- checked by name *and*
    kind: an entry named like a result file must be a regular file, not a folder, link or FIFO
-   (a user's folder named ``summary.json`` is never deleted); creates the parent; takes
+   (a user's folder named ``summary.json`` is never deleted), and apcsim's own subfolders
+   (:data:`OWN_SUBFOLDERS`: ``sizing/``) hold only their apcsim files (they are carried into the
+   new results); creates the parent; takes
    the lock ``.<name>.lock`` (``flock``, non-blocking: a second run on the same target *refuses*
    with a message naming the lock, it does not wait); puts back a folder that an interrupted swap
    left aside and removes leftovers of killed runs; creates the private temporary folder
@@ -41,8 +43,7 @@ import re
 import shutil
 import stat
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ RESULT_FILES = frozenset({
     "config.resolved.yaml", "meta.json", "kv_events.jsonl",
     "replicas.csv", "load_timeline.png", "load_timeline.svg",  # a cluster run (cluster_run, apcsim run)
     "blocks.parquet", "blocks.csv",  # replay.attribution: full (sim.experiment.results, for apcsim explain)
+    "compared_requests.parquet", "compared_blocks.parquet",  # attribution + cluster.compare (cluster_run)
 })
 """What a results folder may hold (apart from the hidden temporary files of older versions): a
 folder with anything else is not replaced."""
@@ -124,48 +126,21 @@ def os_problem(exc: OSError) -> str:
     return os.strerror(code) if code else str(exc)
 
 
-def writable_folder(folder: str | Path, files: tuple[str, ...] = (), option: str = "--out") -> Path:
-    """``folder`` created now (with its parents) and checked writable, before any work is done, so
-    that a command writing a few files into it (``apcsim size``: ``sizing.json``) fails in a second,
-    not after its replays; each of ``files`` already there must be a regular file. Problems raise
-    :class:`ResultsError` naming the folder and ``option``."""
-    folder = Path(folder).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise ResultsError(f"{folder}: exists and is not a folder; remove it or pick another {option}")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ResultsError(f"{folder}: cannot create the folder: {os_problem(exc)}; pick another {option}") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ResultsError(f"{folder}: cannot write results here: {os.strerror(errno.EACCES)}; pick another {option}")
-    for name in files:
-        if os.path.lexists(folder / name) and (kind := _not_a_file(folder / name)):
-            raise ResultsError(f"{folder / name}: is {kind}, where apcsim writes a result file; move it or pick "
-                               f"another {option}")
-    return folder
+OWN_SUBFOLDERS = {"sizing": frozenset({"sizing.json"})}
+"""apcsim's own subfolders of a run's results folder (``apcsim size``'s default ``--out``), with the
+files they may hold: such a folder holding only those, as regular files, is kept -- copied into
+the new results when a run replaces the folder; anything else under that name is refused."""
 
 
-@contextmanager
-def reading_results(folder: str | Path) -> Iterator[None]:
-    """Around code that reads a results or sweep folder's tables: a damaged or foreign table --
-    pyarrow's ``ArrowInvalid``, a pandas parser error, a missing column (``KeyError: 'block'``), an
-    unreadable file -- becomes one :class:`ResultsError` naming the folder, not a traceback."""
-    try:
-        yield
-    except ApcsimError:
-        raise
-    except KeyError as exc:
-        raise ResultsError(f"{folder}: a table lacks the column {exc.args[0]!r}: not results of this apcsim, or "
-                           f"damaged; rerun the command that wrote it") from None
-    except (OSError, ValueError) as exc:
-        if not isinstance(exc, OSError) and not type(exc).__module__.startswith(("pyarrow", "pandas")):
-            raise
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise ResultsError(f"{folder}: cannot read its tables ({first}); damaged? rerun the command that "
-                           f"wrote it") from None
+def _own_subfolder(p: Path) -> bool:
+    """Whether ``p`` is one of :data:`OWN_SUBFOLDERS` holding only its apcsim files."""
+    allowed = OWN_SUBFOLDERS.get(p.name)
+    if allowed is None or p.is_symlink() or not p.is_dir():
+        return False
+    return all(f.name in allowed and not not_a_file(f) for f in p.iterdir())
 
 
-def _not_a_file(p: Path) -> str:
+def not_a_file(p: Path) -> str:
     """'' for a regular file (not a link), else what ``p`` is (``a folder``, ``a symbolic link``)."""
     mode = os.lstat(p).st_mode
     if stat.S_ISREG(mode):
@@ -278,11 +253,11 @@ class ResultsFolder:
         if final.exists() and not final.is_dir():
             raise ResultsError(f"{final}: exists and is not a folder; remove it or pick another --out")
         if final.is_dir():
-            entries = sorted(final.iterdir())
+            entries = sorted(p for p in final.iterdir() if not _own_subfolder(p))  # apcsim size's: kept
             foreign = [p.name for p in entries
                        if not self._allowed(p.name) and not (p.name.startswith(".") and p.name.endswith(".tmp"))]
             # names are not enough: a user's folder (or link) named summary.json is not a result file
-            odd = [f"{p.name} ({kind})" for p in entries if p.name not in foreign and (kind := _not_a_file(p))]
+            odd = [f"{p.name} ({kind})" for p in entries if p.name not in foreign and (kind := not_a_file(p))]
             if odd:
                 raise ResultsError(
                     f"{final}: holds {', '.join(odd[:3])}{', ...' if len(odd) > 3 else ''} where apcsim writes a "
@@ -301,6 +276,9 @@ class ResultsFolder:
         if self.tmp is None:
             raise ResultsError(f"{self.final}: commit without open")
         tmp, final = self.tmp, self.final
+        for name in OWN_SUBFOLDERS:  # copied, not moved: until the swap the old folder stays whole
+            if _own_subfolder(final / name):
+                shutil.copytree(final / name, tmp / name)
         if not final.exists():
             os.rename(tmp, final)
             self.tmp = None
