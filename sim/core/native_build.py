@@ -37,6 +37,10 @@ ENGINE_MODULES = (
     "sim.core.offload.arc",
     "sim.core.offload.arc_reference",
     "sim.core.offload.manager",
+    # the connector's per-step and per-offer work (build_connector_meta, the store jobs) and its
+    # request state: about 9 % fewer instructions of a tiered replay (callgrind, 400 Mooncake requests)
+    "sim.core.offload.request_state",
+    "sim.core.offload.connector",
 )
 """The modules ``setup.py`` compiles: the one list of the group (``setup.py`` runs this file on its
 own to read it, so the module imports nothing beyond the stdlib)."""

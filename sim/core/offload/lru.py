@@ -206,7 +206,7 @@ class LRUCachePolicy(CachePolicy):
         # fresh ranks tail first, head last (vLLM: touch(reversed(order_request_keys(...)))), so the
         # request's head chunk is the most recently used
         chunks = self.chunks
-        found = list(map(chunks.get, keys))
+        found = [chunks.get(k) for k in keys]
         resident = [k for k, c in zip(keys, found) if c is not None]
         if not resident:
             return
@@ -296,7 +296,8 @@ class LRUCachePolicy(CachePolicy):
                 break
         if len(selected) < n:  # atomic: nothing changed (a sort keeps the order)
             return None
-        victims = list(map(self.chunks.pop, selected))
+        chunks = self.chunks
+        victims = [chunks.pop(key) for key in selected]
         start = 0
         for group, count in taken:
             members = group.keys
@@ -331,10 +332,9 @@ class LRUCachePolicy(CachePolicy):
         if len(cs) > 1 and [c.group for c in cs].count(group) == len(cs):
             minors = [c.minor for c in cs]
             members = group.keys
-            first = minors[0]
-            joins = not members or (group.ordered and (first > group.bound if group.asc else first < group.bound))
-            nxt = islice(minors, 1, None)
-            if joins and all(map(int.__lt__, minors, nxt) if group.asc else map(int.__gt__, minors, nxt)):
+            run = sorted(minors, reverse=not group.asc)
+            joins = not members or (group.ordered and (run[0] > group.bound if group.asc else run[0] < group.bound))
+            if joins and run == minors and len(set(minors)) == len(minors):
                 # a run strictly in the group's order past its end: append it whole
                 members.update(dict.fromkeys(keys))
                 group.bound = minors[-1]
