@@ -40,6 +40,7 @@ import resource
 import sys
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -215,7 +216,8 @@ def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
               f"{r['cores_for_target']} fully used cores")
     if folder is not None:
         meta = {"benchmark": "bench_convert", "lines": args.lines, "log": args.log, "path": args.path,
-                "repeat": args.repeat, "workers": args.workers, "target_lines_per_s": TARGET}
+                "repeat": args.repeat, "workers": args.workers, "target_lines_per_s": TARGET,
+                "tokenizers": version("tokenizers"), "jinja2": version("jinja2")}
         print(f"results folder: {folder.write({'runs.json': runs, 'rows.json': rows, 'table.md': table}, meta)}")
 
 
