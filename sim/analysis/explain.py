@@ -9,6 +9,10 @@ which other namespace (salt, LoRA adapter, multimodal input) holds the same toke
 request was computing it, how many tokens a partial block lacks. With a CPU offload tier a block the
 admission loaded from it is a ``cpu_hit`` (a hit), a missed block the tier held names its chunk
 (``cpu_partial_chunk``, or ``unreachable`` behind a gap), and ``evicted`` is evicted from both tiers.
+A cluster run (``sim.cluster.fleet_attribution``) names the replica each request ran on and, for a
+``routed_away`` block, the replica it was resident on when the request was routed; ``router`` picks
+a router of ``cluster.compare`` (its tables are ``compared_requests.parquet`` /
+``compared_blocks.parquet``, with a ``router`` column).
 
 Invariants: reads the run folder only (``requests.*``, ``blocks.parquet``, ``config.resolved.yaml``
 is not needed); a missing table is an :class:`ExplainError` that says how to record it. Imports
@@ -26,13 +30,15 @@ import pandas as pd
 
 from sim.analysis.diagnosis import VOCABULARY
 from sim.core.errors import ApcsimError
-from sim.replay.attribution_records import CAUSES, CPU_HIT, ISOLATION_KEYS, TIER_CAUSES
+from sim.replay.attribution_records import CPU_HIT, ISOLATION_KEYS, table_causes
 
 HASH_CHARS = 12
 """Hex characters of a block hash shown (the full key is in ``blocks.parquet``)."""
 
 _DETAILS = ("tokens_short", "in_flight_by", "cached_step", "cached_by", "evicted_step", "evicted_for",
-            "evicted_block_id", "evict_reason", "other_namespace", "other_request", "cpu_chunk", "cpu_state")
+            "evicted_block_id", "evict_reason", "other_namespace", "other_request", "resident_on", "cpu_chunk",
+            "cpu_state")
+_COMPARED = ("compared_requests.parquet", "compared_blocks.parquet")  # sim.experiment.cluster_run
 
 
 class ExplainError(ApcsimError, ValueError):
@@ -52,22 +58,49 @@ def _requests(run_dir: Path) -> pd.DataFrame:
     raise ExplainError(f"{run_dir}: no requests.parquet or requests.csv (not a run folder of apcsim run)")
 
 
-def explain(run_dir: Path, request_id: str) -> dict[str, Any]:
-    """The chain of ``request_id`` in the run at ``run_dir`` (see the module docstring)."""
-    blocks_path = run_dir / "blocks.parquet"
+def _primary_router(run_dir: Path) -> str | None:
+    """The label of a cluster run's own router (``llm_d (precise)``, ``sglang``), None for one engine."""
+    import json
+
+    try:
+        router = (json.loads((run_dir / "summary.json").read_text()).get("cluster") or {}).get("router") or {}
+    except (OSError, ValueError):
+        return None
+    return (f"{router['kind']} ({router['prefix']})" if router.get("prefix") else router.get("kind")) or None
+
+
+def _router_tables(run_dir: Path, router: str | None) -> tuple[pd.DataFrame, Path, list[Any]]:
+    """The requests, the blocks file and its row filters of ``router``'s replay (None or the run's own
+    router: the run's tables; else a ``cluster.compare`` router's)."""
+    if router is None or router == _primary_router(run_dir):
+        return _requests(run_dir), run_dir / "blocks.parquet", []
+    req_path, blocks_path = (run_dir / name for name in _COMPARED)
+    names = [_primary_router(run_dir) or "-"]
+    if req_path.exists():
+        compared = pd.read_parquet(req_path)
+        names += sorted(set(compared["router"].astype(str)))
+        if router in names[1:]:
+            return compared[compared["router"] == router], blocks_path, [("router", "==", router)]
+    raise ExplainError(f"{run_dir}: no replay of router {router!r} (routers with tables: {', '.join(names)}; "
+                       "cluster.compare routers are kept with replay.attribution on)")
+
+
+def explain(run_dir: Path, request_id: str, router: str | None = None) -> dict[str, Any]:
+    """The chain of ``request_id`` in the run at ``run_dir`` (see the module docstring); ``router``:
+    a compared router's replay of a cluster run."""
+    reqs, blocks_path, filters = _router_tables(run_dir, router)
     if not blocks_path.exists():
-        raise ExplainError(f"{run_dir}: no blocks.parquet; rerun with --set replay.attribution=full")
-    reqs = _requests(run_dir)
+        raise ExplainError(f"{run_dir}: no {blocks_path.name}; rerun with --set replay.attribution=full")
     match = reqs[reqs["request_id"].astype(str) == request_id]
     if match.empty:
         some = ", ".join(map(str, reqs["request_id"].head(5)))
         raise ExplainError(f"{run_dir}: no request {request_id!r} (requests: {some}, ...)")
     row = match.iloc[0]
-    blocks = pd.read_parquet(blocks_path, filters=[("request_id", "==", request_id)])
-    if f"miss_{CAUSES[0]}_tokens" not in row.index:
+    blocks = pd.read_parquet(blocks_path, filters=[*filters, ("request_id", "==", request_id)])
+    if "miss_skip_tokens" not in row.index:
         raise ExplainError(f"{run_dir}: requests without miss_<cause>_tokens columns (run without attribution)")
     tier = "miss_cpu_partial_chunk_tokens" in row.index  # a run with a CPU offload tier
-    causes = {c: int(row[f"miss_{c}_tokens"]) for c in (TIER_CAUSES if tier else CAUSES) if row[f"miss_{c}_tokens"]}
+    causes = {c: int(row[f"miss_{c}_tokens"]) for c in table_causes(list(row.index)) if row[f"miss_{c}_tokens"]}
     isolation = {k: int(row[f"miss_isolation_{k}_tokens"]) for k in ISOLATION_KEYS if row[f"miss_isolation_{k}_tokens"]}
     out_blocks = []
     for rec in blocks.sort_values("block").to_dict("records"):
@@ -86,6 +119,8 @@ def explain(run_dir: Path, request_id: str) -> dict[str, Any]:
     }
     if tier:
         out["cpu_hit_tokens"] = ext
+    if "replica" in row.index:  # a cluster run: where it ran, under which router
+        out.update(router=router or _primary_router(run_dir), replica=int(row["replica"]))
     out.update({
         "missed_tokens": int(row["prompt_tokens"]) - int(row["hit_tokens"]) - ext,
         "namespace": namespace,
@@ -141,6 +176,9 @@ def why(b: dict[str, Any], namespace: dict[str, Any], prompt_logprobs: bool = Fa
                 f"the {key} differs")
     if cause == "cold":
         return "no request had produced these tokens before (compulsory miss)"
+    if cause == "routed_away":
+        return (f"replica {b.get('resident_on')} held it, and every block before it, when the request was routed; "
+                "the router sent it elsewhere")
     return ""
 
 
@@ -163,8 +201,9 @@ def render(e: dict[str, Any], all_blocks: bool = False) -> str:
     tier = "cpu_hit_tokens" in e
     width = 17 if tier else 15  # the cause column fits cpu_partial_chunk
     hits = f"{e['hit_tokens']} GPU hit, {e['cpu_hit_tokens']} CPU hit" if tier else f"{e['hit_tokens']} hit"
+    where = f" on replica {e['replica']} ({e['router']} router)" if "replica" in e else ""
     lines = [
-        f"request {e['request_id']}: {e['prompt_tokens']} prompt tokens, {hits}, "
+        f"request {e['request_id']}{where}: {e['prompt_tokens']} prompt tokens, {hits}, "
         f"{e['missed_tokens']} missed ({ns}{', prompt_logprobs' if e['prompt_logprobs'] else ''})",
         "missed tokens by cause: " + (", ".join(
             f"{k} {v}" + (" (" + ", ".join(f"{i} {n}" for i, n in e["miss_isolation_tokens"].items()) + ")"
@@ -184,17 +223,16 @@ def render(e: dict[str, Any], all_blocks: bool = False) -> str:
     return "\n".join([*lines, "", textwrap.fill(VOCABULARY, 100)])
 
 
-def top_requests(run_dir: Path, n: int) -> dict[str, Any]:
+def top_requests(run_dir: Path, n: int, router: str | None = None) -> dict[str, Any]:
     """The ``n`` requests of the run at ``run_dir`` that missed the most prompt tokens at their first
     admission, each with its main cause (the largest ``miss_<cause>_tokens``; needs a run with
-    ``replay.attribution`` summary or full, else the cause is unknown)."""
-    reqs = _requests(run_dir)
+    ``replay.attribution`` summary or full, else the cause is unknown); ``router`` as in :func:`explain`."""
+    reqs = _router_tables(run_dir, router)[0]
     if "status" in reqs.columns:
         reqs = reqs[reqs["status"].astype(str) != "rejected"]
     ext = reqs["external_hit_tokens"] if "external_hit_tokens" in reqs.columns else 0
     missed = reqs["prompt_tokens"] - reqs["hit_tokens"] - ext
-    cols = [c for c in (TIER_CAUSES if "miss_cpu_partial_chunk_tokens" in reqs.columns else CAUSES)
-            if f"miss_{c}_tokens" in reqs.columns]
+    cols = [c for c in table_causes(list(reqs.columns)) if f"miss_{c}_tokens" in reqs.columns]
     order = missed.sort_values(ascending=False, kind="stable").index[:n]
     rows = []
     for i in order:

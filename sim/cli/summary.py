@@ -117,6 +117,11 @@ def _hit_rates(s: Mapping[str, Any]) -> list[str]:
             if "cluster" in s:  # sim.experiment.bounds.fleet_references
                 label, note = "infinite cache, one for the fleet", "upper bound for any router: shared, never evicted"
             lines.append(_row(f"  {label}", f"{sig(s.get(key)):<7}", note))
+    away = (s.get("miss_attribution") or {}).get("routed_away") if "cluster" in s else None
+    if _ok(away):  # replay.attribution on a fleet (sim.cluster.fleet_attribution)
+        lost = away / s["prompt_tokens"] if s.get("prompt_tokens") else 0.0
+        lines.append(_row("  lost to routing (routed_away)", f"{sig(lost):<7}",
+                          f"{count(away)} prompt tokens resident on another replica when routed"))
     pc = s.get("prefix_cache") or {}
     version = s.get("vllm_version") or (s.get("engine") or {}).get("vllm_version")
     if version is not None and version != "0.25.1":  # 0.33: recorded once per admission
@@ -270,12 +275,15 @@ def render_routers(s: Mapping[str, Any]) -> list[str]:
     if not rows:
         return []
     slo = c.get("ttft_slo_s")
-    lines = [f"routers     on the same fleet and stream; hit rate: first admission; goodput: TTFT <= {seconds(slo)}",
+    lost = all("routed_away_fraction" in row for row in rows)  # replay.attribution on: lost to routing
+    lines = [f"routers     on the same fleet and stream; hit rate: first admission; goodput: TTFT <= {seconds(slo)}"
+             + ("; lost: to routing (routed_away)" if lost else ""),
              f"  {'router':<22}" + "".join(f"{h:>10}" for h in ("hit rate", "TTFT p50", "TTFT p90", "TTFT p99"))
-             + f"{'goodput':>10}"]
+             + f"{'goodput':>10}" + (f"{'lost':>10}" if lost else "")]
     for row in rows:
         cells = [sig(row.get("request_hit_rate"))] + [seconds(row.get(f"ttft_p{q}_s")) for q in (50, 90, 99)]
         good = row.get("goodput_fraction")
         lines.append(f"  {row['router']:<22}" + "".join(f"{x:>10}" for x in cells)
-                     + f"{(sig(100 * good) + ' %') if _ok(good) else 'n/a':>10}")
+                     + f"{(sig(100 * good) + ' %') if _ok(good) else 'n/a':>10}"
+                     + (f"{sig(row['routed_away_fraction']):>10}" if lost else ""))
     return lines

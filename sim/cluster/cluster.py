@@ -22,6 +22,10 @@ Results: one request table (``replica`` where the request finished, ``reroutes``
 :mod:`sim.cluster.cluster_summary`), and each replica's own tables and summary; with CPU offload
 tiers, the tier's request columns and summary keys, per replica and summed over the fleet
 (:mod:`sim.cluster.cluster_tier`).
+With ``attribution`` (``summary`` or ``full``) every replica's pool is observed by a miss
+attribution with the fleet's cause ``routed_away`` (:mod:`sim.cluster.fleet_attribution`): the
+requests gain the ``miss_<cause>_tokens`` columns, the summaries ``miss_attribution``, and ``full``
+the ``blocks`` rows (with ``replica``); it changes no decision.
 
 Invariants: with one replica and no faults, replica 0's tables and summary equal
 ``sim.replay.engine.Replay``'s for the same stream, for every router (tested); every request
@@ -41,12 +45,14 @@ import pandas as pd
 
 from sim.cluster.cluster_summary import cluster_block
 from sim.cluster.cluster_tier import fleet_tier_summary, replica_tier_summary, tier_row
+from sim.cluster.fleet_attribution import FleetAttributions
 from sim.cluster.kv_event_pipeline import DelaySampler, KVEventPipeline
 from sim.cluster.replica import ClusterHooks, Replica, ReplicaSpec, row_metrics, step_end_times, window_metrics
 from sim.cluster.router import ClusterView, ReplicaMetrics, Router, RouterRequest
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.core.scheduler import Scheduler
 from sim.replay.arrival_stream import ArrivalStream
+from sim.replay.attribution_records import check_attribution
 from sim.replay.engine import ReplayResult, SimClock
 from sim.replay.errors import ReplayError
 from sim.replay.gc_policy import replay_gc
@@ -72,6 +78,7 @@ class ClusterResult(ReplayResult):
 
     replicas: list[ReplayResult] = field(default_factory=list)
     event_replicas: list[int] = field(default_factory=list)
+    compared: list[tuple[str, ReplayResult]] = field(default_factory=list)  # cluster.compare's replays, by router
 
 
 class ClusterReplay(ClusterHooks, ClusterView):
@@ -91,9 +98,19 @@ class ClusterReplay(ClusterHooks, ClusterView):
         integrity_check: bool = False,
         max_window_steps: int = 1 << 16,
         record_events: bool = False,
+        attribution: str = "off",
     ) -> None:
         if not specs:
             raise ValueError("a cluster needs at least one replica")
+        if attribution not in ("off", "summary", "full"):
+            raise ValueError(f"attribution must be off, summary or full, got {attribution!r}")
+        # miss attribution (sim.cluster.fleet_attribution): an observer on every incarnation's pool
+        self.attributions = None if attribution == "off" else FleetAttributions([s.facts for s in specs],
+                                                                                full=attribution == "full")
+        if self.attributions is not None:
+            specs = [replace(s, build_scheduler=self.attributions.wrap(i, s.build_scheduler))
+                     for i, s in enumerate(specs)]
+        self.integrity_check = integrity_check
         self.clock = SimClock()
         self.router = router
         self.num_replicas = len(specs)
@@ -214,6 +231,8 @@ class ClusterReplay(ClusterHooks, ClusterView):
         self._where[rr.request_id] = decision.replica
         replica = self.replicas[decision.replica]
         if replica.intake.push(tr):
+            if self.attributions is not None:  # where else its prefix was resident, read now
+                self.attributions.routed(decision.replica, replica.intake.pending[-1], up)
             replica.wake()
         else:  # refused at intake, as vLLM refuses it: the router sees the error reply at once
             self.finished(decision.replica, rr.request_id)
@@ -293,11 +312,19 @@ class ClusterReplay(ClusterHooks, ClusterView):
             for r, tier in zip(self.replicas, tiers, strict=True):
                 if not tier:
                     r.rec.enable_tier()
+        records, block_frames = [], []
         for r, tier in zip(self.replicas, tiers, strict=True):
             rq, st = (as_frame(t) for t in r.rec.tables())
             s = summarize(rq, st, r.rec.stats, sim_time_s=r.end_time, num_evictions=r.total_evictions)
             s.update(tier)
-            per.append(ReplayResult(rq, st, r.rec.stats, s, wall))
+            blocks = None
+            if self.attributions is not None:
+                rq, blocks, rec = self.attributions.replica_tables(r.index, rq)
+                s.update(rec.summary())
+                records.append(rec)
+                if blocks is not None:
+                    block_frames.append(blocks.assign(replica=r.index))
+            per.append(ReplayResult(rq, st, r.rec.stats, s, wall, blocks=blocks))
             req_frames.append(rq.assign(replica=r.index))
             step_frames.append(st.assign(replica=r.index))
         requests = pd.concat(req_frames, ignore_index=True)
@@ -320,6 +347,10 @@ class ClusterReplay(ClusterHooks, ClusterView):
         summary = summarize(requests[base_cols], steps, stats, sim_time_s=sim_time,
                             num_evictions=sum(r.total_evictions for r in self.replicas))
         summary.update(fleet_tier_summary(tiers))
+        if self.attributions is not None:
+            summary.update(FleetAttributions.fleet_summary(records))
+            if self.integrity_check:
+                check_attribution(requests)
         span = float(requests["finish"].max() - requests["arrival"].min()) if len(requests) else 0.0
         kv = {"batches": self.pipeline.num_batches, "events": self.pipeline.num_events} if self.pipeline else {}
         summary["cluster"] = cluster_block(
@@ -329,5 +360,6 @@ class ClusterReplay(ClusterHooks, ClusterView):
         for row, tier in zip(summary["cluster"]["replicas"], tiers, strict=True):
             row.update(tier_row(tier))
         recorded = self.pipeline.recorded if self.pipeline is not None and self.pipeline.recorded else []
+        blocks = pd.concat(block_frames, ignore_index=True) if block_frames else None
         return ClusterResult(requests, steps, stats, summary, wall, events=[(s, e) for _, s, e in recorded],
-                             replicas=per, event_replicas=[r for r, _, _ in recorded])
+                             blocks=blocks, replicas=per, event_replicas=[r for r, _, _ in recorded])

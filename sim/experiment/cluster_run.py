@@ -148,15 +148,19 @@ def replay_cluster(
         ttft_slo_s=cluster.ttft_slo_s,
         router_info=info,
         record_events=cfg.replay.record_events,
+        attribution=cfg.replay.attribution,
         **replay_kwargs,
     )
     result = replay.run()
     result.summary["cluster"]["memory_estimate_bytes"] = memory.total_bytes  # sim.experiment.fleet_memory
     if cluster.compare:
-        result.summary["cluster"]["comparison"] = [_headline(info, result.summary)] + [
-            _headline(*_replay_with(cfg, rc.model_dump(), executor_factory, build_latency, **replay_kwargs))
-            for rc in cluster.compare
-        ]
+        rows = [_headline(info, result.summary)]
+        for rc in cluster.compare:
+            other, other_result = _replay_with(cfg, rc.model_dump(), executor_factory, build_latency, **replay_kwargs)
+            rows.append(_headline(other, other_result.summary))
+            if cfg.replay.attribution != "off":  # kept for apcsim explain --router (write_cluster_extras)
+                result.compared.append((router_label(other), other_result))
+        result.summary["cluster"]["comparison"] = rows
     return result, workload
 
 
@@ -167,6 +171,10 @@ def _headline(router: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]
     row = {"router": router_label(router), **{k: summary[k] for k in _HEADLINE}}
     row["goodput_fraction"] = summary["cluster"]["goodput_fraction"]
     row["load_imbalance_busy"] = summary["cluster"]["load_imbalance_busy"]
+    lost = (summary.get("miss_attribution") or {}).get("routed_away")
+    if lost is not None:  # replay.attribution on: the prompt tokens lost to routing (sim.cluster.fleet_attribution)
+        row["routed_away_tokens"] = lost
+        row["routed_away_fraction"] = lost / summary["prompt_tokens"] if summary["prompt_tokens"] else 0.0
     return row
 
 
@@ -176,18 +184,29 @@ def router_label(router: dict[str, Any]) -> str:
 
 
 def _replay_with(cfg: ExperimentConfig, router: dict[str, Any], executor_factory: Any, build_latency: Any,
-                 **replay_kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+                 **replay_kwargs: Any) -> tuple[dict[str, Any], ClusterResult]:
     data = config_to_dict(cfg)
     data["cluster"] = {**data["cluster"], "router": router, "compare": []}
     other = config_from_dict(data, cfg.source, cfg.base_dir)
     result, _ = replay_cluster(other, executor_factory, build_latency, **replay_kwargs)
-    return {"kind": router["kind"], "prefix": router.get("prefix")}, result.summary
+    return {"kind": router["kind"], "prefix": router.get("prefix")}, result
+
+
+COMPARED_REQUESTS, COMPARED_BLOCKS = "compared_requests.parquet", "compared_blocks.parquet"
+"""With ``replay.attribution`` and ``cluster.compare``: the compared routers' requests (and, ``full``,
+block rows), one table each with a ``router`` column (``apcsim explain --router NAME``)."""
 
 
 def write_cluster_extras(folder: Path, result: ClusterResult) -> None:
-    """``replicas.csv`` (one row per replica) and, when recorded, ``kv_events.jsonl`` with the
-    replica of each event."""
+    """``replicas.csv`` (one row per replica), when recorded ``kv_events.jsonl`` with the replica
+    of each event, and the compared routers' tables of an attributed run (:data:`COMPARED_REQUESTS`)."""
     write_table_csv(folder / "replicas.csv", pd.DataFrame(result.summary["cluster"]["replicas"]))
+    if result.compared:
+        reqs = pd.concat([r.requests.assign(router=label) for label, r in result.compared], ignore_index=True)
+        reqs.to_parquet(folder / COMPARED_REQUESTS, index=False)
+        blocks = [r.blocks.assign(router=label) for label, r in result.compared if r.blocks is not None]
+        if blocks:
+            pd.concat(blocks, ignore_index=True).to_parquet(folder / COMPARED_BLOCKS, index=False)
     if result.events:
         import json
 

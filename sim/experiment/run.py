@@ -99,9 +99,8 @@ def replay_experiment(
     if cfg.cluster is not None:
         from sim.experiment.cluster_run import replay_cluster
 
-        if requests is not None or cfg.replay.attribution != "off":
-            raise ConfigError(f"{cfg.source}: cluster: a cluster replay takes neither replay.attribution "
-                              "nor a side-channel stream (one engine only)")
+        if requests is not None:
+            raise ConfigError(f"{cfg.source}: cluster: a cluster replay takes no side-channel stream (one engine only)")
         fleet, workload = replay_cluster(cfg, executor_factory or simulated_executor, build_latency, **replay_kwargs)
         fleet.summary["skipped_bad_lines"] = workload.reader.skipped if workload.reader is not None else 0
         fleet.summary["vllm_version"] = cfg.engine.vllm_version

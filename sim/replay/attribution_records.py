@@ -12,6 +12,10 @@ from the tier are a hit source, not a miss: ``summary.json`` gets ``miss_attribu
 cause ``cpu_partial_chunk``, and ``blocks.parquet`` the rows ``cpu_hit`` and the columns
 ``cpu_chunk`` and ``cpu_state``; none of it without a tier (untiered tables are unchanged).
 
+In a cluster replay (:mod:`sim.replay.attribution_fleet`) each replica's records add the cause
+``routed_away`` (``miss_routed_away_tokens``, ``miss_attribution.routed_away``) and the
+``blocks.parquet`` column ``resident_on``; none of it in a single-engine run.
+
 Invariants: a request's causes add up to ``prompt_tokens - hit_tokens - external_hit_tokens`` (the
 CPU hit: 0 without a tier; checked as each request is recorded: an AssertionError names it); cause
 codes of the per-block causes follow the precedence order, so the first cause is the smallest code
@@ -33,10 +37,12 @@ SKIP, LAST_TOKEN, PARTIAL_BLOCK, EAGLE = 0, 1, 2, 3
 ISOLATION_SALT, ISOLATION_LORA, ISOLATION_MM = 4, 5, 6
 IN_FLIGHT, EVICTED, UNREACHABLE, COLD = 7, 8, 9, 10
 CPU_PARTIAL_CHUNK = 11
+ROUTED_AWAY = 12
 CODE_NAMES = ("skip", "last_token", "partial_block", "eagle", "isolation_salt", "isolation_lora", "isolation_mm",
-              "in_flight", "evicted", "unreachable", "cold", "cpu_partial_chunk")
+              "in_flight", "evicted", "unreachable", "cold", "cpu_partial_chunk", "routed_away")
 """Cause names by code, in precedence order (the isolation split by the key that differs), then
-the CPU tier's own cause."""
+the CPU tier's own cause and the fleet's (``sim.replay.attribution_fleet``: it is decided per
+scheduler block, for all of a block's group blocks alike, so it never competes by code)."""
 CPU_HIT = "cpu_hit"
 """The ``cause`` of a ``blocks.parquet`` row the admission loaded from the CPU tier (a hit)."""
 
@@ -46,6 +52,8 @@ missed prompt tokens (``prompt_tokens`` minus first-admission ``hit_tokens``).""
 TIER_CAUSES = CAUSES[:7] + ("cpu_partial_chunk",) + CAUSES[7:]
 """The causes with a CPU tier (``evicted`` then reads: evicted from both tiers); they add up to
 ``prompt_tokens`` minus the first admissions' ``hit_tokens`` and ``external_hit_tokens``."""
+FLEET_CAUSE = "routed_away"
+"""The cause a cluster replay adds (``sim.replay.attribution_fleet``); listed after ``eagle``."""
 ISOLATION_KEYS = ("salt", "lora", "mm")
 """The extra keys an ``isolation`` miss is split by (``miss_attribution_isolation``)."""
 
@@ -57,6 +65,20 @@ REQUEST_MISS_COLUMNS = tuple(
 the sum of its three splits)."""
 TIER_MISS_COLUMNS = REQUEST_MISS_COLUMNS + ("miss_cpu_partial_chunk_tokens",)
 """The same with a CPU tier."""
+FLEET_MISS_COLUMN = "miss_routed_away_tokens"
+"""The column a cluster replay adds (after the others)."""
+
+
+def causes_for(tier: bool, fleet: bool) -> tuple[str, ...]:
+    """The causes of a run, in ``miss_attribution``'s order: :data:`CAUSES`, with a CPU tier
+    :data:`TIER_CAUSES`, in a cluster replay with ``routed_away`` after ``eagle``."""
+    base = TIER_CAUSES if tier else CAUSES
+    return base[:4] + (FLEET_CAUSE,) + base[4:] if fleet else base
+
+
+def table_causes(columns: Sequence[str]) -> tuple[str, ...]:
+    """:func:`causes_for` of a requests table with these columns."""
+    return causes_for("miss_cpu_partial_chunk_tokens" in columns, FLEET_MISS_COLUMN in columns)
 
 BLOCK_COLUMNS = (
     "request_id", "block", "start", "end", "group", "hash", "hit", "cause", "tokens_short", "in_flight_by",
@@ -69,6 +91,15 @@ for a partial block), ``hit``, ``cause`` (``hit`` for a hit) and what explains i
 TIER_BLOCK_COLUMNS = BLOCK_COLUMNS + ("cpu_chunk", "cpu_state")
 """``blocks.parquet`` with a CPU tier: a row's offload chunk and how the tier held it at the lookup
 (``loaded`` for a ``cpu_hit``; ``ready`` or ``pending`` for a missed block the tier held; none)."""
+FLEET_BLOCK_COLUMN = "resident_on"
+"""``blocks.parquet`` of a cluster replay: the other replica a ``routed_away`` block was resident on
+at the routing (inserted before the tier's columns)."""
+
+
+def block_columns(tier: bool, fleet: bool) -> tuple[str, ...]:
+    """``blocks.parquet``'s columns: :data:`BLOCK_COLUMNS`, the fleet's, then the tier's."""
+    return BLOCK_COLUMNS + ((FLEET_BLOCK_COLUMN,) if fleet else ()) + (TIER_BLOCK_COLUMNS[len(BLOCK_COLUMNS):]
+                                                                        if tier else ())
 
 BlockRow = tuple[int, int, bytes, int, dict[str, Any]] | None
 """A missed block as the attribution classified it: (block, group, key, cause code, details);
@@ -78,12 +109,15 @@ None below the ``full`` level."""
 class AttributionRecords:
     """Counts per request (and, ``full``, block rows), filled as requests are first admitted."""
 
-    def __init__(self, full: bool, hash_block_size: int, blocks_per_chunk: int | None = None) -> None:
+    def __init__(self, full: bool, hash_block_size: int, blocks_per_chunk: int | None = None, *,
+                 fleet: bool = False) -> None:
         self.full = full
         self.hash_block_size = hash_block_size  # of the chains handed to add_request
         self.blocks_per_chunk = blocks_per_chunk  # the CPU tier's chunk (None: no tier)
         self.tier = blocks_per_chunk is not None
-        self.details = (TIER_BLOCK_COLUMNS if self.tier else BLOCK_COLUMNS)[8:]
+        self.fleet = fleet  # a cluster replay's replica: the routed_away column and cause
+        self.columns = block_columns(self.tier, fleet)
+        self.details = self.columns[8:]
         self.counts: dict[str, list[int]] = {}
         self.hits: dict[str, tuple[int, int]] = {}  # with a tier: request -> (GPU hit, CPU hit) tokens
         self.rows: list[tuple[Any, ...]] = []
@@ -169,10 +203,11 @@ class AttributionRecords:
         """The ``miss_<cause>_tokens`` columns for requests in this order (0 for one never admitted)."""
         zero = [0] * len(CODE_NAMES)
         names = TIER_MISS_COLUMNS if self.tier else REQUEST_MISS_COLUMNS
+        names += (FLEET_MISS_COLUMN,) if self.fleet else ()
         cols: dict[str, list[int]] = {c: [] for c in names}
         for rid in request_ids:
             c = self.counts.get(rid, zero)
-            for name, v in zip(names, _request_values(c)):
+            for name, v in zip(names, _request_values(c, self.tier)):
                 cols[name].append(v)
         return cols
 
@@ -187,6 +222,8 @@ class AttributionRecords:
             by_cause = dict(zip(CAUSES, values))
         else:  # cpu_partial_chunk goes before unreachable (TIER_CAUSES)
             by_cause = dict(zip(TIER_CAUSES, values[:7] + [total[CPU_PARTIAL_CHUNK]] + values[7:]))
+        if self.fleet:
+            by_cause = {c: total[ROUTED_AWAY] if c == FLEET_CAUSE else by_cause[c] for c in causes_for(self.tier, True)}
         iso = dict(zip(ISOLATION_KEYS, total[ISOLATION_SALT:ISOLATION_MM + 1]))
         out: dict[str, Any] = {"miss_attribution": by_cause, "miss_attribution_isolation": iso}
         if self.tier:
@@ -200,13 +237,15 @@ class AttributionRecords:
             return None
         import pandas as pd
 
-        return pd.DataFrame.from_records(self.rows, columns=list(TIER_BLOCK_COLUMNS if self.tier else BLOCK_COLUMNS))
+        return pd.DataFrame.from_records(self.rows, columns=list(self.columns))
 
 
-def _request_values(c: list[int]) -> list[int]:
+def _request_values(c: list[int], tier: bool) -> list[int]:
+    """One request's values in the order of its columns (the tier's, when there, then the fleet's)."""
     iso = c[ISOLATION_SALT] + c[ISOLATION_LORA] + c[ISOLATION_MM]
     return [c[SKIP], c[LAST_TOKEN], c[PARTIAL_BLOCK], c[EAGLE], iso, c[ISOLATION_SALT], c[ISOLATION_LORA],
-            c[ISOLATION_MM], c[IN_FLIGHT], c[EVICTED], c[UNREACHABLE], c[COLD], c[CPU_PARTIAL_CHUNK]]
+            c[ISOLATION_MM], c[IN_FLIGHT], c[EVICTED], c[UNREACHABLE], c[COLD],
+            *((c[CPU_PARTIAL_CHUNK],) if tier else ()), c[ROUTED_AWAY]]
 
 
 def _summary_values(c: list[int]) -> list[int]:
@@ -222,7 +261,7 @@ def check_attribution(requests: pd.DataFrame) -> None:
     if "status" in requests:
         requests = requests[requests["status"] != "rejected"]
     tier = "miss_cpu_partial_chunk_tokens" in requests
-    top = [f"miss_{c}_tokens" for c in (TIER_CAUSES if tier else CAUSES)]
+    top = [f"miss_{c}_tokens" for c in table_causes(list(requests.columns))]
     total = requests[top].sum(axis=1)
     missed = requests["prompt_tokens"] - requests["hit_tokens"]
     if tier:
