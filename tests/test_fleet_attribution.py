@@ -182,3 +182,26 @@ def test_attribution_changes_no_decision_of_a_fleet(faults: bool) -> None:
         check_attribution(on.requests)
         assert on.summary["miss_attribution"]["routed_away"] > 0  # round robin: a group moves between replicas
     pd.testing.assert_frame_equal(runs["summary"].requests, runs["full"].requests)
+
+
+TIERED = ("workload.limit=150", "engine.max_model_len=8192", "engine.num_gpu_blocks=600", "engine.num_cpu_blocks=1000")
+
+
+def test_a_tiered_fleet_attributes_and_one_tiered_replica_equals_the_single_engine() -> None:
+    """With vLLM 0.33.0's CPU tier the CPU hit is a hit source and the tier's causes come before
+    routed_away; the causes add up to prompt - GPU hit - CPU hit on every request."""
+    cfg = ROOT / "configs/chat_synthetic.yaml"
+    fleet = {lvl: replay_experiment(load_config(cfg, [*TIERED, "cluster.replicas=3", "cluster.router=round_robin",
+                                                      f"replay.attribution={lvl}"]), progress=False)[0]
+             for lvl in ("summary", "full")}
+    rq = fleet["full"].requests
+    check_attribution(rq)
+    assert {"miss_cpu_partial_chunk_tokens", FLEET_MISS_COLUMN} <= set(rq.columns)
+    assert rq["external_hit_tokens"].sum() > 0 and rq[FLEET_MISS_COLUMN].sum() > 0
+    pd.testing.assert_frame_equal(fleet["summary"].requests, rq)
+    hits = fleet["full"].summary["miss_attribution_hits"]
+    assert hits["cpu_hit"] == int(rq["external_hit_tokens"].sum()) and hits["gpu_hit"] == int(rq["hit_tokens"].sum())
+    single, _ = replay_experiment(load_config(cfg, [*TIERED, "replay.attribution=summary"]), progress=False)
+    one, _ = replay_experiment(load_config(cfg, [*TIERED, "cluster.replicas=1", "replay.attribution=summary"]),
+                               progress=False)
+    pd.testing.assert_frame_equal(single.requests, one.replicas[0].requests.drop(columns=[FLEET_MISS_COLUMN]))
