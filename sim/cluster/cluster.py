@@ -29,11 +29,16 @@ the ``blocks`` rows (with ``replica``); it changes no decision.
 
 Invariants: with one replica and no faults, replica 0's tables and summary equal
 ``sim.replay.engine.Replay``'s for the same stream, for every router (tested); every request
-finishes exactly once (else ReplayError). Imports neither simpy nor torch.
+finishes exactly once (else ReplayError). A replica that never had work (``sim.cluster.replica``:
+its engine is built on first use) adds no table rows: the replicas' tables are the same empty
+tables, its summary the one of an empty engine at its end time, computed once per end time, so a
+fleet of mostly idle replicas is summarised in the time its busy ones take. Imports neither simpy
+nor torch.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections import deque
@@ -142,6 +147,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         self._trace: dict[str, tuple[int, float]] = {}  # request -> (stream index, original arrival)
         self._fault_log: list[tuple[int, float, float | None, int]] = []
         self._finished = 0
+        self._idle_tables: dict[tuple[float, int], tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]] = {}
         router.attach(self)
 
     def _sink_for(self, i: int) -> Any:
@@ -304,9 +310,23 @@ class ClusterReplay(ClusterHooks, ClusterView):
             raise ReplayError(f"cluster replay ended with {left} unfinished requests")
         return self._result(time.perf_counter() - t0)
 
+    def _replica_tables(self, r: Replica) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+        """Replica ``r``'s request and step frames and its summary (a fresh copy each); a replica
+        that recorded nothing shares one computation per end time and eviction count."""
+        key = (r.end_time, r.total_evictions)
+        if r.rec.is_empty and key in self._idle_tables:
+            rq, st, s = self._idle_tables[key]
+            return rq.copy(), st.copy(), copy.deepcopy(s)
+        rq, st = (as_frame(t) for t in r.rec.tables())
+        s = summarize(rq, st, r.rec.stats, sim_time_s=r.end_time, num_evictions=r.total_evictions)
+        if r.rec.is_empty:
+            self._idle_tables[key] = (rq.copy(), st.copy(), copy.deepcopy(s))
+        return rq, st, s
+
     def _result(self, wall: float) -> ClusterResult:
         per: list[ReplayResult] = []
-        req_frames, step_frames = [], []
+        req_frames: list[pd.DataFrame] = []
+        step_frames: list[pd.DataFrame] = []
         tiers = [replica_tier_summary(r.tier_parts) for r in self.replicas]  # {} without a CPU tier
         if any(tiers):  # a mixed fleet: an untiered replica's requests loaded nothing (0, "", 0)
             for r, tier in zip(self.replicas, tiers, strict=True):
@@ -314,8 +334,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
                     r.rec.enable_tier()
         records, block_frames = [], []
         for r, tier in zip(self.replicas, tiers, strict=True):
-            rq, st = (as_frame(t) for t in r.rec.tables())
-            s = summarize(rq, st, r.rec.stats, sim_time_s=r.end_time, num_evictions=r.total_evictions)
+            rq, st, s = self._replica_tables(r)
             s.update(tier)
             blocks = None
             if self.attributions is not None:
@@ -325,8 +344,10 @@ class ClusterReplay(ClusterHooks, ClusterView):
                 if blocks is not None:
                     block_frames.append(blocks.assign(replica=r.index))
             per.append(ReplayResult(rq, st, r.rec.stats, s, wall, blocks=blocks))
-            req_frames.append(rq.assign(replica=r.index))
-            step_frames.append(st.assign(replica=r.index))
+            if len(rq) or not req_frames:  # (pandas leaves empty frames out of a concat's dtypes too)
+                req_frames.append(rq.assign(replica=r.index))
+            if len(st) or not step_frames:
+                step_frames.append(st.assign(replica=r.index))
         requests = pd.concat(req_frames, ignore_index=True)
         steps = pd.concat(step_frames, ignore_index=True)
         ids = requests["request_id"]

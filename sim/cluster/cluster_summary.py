@@ -59,20 +59,29 @@ def _p(values: pd.Series, q: float) -> float:
 
 def replica_rows(requests: pd.DataFrame, steps: pd.DataFrame,
                  stats: Sequence[PrefixCacheStats]) -> list[dict[str, Any]]:
-    """One summary row per replica."""
+    """One summary row per replica. Each replica's rows are found once (group positions, in table
+    order: the rows a mask would select), so a fleet of many idle replicas costs its busy ones."""
     rows = []
-    rejected = _rejected(requests)
+    rejected = _rejected(requests).to_numpy()
+    at_rq = requests.groupby("replica", sort=False).indices if len(requests) else {}
+    at_sp = steps.groupby("replica", sort=False).indices if len(steps) else {}
     for i, st in enumerate(stats):
-        mine = requests["replica"] == i
-        rq = requests[mine & ~rejected]
-        sp = steps[steps["replica"] == i]
+        token_hit_rate = _ratio(st.hits, st.queries) if st.queries else 0.0
+        if i not in at_rq and i not in at_sp:  # no request, no step: the empty row
+            rows.append({"replica": i, "num_requests": 0, "num_rejected_requests": 0, "prompt_tokens": 0,
+                         "token_hit_rate": token_hit_rate, "request_hit_rate": 0.0, "busy_s": 0.0, "num_steps": 0,
+                         "ttft_p50_s": math.nan, "ttft_p99_s": math.nan})
+            continue
+        pos = at_rq.get(i, np.zeros(0, dtype=np.intp))
+        rq = requests.iloc[pos[~rejected[pos]]]
+        sp = steps.iloc[at_sp.get(i, np.zeros(0, dtype=np.intp))]
         prompt = int(rq["prompt_tokens"].sum())
         rows.append({
             "replica": i,
             "num_requests": len(rq),
-            "num_rejected_requests": int((mine & rejected).sum()),
+            "num_rejected_requests": int(rejected[pos].sum()),
             "prompt_tokens": prompt,
-            "token_hit_rate": _ratio(st.hits, st.queries) if st.queries else 0.0,
+            "token_hit_rate": token_hit_rate,
             "request_hit_rate": _ratio(float(rq["hit_tokens"].sum()), prompt) if prompt else 0.0,
             "busy_s": float(sp["duration"].sum()),
             "num_steps": len(sp),

@@ -16,6 +16,13 @@ process on the cluster's shared clock. What differs from ``sim.replay.engine.Rep
   and KV-event batches);
 * :meth:`Replica.stop` / :meth:`Replica.start` -- a fault: the loop is stopped where it stands,
   the engine with its cache is dropped, and a fresh one is built when the replica comes back;
+* an engine built on first use (``lazy``, the default for a replica without a CPU tier): until the
+  router sends it a request, or something reads its engine, a replica holds no pool, scheduler,
+  executor or step runner, and its loop is the engine loop's idle path -- deliver what is due
+  (route), then wait -- so a fleet of mostly idle replicas costs what its busy ones do. A never-used
+  engine is a fresh one whenever it is built (nothing in it depends on the time), and the loop
+  makes the same calls in the same order as the engine loop of an empty engine, so results are the
+  same either way (tested);
 * a replica with vLLM 0.33.0's CPU offload tier (its engine's ``CacheConfig.offload``) has its own
   tier and transfer worker (``sim.replay.kv_transfer.LinkKVWorker``), rebuilt empty with the engine
   after a fault; its requests get the tier columns, and :attr:`Replica.tier_parts` keeps each
@@ -151,6 +158,11 @@ class ReplicaRecorder(ReplayRecorder):
         self.index = index
         self._hooks = hooks
 
+    @property
+    def is_empty(self) -> bool:
+        """Query: nothing was recorded (no request, no step: a replica that never had work)."""
+        return not self._rows and not len(self._requests) and not len(self._steps)
+
     def first_token(self, request: Request, now: float) -> None:
         super().first_token(request, now)
         self._hooks.first_token(self.index, request.request_id)
@@ -176,7 +188,7 @@ class Replica:
 
     def __init__(self, index: int, spec: ReplicaSpec, clock: SimClock, hooks: ClusterHooks, *,
                  integrity_check: bool = False, max_window_steps: int = 1 << 16,
-                 event_sink: Callable[[Scheduler], Any] | None = None) -> None:
+                 event_sink: Callable[[Scheduler], Any] | None = None, lazy: bool = True) -> None:
         self.index = index
         self.spec = spec
         self.clock = clock
@@ -185,17 +197,52 @@ class Replica:
         self.integrity_check = integrity_check
         self.max_window_steps = max_window_steps
         self.event_sink = event_sink
+        # a tiered replica builds at once: its tier's summary and request columns exist from the start
+        self.lazy = lazy and not spec.facts.cpu_tier
         self.is_up = False
         self.process: LoopProcess | None = None
         self.num_evictions = 0  # of earlier incarnations
         self.incarnations = 0
         self.end_time = 0.0
-        self.scheduler: Scheduler
-        self.intake: RoutedIntake
+        self._scheduler: Scheduler | None = None  # this incarnation's engine, once built
+        self._intake: RoutedIntake | None = None
+        self._runner: StepRunner | None = None
         self.tier_parts: list[tuple[OffloadTier, LinkKVWorker | None]] = []  # one per tiered incarnation
 
+    @property
+    def built(self) -> bool:
+        """Query: this incarnation's engine exists (always, unless ``lazy`` and nothing used it yet)."""
+        return self._scheduler is not None
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """This incarnation's engine (built now if it was not: a router reading it)."""
+        if self._scheduler is None:
+            self._build()
+        assert self._scheduler is not None
+        return self._scheduler
+
+    @property
+    def intake(self) -> RoutedIntake:
+        """This incarnation's intake (built with the engine)."""
+        if self._intake is None:
+            self._build()
+        assert self._intake is not None
+        return self._intake
+
     def start(self) -> None:
-        """Changes state: build a fresh engine (empty cache) and start its loop now."""
+        """Changes state: a fresh engine (empty cache) from now on -- built now, or on first use
+        when ``lazy`` -- and its loop started now."""
+        self._scheduler = self._intake = self._runner = None
+        self.is_up = True
+        self.incarnations += 1
+        if not self.lazy:
+            self._build()
+        self.process = self.clock.start(self._loop())
+
+    def _build(self) -> None:
+        """Changes state: build this incarnation's engine, intake and step runner."""
+        assert self.is_up, "a replica that is down has no engine"
         sched = self.spec.build_scheduler()
         if self.event_sink is not None:
             sched.kv_cache_manager.block_pool.event_sink = self.event_sink(sched)
@@ -207,17 +254,22 @@ class Replica:
             if not self.tier_parts:
                 self.rec.enable_tier()
             self.tier_parts.append((sched.tier, worker))
-        self.scheduler = sched
-        self.intake = RoutedIntake(self.hooks, sched, self.rec, self.spec.reject_invalid)
-        runner = StepRunner(sched, executor, self.intake, self.rec, self.clock.env,
-                            fast_forward=self.spec.fast_forward, integrity_check=self.integrity_check,
-                            max_window_steps=self.max_window_steps, on_step=None, kv_worker=worker)
-        self.is_up = True
-        self.incarnations += 1
-        self.process = self.clock.start(self._loop(runner))
+        self._scheduler = sched
+        self._intake = RoutedIntake(self.hooks, sched, self.rec, self.spec.reject_invalid)
+        self._runner = StepRunner(sched, executor, self._intake, self.rec, self.clock.env,
+                                  fast_forward=self.spec.fast_forward, integrity_check=self.integrity_check,
+                                  max_window_steps=self.max_window_steps, on_step=None, kv_worker=worker)
 
-    def _loop(self, runner: StepRunner) -> Iterator[Wait]:
-        yield from engine_loop(runner)
+    def _loop(self) -> Iterator[Wait]:
+        while self._runner is None:  # no engine yet: the engine loops' idle path, call for call
+            self.hooks.route_due(self.clock.now)  # (intake.admit_due's delivery; a push builds the engine)
+            if self._runner is not None:
+                break  # the same instant's admit_due in the engine loop delivers nothing more
+            if self.hooks.done:  # (intake.drained: nothing can come here any more)
+                self.end_time = self.clock.now
+                return
+            yield None
+        yield from engine_loop(self._runner)
         self.end_time = self.clock.now
 
     def stop(self, held: list[str]) -> None:
@@ -226,8 +278,9 @@ class Replica:
         fast-forward window had finished ahead of the clock); their rows are forgotten."""
         assert self.process is not None
         self.process.stop()
+        if self._scheduler is not None:
+            self.num_evictions += self._scheduler.kv_cache_manager.block_pool.num_evictions
         self.is_up = False
-        self.num_evictions += self.scheduler.kv_cache_manager.block_pool.num_evictions
         for rid in held:
             self.rec.forget(rid)
 
@@ -237,4 +290,5 @@ class Replica:
 
     @property
     def total_evictions(self) -> int:
-        return self.num_evictions + (self.scheduler.kv_cache_manager.block_pool.num_evictions if self.is_up else 0)
+        live = self._scheduler if self.is_up else None
+        return self.num_evictions + (live.kv_cache_manager.block_pool.num_evictions if live is not None else 0)

@@ -1,0 +1,147 @@
+"""Fleets at scale (issue 38 item 1): a replica builds its engine on first use, and that changes no
+result. The eager fleet (every engine built at start, ``Replica(lazy=False)``) is the oracle: on
+fleets where most replicas stay idle, with routers that read KV events, gauges, pending tokens or
+every engine (oracle), with faults on idle and busy replicas, async scheduling and event recording,
+the lazy fleet's request and step tables, summary and KV events are equal to the eager one's. A
+replica that never gets a request holds no engine, and costs little memory."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import tracemalloc
+
+import pandas as pd
+import pytest
+
+import sim.cluster.cluster as cluster_mod
+from sim.cluster.replica import Replica
+from sim.experiment.config import config_from_dict
+from sim.experiment.run import replay_experiment
+
+
+def _cfg(replicas: int, router: dict, *, n: int = 30, faults: tuple = (), engine: dict | None = None,
+         record_events: bool = False, attribution: str = "off"):
+    return config_from_dict({
+        "name": "fleet_scale", "seed": 4, "model": "llama-3-8b", "gpu": "H100-SXM",
+        "engine": {"block_size": 16, "num_gpu_blocks": 400, "max_model_len": 2048, **(engine or {})},
+        "replay": {"record_events": record_events, "attribution": attribution},
+        "workload": {"kind": "synthetic_shared_prefix", "num_requests": n, "num_prefixes": 3,
+                     "prefix_tokens": 256, "suffix_tokens": 48, "output_tokens": 24, "rate": 40.0},
+        "cluster": {"replicas": replicas, "router": router, "faults": list(faults)},
+    })
+
+
+def _run(cfg, lazy: bool, monkeypatch):
+    built: list[Replica] = []
+
+    def make(*args, **kwargs):
+        r = Replica(*args, **kwargs, lazy=lazy)
+        built.append(r)
+        return r
+
+    with monkeypatch.context() as m:
+        m.setattr(cluster_mod, "Replica", make)
+        result, _ = replay_experiment(cfg, progress=False)
+    return result, built
+
+
+def _assert_equal(a, b) -> None:
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    pd.testing.assert_frame_equal(a.steps, b.steps)
+    assert a.summary == b.summary  # NaN-free summaries of these fleets compare exactly
+    assert a.events == b.events
+    for ra, rb in zip(a.replicas, b.replicas, strict=True):
+        pd.testing.assert_frame_equal(ra.requests, rb.requests)
+        pd.testing.assert_frame_equal(ra.steps, rb.steps)
+
+
+ROUTERS = [
+    {"kind": "round_robin"},
+    {"kind": "least_loaded"},
+    {"kind": "session_affinity"},
+    {"kind": "dynamo"},
+    {"kind": "llm_d", "prefix": "precise"},
+    {"kind": "sglang"},
+    {"kind": "mooncake"},
+    {"kind": "oracle"},
+]
+
+
+@pytest.mark.parametrize("router", ROUTERS, ids=lambda r: r["kind"] + (":" + r["prefix"] if "prefix" in r else ""))
+def test_lazy_fleet_equals_the_eager_fleet(router, monkeypatch):
+    cfg = _cfg(24, router, n=12)  # at most 12 of 24 replicas ever get a request
+    lazy, replicas = _run(cfg, True, monkeypatch)
+    eager, _ = _run(cfg, False, monkeypatch)
+    _assert_equal(lazy, eager)
+    if router["kind"] != "oracle":  # the oracle reads every engine: every one is built
+        assert sum(not r.built for r in replicas) >= 12
+
+
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": True}], ids=["sync", "async"])
+def test_lazy_fleet_with_faults_and_events(engine, monkeypatch):
+    """Faults on a replica that never had work (down, up again) and on busy ones; KV events recorded."""
+    faults = ({"replica": 9, "down_at": 0.05, "up_at": 0.3}, {"replica": 0, "down_at": 0.2, "up_at": 0.4},
+              {"replica": 1, "down_at": 0.25})
+    cfg = _cfg(10, {"kind": "dynamo"}, n=40, faults=faults, engine=engine, record_events=True)
+    lazy, _ = _run(cfg, True, monkeypatch)
+    eager, _ = _run(cfg, False, monkeypatch)
+    assert lazy.events  # the comparison covers the KV events
+    _assert_equal(lazy, eager)
+
+
+@pytest.mark.parametrize("attribution", ["summary", "full"])
+def test_lazy_fleet_with_miss_attribution(attribution, monkeypatch):
+    """The fleet's miss attribution (an observer on every incarnation's pool) on idle replicas."""
+    cfg = _cfg(12, {"kind": "llm_d", "prefix": "precise"}, n=20, attribution=attribution,
+               faults=({"replica": 11, "down_at": 0.05, "up_at": 0.3},))
+    lazy, _ = _run(cfg, True, monkeypatch)
+    eager, _ = _run(cfg, False, monkeypatch)
+    _assert_equal(lazy, eager)
+    if attribution == "full":
+        pd.testing.assert_frame_equal(lazy.blocks, eager.blocks)
+
+
+def test_one_replica_equals_the_single_engine(monkeypatch):
+    """``replicas: 1``: the lazy replica's tables equal the single engine's replay."""
+    cfg = _cfg(1, {"kind": "round_robin"}, n=20)
+    fleet, _ = _run(cfg, True, monkeypatch)
+    data = {"name": "fleet_scale", "seed": 4, "model": "llama-3-8b", "gpu": "H100-SXM",
+            "engine": {"block_size": 16, "num_gpu_blocks": 400, "max_model_len": 2048},
+            "workload": {"kind": "synthetic_shared_prefix", "num_requests": 20, "num_prefixes": 3,
+                         "prefix_tokens": 256, "suffix_tokens": 48, "output_tokens": 24, "rate": 40.0}}
+    single, _ = replay_experiment(config_from_dict(data), progress=False)
+    pd.testing.assert_frame_equal(fleet.replicas[0].requests, single.requests)
+    pd.testing.assert_frame_equal(fleet.replicas[0].steps, single.steps)
+
+
+def test_a_never_used_replica_costs_under_64_kib():
+    """Python memory per idle replica, a 201-replica fleet against a 1-replica fleet serving the
+    same single request (the pool of a built engine alone is megabytes at this size)."""
+    def peak(replicas: int) -> int:
+        cfg = config_from_dict({
+            "name": "idle", "seed": 0, "model": "llama-3-8b", "gpu": "H100-SXM", "engine": {"block_size": 16},
+            "workload": {"kind": "synthetic_shared_prefix", "num_requests": 1, "num_prefixes": 1,
+                         "prefix_tokens": 64, "suffix_tokens": 8, "output_tokens": 4, "rate": 1.0},
+            "cluster": {"replicas": replicas, "router": {"kind": "dynamo"}},
+        })
+        gc.collect()
+        tracemalloc.start()
+        try:
+            replay_experiment(cfg, progress=False)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    peak(1)  # imports and caches first
+    per_replica = (peak(201) - peak(1)) / 200
+    assert per_replica < 64 * 1024, f"{per_replica:.0f} bytes per idle replica"
+
+
+def test_eager_replica_is_built_at_start_lazy_on_first_use(monkeypatch):
+    cfg = _cfg(3, {"kind": "round_robin"}, n=1)
+    _, lazy = _run(cfg, True, monkeypatch)
+    _, eager = _run(cfg, False, monkeypatch)
+    assert [r.built for r in lazy] == [True, False, False]
+    assert all(r.built for r in eager)
+    assert functools.reduce(lambda a, r: a + r.incarnations, lazy, 0) == 3
