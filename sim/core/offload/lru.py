@@ -160,15 +160,16 @@ class LRUCachePolicy(CachePolicy):
             for key, chunk in zip(keys, chunks, strict=True):
                 self.insert(key, chunk, ctx)
             return
-        self.chunks.update(zip(keys, chunks))
-        group = self._request_group(ctx)  # every key at (request rank, -position)
+        table, group = self.chunks, self._request_group(ctx)  # every key at (request rank, -position)
         ready: list[OffloadKey] = []
+        top = group.top
         for key, chunk, minor in zip(keys, chunks, minors):
-            chunk.group = group
-            chunk.minor = minor
+            table[key] = chunk
+            chunk.group, chunk.minor = group, minor
+            top = minor if minor > top else top
             if chunk.ref_cnt == 0:
                 ready.append(key)
-        group.top = max(group.top, max(minors))
+        group.top = top
         group.population += len(keys)
         for key in ready:
             self._add(key, self.chunks[key])
@@ -324,23 +325,23 @@ class LRUCachePolicy(CachePolicy):
         self._add(key, self.chunks[key])
 
     def mark_evictable_many(self, keys: Sequence[OffloadKey], chunks: Sequence[ChunkStatus]) -> None:
-        cs = chunks
+        cs: list[ChunkStatus] = chunks if isinstance(chunks, list) else list(chunks)
         if not cs:
             return
-        group = cs[0].group
+        group, prev = cs[0].group, cs[0].minor
         assert group is not None
-        if len(cs) > 1 and [c.group for c in cs].count(group) == len(cs):
-            minors = [c.minor for c in cs]
-            members = group.keys
-            run = sorted(minors, reverse=not group.asc)
-            joins = not members or (group.ordered and (run[0] > group.bound if group.asc else run[0] < group.bound))
-            if joins and run == minors and len(set(minors)) == len(minors):
-                # a run strictly in the group's order past its end: append it whole
-                members.update(dict.fromkeys(keys))
-                group.bound = minors[-1]
-                group.ordered = True
+        members, asc = group.keys, group.asc
+        if len(cs) > 1 and (not members or (group.ordered and (prev > group.bound if asc else prev < group.bound))):
+            for c in cs[1:]:  # a run strictly in the group's order past its end is appended whole
+                if c.group is not group or (c.minor <= prev if asc else c.minor >= prev):
+                    break
+                prev = c.minor
+            else:
+                for key in keys:
+                    members[key] = None
+                group.bound, group.ordered = prev, True
                 return
-        for key, chunk in zip(keys, cs, strict=True):
+        for key, chunk in zip(keys, cs):
             self._add(key, chunk)
 
     def mark_non_evictable(self, key: OffloadKey) -> None:

@@ -67,12 +67,13 @@ class RequestOffloadState:
         hashes = self.req.block_hashes
         if len(hashes) < hashes_per_chunk * (n + 1):
             return  # no new full chunk (the usual decode step)
-        new = hashes[hashes_per_chunk * (n + 1) - 1 :: hashes_per_chunk]
-        if new:
-            keys.extend(new)
-            # the key of chunk i ends at token (i + 1) * tokens_per_chunk
-            ends = range((n + 1) * tokens_per_chunk, (n + len(new) + 1) * tokens_per_chunk, tokens_per_chunk)
-            self.ctx.key_positions.update(zip(new, ends))
+        positions = self.ctx.key_positions
+        end = n * tokens_per_chunk
+        for i in range(hashes_per_chunk * (n + 1) - 1, len(hashes), hashes_per_chunk):
+            key = hashes[i]
+            keys.append(key)
+            end += tokens_per_chunk  # the key of chunk j ends at token (j + 1) * tokens_per_chunk
+            positions[key] = end
 
     def storable_chunks(self, num_offloadable_tokens: int, tokens_per_chunk: int, blocks_per_chunk: int) -> int:
         """Query: leading chunks that are computed, allocated and keyed (vLLM ``storable_chunks``)."""
