@@ -205,3 +205,17 @@ def test_a_tiered_fleet_attributes_and_one_tiered_replica_equals_the_single_engi
     one, _ = replay_experiment(load_config(cfg, [*TIERED, "cluster.replicas=1", "replay.attribution=summary"]),
                                progress=False)
     pd.testing.assert_frame_equal(single.requests, one.replicas[0].requests.drop(columns=[FLEET_MISS_COLUMN]))
+
+
+def test_miss_cause_bars_of_a_fleet_stack_to_one() -> None:
+    from sim.analysis.miss_figures import HIT, fractions
+
+    res, _ = replay_experiment(load_config(ROOT / "configs/quickstart.yaml", [
+        "workload.limit=200", "cluster.replicas=3", "cluster.router=round_robin", "cluster.compare=[]",
+        "replay.attribution=summary"]), progress=False)
+    s = res.summary
+    assert s["miss_attribution"]["routed_away"] > 0
+    row = pd.DataFrame([{"prompt_tokens": s["prompt_tokens"], HIT: s[HIT],
+                         **{f"miss_attribution.{k}": v for k, v in s["miss_attribution"].items()}}])
+    parts = fractions(row)
+    assert "routed_away" in parts and sum(float(v[0]) for v in parts.values()) == pytest.approx(1.0, abs=1e-12)

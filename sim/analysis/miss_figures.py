@@ -30,11 +30,13 @@ from sim.analysis import figure_style as fs
 from sim.analysis.sweep_data import SweepData, num_label
 
 HIT = "first_admission_token_hit_rate"
-CAUSES = ("partial_block", "last_token", "isolation", "evicted", "in_flight", "unreachable", "skip", "eagle", "cold")
+CAUSES = ("partial_block", "last_token", "isolation", "evicted", "in_flight", "unreachable", "skip", "eagle",
+          "routed_away", "cold")
 """Stacking order (bottom up, above the hits): the configuration losses first, then the timeline
-ones, the compulsory misses on top."""
+ones, a fleet's routing loss (``sim.cluster.fleet_attribution``; 0 for one engine), the compulsory
+misses on top."""
 _COLORS = dict(zip(("hit",) + CAUSES, ("#0072B2", "#E69F00", "#F0E442", "#CC79A7", "#D55E00", "#56B4E9",
-                                       "#009E73", "0.55", "0.75", "0.88")))
+                                       "#009E73", "0.55", "0.75", "#882255", "0.88")))
 
 
 def fractions(rows: Any) -> dict[str, np.ndarray]:
@@ -43,6 +45,8 @@ def fractions(rows: Any) -> dict[str, np.ndarray]:
     out = {"hit": rows[HIT].to_numpy(dtype=float)}
     for c in CAUSES:
         col = f"miss_attribution.{c}"
+        if c == "routed_away" and col not in rows:
+            continue  # one engine: no routing, no legend entry
         out[c] = rows[col].to_numpy(dtype=float) / prompt if col in rows else np.zeros(len(rows))
     return out
 
