@@ -236,7 +236,7 @@ def torch_one_thread():
 def model(torch_one_thread):
     """The tiny fp32 CPU model of the torch backend, seed 0."""
     torch = pytest.importorskip("torch")
-    from gpu_backend.model import LlamaModel
-    from gpu_backend.shapes import TINY
+    from gpu_backend.executor.model import LlamaModel
+    from gpu_backend.layout.shapes import TINY
 
     return LlamaModel(TINY, dtype=torch.float32, device="cpu", seed=0)

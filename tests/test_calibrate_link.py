@@ -16,7 +16,7 @@ from sim.timing.transfer_link import LinkFit
 
 def test_fit_recovers_bandwidth_and_latency_exactly_from_noiseless_times() -> None:
     pytest.importorskip("scipy")
-    from gpu_backend.link_timing import fit_link
+    from gpu_backend.calibration.link_timing import fit_link
 
     # 20 GB/s and 10 us: 1 MB takes 10 + 50 = 60 us, 4 MB 210 us, 16 MB 810 us
     sizes = [1e6, 4e6, 16e6]
@@ -33,7 +33,7 @@ def test_fit_recovers_bandwidth_and_latency_exactly_from_noiseless_times() -> No
 def test_cpu_only_measurement_is_host_to_host_and_labelled_so() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("scipy")
-    from gpu_backend.link_timing import measure_link
+    from gpu_backend.calibration.link_timing import measure_link
 
     sec = measure_link("cpu", sizes=(1, 16, 256), repeats=3, warmup=1, log=lambda *_: None)
     assert sec["measured"].startswith("host <-> host") and sec["pinned_host_memory"] is False

@@ -20,12 +20,12 @@ import yaml
 torch = pytest.importorskip("torch")
 pytest.importorskip("scipy")
 
-from gpu_backend import calibrate as cal  # noqa: E402
-from gpu_backend import latency_error as lerr  # noqa: E402
-from gpu_backend import latency_fit as lfit  # noqa: E402
-from gpu_backend import profiling_grid as pgrid  # noqa: E402
-from gpu_backend import validate as val  # noqa: E402
-from gpu_backend.calibration_setup import CalibrationSetup  # noqa: E402
+from gpu_backend.calibration import calibrate as cal  # noqa: E402
+from gpu_backend.calibration import latency_fit as lfit  # noqa: E402
+from gpu_backend.calibration import profiling_grid as pgrid  # noqa: E402
+from gpu_backend.calibration.calibration_setup import CalibrationSetup  # noqa: E402
+from gpu_backend.validation import latency_error as lerr  # noqa: E402
+from gpu_backend.validation import validate as val  # noqa: E402
 from sim.core.executor import StepShape  # noqa: E402
 from sim.experiment.config import load_config  # noqa: E402
 from sim.experiment.run import replay_experiment  # noqa: E402
@@ -339,7 +339,7 @@ def test_cli_parser_does_not_import_torch():
 def test_cli_choices_match_the_backend():
     """The torch-free parser (sim.cli.calibrate) lists the backend's grids, dtypes and attention paths."""
     from gpu_backend.attention import ATTENTION_CHOICES
-    from gpu_backend.model import DTYPES
+    from gpu_backend.executor.model import DTYPES
     from sim.cli.calibrate import ATTENTIONS, DTYPE_NAMES, GRID_PRESETS
 
     assert GRID_PRESETS == tuple(pgrid.PRESETS)

@@ -1,4 +1,4 @@
-"""``gpu_backend/device_run.sh`` end to end on a CPU: every stage runs in its own process
+"""``gpu_backend/device/device_run.sh`` end to end on a CPU: every stage runs in its own process
 and writes its results the moment it ends; what the device tool would bring back stays within its
 limits; a missing package degrades the plan instead of crashing it."""
 
@@ -30,7 +30,7 @@ def _env(extra_path: str | None = None) -> dict[str, str]:
 def device_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("device_run")
     out, res = tmp / "out", tmp / "results"
-    p = subprocess.run(["bash", str(ROOT / "gpu_backend/device_run.sh"), "--device", "cpu", "--quick",
+    p = subprocess.run(["bash", str(ROOT / "gpu_backend/device/device_run.sh"), "--device", "cpu", "--quick",
                         "--out", str(out), "--results", str(res)], env=_env(), capture_output=True, text=True,
                        timeout=1200)
     return p, out, res
@@ -74,7 +74,7 @@ def test_cpu_quick_runs_every_stage_and_returns_few_files(device_run):
 
 def test_unpack_rebuilds_the_results_layout(device_run, tmp_path):
     _, out, res = device_run
-    from gpu_backend.device_stages import unpack
+    from gpu_backend.device.device_stages import unpack
 
     got = unpack(out, tmp_path / "r")
     assert "calibration.tar.gz" in got and "validation.tar.gz" in got
@@ -94,8 +94,8 @@ def _shadow(tmp: Path, *names: str) -> str:
 
 def test_preflight_names_each_missing_package_and_plans_around_it(tmp_path):
     shim = _shadow(tmp_path / "shim", "scipy", "pyarrow")
-    p = subprocess.run([sys.executable, "-m", "gpu_backend.preflight", "--device", "cpu", "--out", str(tmp_path)],
-                       env=_env(shim), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    p = subprocess.run([sys.executable, "-m", "gpu_backend.device.preflight", "--device", "cpu",
+                        "--out", str(tmp_path)], env=_env(shim), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "MISSING scipy" in p.stdout and "MISSING pyarrow" in p.stdout
     rep = json.loads((tmp_path / "preflight.json").read_text())
@@ -103,7 +103,7 @@ def test_preflight_names_each_missing_package_and_plans_around_it(tmp_path):
     assert rep["plan"]["correctness"] == "run" and not rep["packages"]["pyarrow"]["ok"]
     assert rep["plan"]["link"] == "skip: scipy missing"
     # a stage the plan skips exits 3 at once and says so in run.json
-    s = subprocess.run([sys.executable, "-m", "gpu_backend.device_stages", "calibration", "--device", "cpu",
+    s = subprocess.run([sys.executable, "-m", "gpu_backend.device.device_stages", "calibration", "--device", "cpu",
                         "--results", str(tmp_path / "res"), "--out", str(tmp_path)], env=_env(shim),
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert s.returncode == 3
@@ -111,8 +111,9 @@ def test_preflight_names_each_missing_package_and_plans_around_it(tmp_path):
 
 
 def test_device_run_without_cuda_stops_at_the_preflight(tmp_path):
-    p = subprocess.run(["bash", str(ROOT / "gpu_backend/device_run.sh"), "--device", "cuda", "--out", str(tmp_path),
-                        "--results", str(tmp_path / "r")], env=_env(), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(["bash", str(ROOT / "gpu_backend/device/device_run.sh"), "--device", "cuda",
+                        "--out", str(tmp_path), "--results", str(tmp_path / "r")],
+                       env=_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 2
     assert "sees no CUDA device" in p.stdout and "nothing else runs" in p.stdout
 

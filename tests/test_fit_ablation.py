@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_backend.fit_ablation import main
+from gpu_backend.calibration.fit_ablation import main
 from sim.core.executor import StepShape
 from sim.timing.fitted_latency import FittedLatency
 

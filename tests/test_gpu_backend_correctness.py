@@ -15,9 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("torch_one_thread")  # the `model` fixture is in conftest.py
 
-from gpu_backend import cases, cases_long  # noqa: E402
-from gpu_backend.model import LlamaModel  # noqa: E402
-from gpu_backend.shapes import TINY  # noqa: E402
+from gpu_backend.executor.model import LlamaModel  # noqa: E402
+from gpu_backend.layout.shapes import TINY  # noqa: E402
+from gpu_backend.validation import cases, cases_long  # noqa: E402
 
 
 def _check(r: cases.CaseResult) -> None:

@@ -15,12 +15,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("torch_one_thread")  # the `model` fixture is in conftest.py
 
-from gpu_backend import cases  # noqa: E402
 from gpu_backend.attention import ReferenceAttention, probe_attention, select_attention  # noqa: E402
-from gpu_backend.batch import SeqInput, build_batch  # noqa: E402
-from gpu_backend.kv_cache import BlockTables  # noqa: E402
-from gpu_backend.model import LlamaModel  # noqa: E402
-from gpu_backend.shapes import TINY, resolve_model_shape  # noqa: E402
+from gpu_backend.executor.model import LlamaModel  # noqa: E402
+from gpu_backend.layout.batch import SeqInput, build_batch  # noqa: E402
+from gpu_backend.layout.kv_cache import BlockTables  # noqa: E402
+from gpu_backend.layout.shapes import TINY, resolve_model_shape  # noqa: E402
+from gpu_backend.validation import cases  # noqa: E402
 from sim.core.request import GENERATED_TOKEN_BASE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,7 +156,7 @@ def test_triton_decode_kernel_under_the_interpreter():
     code = (
         "import torch\n"
         "from gpu_backend.attention import ReferenceAttention, TritonDecodeAttention, probe_attention\n"
-        "from gpu_backend.batch import SeqInput, build_batch\n"
+        "from gpu_backend.layout.batch import SeqInput, build_batch\n"
         "import numpy as np\n"
         "for bs, hq, hkv, d, splits in [(16, 4, 2, 64, None), (8, 12, 4, 80, 3), (16, 4, 2, 64, 1)]:\n"
         "    err = probe_attention(TritonDecodeAttention(num_splits=splits), 'decode', device='cpu',\n"
@@ -325,7 +325,7 @@ def test_flash_paged_refuses_block_sizes_flash_attention_2_cannot_page():
     from sim.experiment.config import ConfigError, load_config
 
     cfg = load_config(ROOT / "configs/quickstart_torch.yaml", ["backend.attention=flash_paged"])
-    from gpu_backend.factory import make_torch_executor
+    from gpu_backend.executor.factory import make_torch_executor
     from sim.experiment.engine_description import resolve
     from sim.experiment.run import build_scheduler
 

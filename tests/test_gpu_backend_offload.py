@@ -11,16 +11,16 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.usefixtures("torch_one_thread")  # the `model` fixture is in conftest.py
 
-from gpu_backend import cases  # noqa: E402
-from gpu_backend.cases_offload import (  # noqa: E402
+from gpu_backend.executor.cpu_kv_store import CopyQueue, CPUKVStore, device_tensors, host_runs  # noqa: E402
+from gpu_backend.executor.offload_worker import CopySpec, TorchOffloadWorker  # noqa: E402
+from gpu_backend.layout.kv_cache import PagedKVCache  # noqa: E402
+from gpu_backend.validation import cases  # noqa: E402
+from gpu_backend.validation.cases_offload import (  # noqa: E402
     case_corrupt_cpu_chunk,
     case_cpu_load,
     case_cpu_load_chunks,
     case_cpu_random,
 )
-from gpu_backend.cpu_kv_store import CopyQueue, CPUKVStore, device_tensors, host_runs  # noqa: E402
-from gpu_backend.kv_cache import PagedKVCache  # noqa: E402
-from gpu_backend.offload_worker import CopySpec, TorchOffloadWorker  # noqa: E402
 from sim.core.transfer_job import KVConnectorMetadata, TransferJob  # noqa: E402
 
 

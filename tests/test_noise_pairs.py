@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpu_backend import latency_error as lerr
-from gpu_backend.rescore import rescore
+from gpu_backend.validation import latency_error as lerr
+from gpu_backend.validation.rescore import rescore
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "results" / "reference" / "cpu_tiny"

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gpu_backend import noise_report, noise_study
+from gpu_backend.validation import noise_report, noise_study
 from sim.core.executor import StepShape
 from sim.timing.latency import FixedLatency
 

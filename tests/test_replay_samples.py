@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gpu_backend.calibration_setup import CalibrationSetup
-from gpu_backend.real_run import RealRun
-from gpu_backend.replay_samples import replay_samples, samples_of
+from gpu_backend.calibration.calibration_setup import CalibrationSetup
+from gpu_backend.calibration.replay_samples import replay_samples, samples_of
+from gpu_backend.executor.real_run import RealRun
 from sim.core.executor import StepShape
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from gpu_backend.step_cost_probe import layouts, main
+from gpu_backend.calibration.step_cost_probe import layouts, main
 
 
 def test_layouts_are_valid_block_tables_of_one_length() -> None:

@@ -7,7 +7,7 @@ import copy
 import json
 from pathlib import Path
 
-from gpu_backend.validation_report import HEADER, next_step, render_markdown
+from gpu_backend.validation.validation_report import HEADER, next_step, render_markdown
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference" / "cpu_tiny" / "validate_chat" / "report.json"
 

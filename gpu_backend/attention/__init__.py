@@ -9,7 +9,7 @@ Implementations (``name``: where it runs), one module each:
   ``varlen_attn`` over the paged pool, or over gathered K/V of the prefill sequences;
 * ``triton`` (CUDA with Triton, CPU under ``TRITON_INTERPRET=1``;
   :mod:`~gpu_backend.attention.triton_paged`): decode sequences, the kernel of
-  :mod:`gpu_backend.triton_decode`.
+  :mod:`gpu_backend.attention.triton_decode`.
 
 :class:`SplitAttention` (:mod:`~gpu_backend.attention.split`) sends decode and prefill sequences
 to two implementations; :func:`select_attention` (:mod:`~gpu_backend.attention.select`) probes the

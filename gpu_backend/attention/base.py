@@ -1,7 +1,7 @@
 """What every paged-attention implementation shares: the call contract and the batch subsets.
 
 Mirrors vLLM v1's attention-backend contract (``vllm/v1/attention/backends``): for each sequence
-``i`` of a :class:`~gpu_backend.batch.StepBatch`, the attention of its ``query_len`` new tokens
+``i`` of a :class:`~gpu_backend.layout.batch.StepBatch`, the attention of its ``query_len`` new tokens
 (positions ``context_len .. seq_len - 1``) over keys ``0 .. seq_len - 1`` read from the paged pool
 through its block table, with the causal mask aligned **bottom-right**: query ``j`` sees keys
 ``<= context_len + j``.
@@ -21,7 +21,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from gpu_backend.batch import StepBatch
+from gpu_backend.layout.batch import StepBatch
 
 Subset = Literal["all", "decode", "prefill"]
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from gpu_backend.attention.base import Subset, subset, write_rows
-from gpu_backend.batch import StepBatch
+from gpu_backend.layout.batch import StepBatch
 
 
 def find_varlen_attn() -> Callable[..., Any] | None:

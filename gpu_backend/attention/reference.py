@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_backend.attention.base import Subset, subset
-from gpu_backend.batch import StepBatch
+from gpu_backend.layout.batch import StepBatch
 
 
 class ReferenceAttention:

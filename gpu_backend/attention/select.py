@@ -35,7 +35,7 @@ from gpu_backend.attention.flash import (
 from gpu_backend.attention.reference import ReferenceAttention
 from gpu_backend.attention.split import SplitAttention
 from gpu_backend.attention.triton_paged import TritonDecodeAttention
-from gpu_backend.batch import SeqInput, build_batch
+from gpu_backend.layout.batch import SeqInput, build_batch
 
 ATTENTION_CHOICES = ("auto", "reference", "triton", "flash_paged", "flash_gather")
 

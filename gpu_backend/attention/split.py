@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from gpu_backend.attention.base import AttentionImpl, Subset
-from gpu_backend.batch import StepBatch
+from gpu_backend.layout.batch import StepBatch
 
 
 class SplitAttention:

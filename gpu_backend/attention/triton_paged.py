@@ -1,7 +1,7 @@
 """The Triton decode path: decode sequences through the paged flash-decoding kernel.
 
 Plays the role of vLLM's Triton decode-attention kernels; the kernel itself is this project's own
-(:mod:`gpu_backend.triton_decode`). Runs on CUDA with Triton, or on CPU tensors under
+(:mod:`gpu_backend.attention.triton_decode`). Runs on CUDA with Triton, or on CPU tensors under
 ``TRITON_INTERPRET=1``.
 
 Invariants: takes decode sequences only (one new token each; anything else raises ValueError);
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from gpu_backend.attention.base import Subset, subset, write_rows
-from gpu_backend.batch import StepBatch
+from gpu_backend.layout.batch import StepBatch
 
 
 class TritonDecodeAttention:
@@ -25,7 +25,7 @@ class TritonDecodeAttention:
     name = "triton"
 
     def __init__(self, tile: int = 64, num_splits: int | None = None, num_warps: int = 4, num_stages: int = 2) -> None:
-        from gpu_backend.triton_decode import paged_decode_attention
+        from gpu_backend.attention.triton_decode import paged_decode_attention
 
         self._kernel = paged_decode_attention
         self.tile, self.num_splits, self.num_warps, self.num_stages = tile, num_splits, num_warps, num_stages

@@ -3,19 +3,19 @@
 Mirrors nothing in vLLM (vLLM measures; apcsim predicts, and this is where the prediction is fitted
 to measurements). The command, in steps over modules of their own:
 
-1. isolated shapes: a profiling grid (:mod:`gpu_backend.profiling_grid`), timed straight on the
-   torch backend in shuffled rounds with a noise floor (:mod:`gpu_backend.grid_timing`);
+1. isolated shapes: a profiling grid (:mod:`gpu_backend.calibration.profiling_grid`), timed straight on the
+   torch backend in shuffled rounds with a noise floor (:mod:`gpu_backend.calibration.grid_timing`);
 2. the steps a replay runs: real replays of calibration workloads (``--replay CONFIG``, never the
    validation configs) through the SimPy loop and the scheduler on the torch backend, every step
    timed as the replay runs it -- back to back, warm cache and allocator, real block tables
-   (:mod:`gpu_backend.replay_samples`) -- or, with ``--replay-retime-passes N``, by its median over
+   (:mod:`gpu_backend.calibration.replay_samples`) -- or, with ``--replay-retime-passes N``, by its median over
    N passes that time the replay's steps again in replay order;
 3. a share of both (``holdout``, stratified by source and step kind) kept out of the fit; the NNLS
    fit in relative error, its terms chosen by K-fold CV on the training samples
-   (:mod:`gpu_backend.latency_fit`); the report (:mod:`gpu_backend.fit_report`) gives every
+   (:mod:`gpu_backend.calibration.latency_fit`); the report (:mod:`gpu_backend.calibration.fit_report`) gives every
    term's coefficient and share of the step time, and the residuals by step kind and source on
    training and held-out samples;
-4. the GPU<->CPU link of the CPU offload tier (:mod:`gpu_backend.link_timing`, unless ``--no-link``):
+4. the GPU<->CPU link of the CPU offload tier (:mod:`gpu_backend.calibration.link_timing`, unless ``--no-link``):
    the offload worker's block copies timed at several sizes in both directions (pinned host <->
    device on CUDA; host <-> host on a CPU-only machine, labelled so), bandwidth and per-transfer
    latency fitted by least squares -> the model file's ``host_link`` section, which a tiered
@@ -31,7 +31,7 @@ the grid, the replays, the fit quality, the terms and the noise floor) and, besi
 ``<stem>.samples.csv`` (every sample: source, kind, shape, measured, spread for grid points,
 fitted prediction, train/held-out).
 
-Command line (``apcsim calibrate`` or ``python -m gpu_backend.calibrate``)::
+Command line (``apcsim calibrate`` or ``python -m gpu_backend.calibration.calibrate``)::
 
     apcsim calibrate --device cpu --model tiny --out results/calib/cpu_tiny.json
     apcsim calibrate --config configs/validate_chat_cpu.yaml --replay configs/calibrate_chat_cpu.yaml \
@@ -62,19 +62,19 @@ import numpy as np
 import torch
 
 from gpu_backend.attention import select_attention
-from gpu_backend.calibration_setup import CalibrationSetup, setup_from_config
-from gpu_backend.executor import TorchExecutor
-from gpu_backend.fit_report import residuals, step_kind_of, term_table
-from gpu_backend.grid_timing import measure_grid
-from gpu_backend.host import device_name, load_average
-from gpu_backend.kv_cache import PagedKVCache
-from gpu_backend.latency_fit import candidate_feature_sets, choose_and_fit, predict, rel_errors
-from gpu_backend.link_timing import measure_link
-from gpu_backend.model import DTYPES, LlamaModel
-from gpu_backend.profiling_grid import KINDS, PRESETS, GridPoint, GridPreset, build_grid, pool_blocks
-from gpu_backend.real_run import RealRun
-from gpu_backend.replay_samples import replay_samples, run_record, samples_of
-from gpu_backend.shapes import resolve_model_shape
+from gpu_backend.calibration.calibration_setup import CalibrationSetup, setup_from_config
+from gpu_backend.calibration.fit_report import residuals, step_kind_of, term_table
+from gpu_backend.calibration.grid_timing import measure_grid
+from gpu_backend.calibration.host import device_name, load_average
+from gpu_backend.calibration.latency_fit import candidate_feature_sets, choose_and_fit, predict, rel_errors
+from gpu_backend.calibration.link_timing import measure_link
+from gpu_backend.calibration.profiling_grid import KINDS, PRESETS, GridPoint, GridPreset, build_grid, pool_blocks
+from gpu_backend.calibration.replay_samples import replay_samples, run_record, samples_of
+from gpu_backend.executor.executor import TorchExecutor
+from gpu_backend.executor.model import DTYPES, LlamaModel
+from gpu_backend.executor.real_run import RealRun
+from gpu_backend.layout.kv_cache import PagedKVCache
+from gpu_backend.layout.shapes import resolve_model_shape
 from sim.cli.calibrate import add_calibrate_arguments
 from sim.core.executor import StepShape
 from sim.timing.fitted_latency import FittedLatency

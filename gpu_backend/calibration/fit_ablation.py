@@ -1,6 +1,6 @@
 """What each change to the calibration buys: refits of a reference's own samples, side by side.
 
-Mirrors nothing in vLLM. A CPU reference folder (:mod:`gpu_backend.cpu_reference`) holds every
+Mirrors nothing in vLLM. A CPU reference folder (:mod:`gpu_backend.validation.cpu_reference`) holds every
 calibration sample (``model.samples.csv``: grid shapes and replay steps, with the held-out
 split), each calibration replay step's single measurement beside its median over the re-timing
 passes (``calibration_steps.csv``) and every step of validation real run 1 with its re-timed
@@ -15,9 +15,9 @@ does not carry. Nothing is measured again: the figures are functions of the file
 Invariants: the training and held-out samples are those of ``model.samples.csv`` (the validation
 steps never enter a fit); held-out and validation errors are always against the re-timed medians
 (grid shapes: the median of their rounds), whatever the fit was trained on. Imports numpy, pandas,
-scipy (through :mod:`gpu_backend.latency_fit`); no torch.
+scipy (through :mod:`gpu_backend.calibration.latency_fit`); no torch.
 
-    python -m gpu_backend.fit_ablation results/reference/cpu_tiny
+    python -m gpu_backend.calibration.fit_ablation results/reference/cpu_tiny
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpu_backend.fit_report import STEP_KINDS
-from gpu_backend.latency_fit import FEATURE_SETS, error_summary, fit_nnls, predict
+from gpu_backend.calibration.fit_report import STEP_KINDS
+from gpu_backend.calibration.latency_fit import FEATURE_SETS, error_summary, fit_nnls, predict
 from sim.core.executor import StepShape
 
 FIELDS = ("num_seqs", "num_decode_seqs", "num_new_tokens", "num_prefill_tokens", "context_tokens", "attention_pairs")

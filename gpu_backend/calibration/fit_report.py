@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpu_backend.latency_fit import error_summary
+from gpu_backend.calibration.latency_fit import error_summary
 from sim.core.executor import StepShape
 from sim.timing.fitted_latency import FittedLatency
 

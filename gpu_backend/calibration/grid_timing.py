@@ -2,7 +2,7 @@
 
 Mirrors nothing in vLLM (vLLM's ``benchmarks/`` time whole requests; this times single steps).
 Each grid point is flattened into one batch exactly as the replay's
-:class:`~gpu_backend.executor.TorchExecutor` does and timed through the same method
+:class:`~gpu_backend.executor.executor.TorchExecutor` does and timed through the same method
 (:meth:`TorchExecutor.run_timed`: batch preparation + forward + logits of the sampling rows).
 
 Invariants: the grid runs in rounds, in a fresh seeded random order every round (so slow drift --
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from gpu_backend.batch import SeqInput
-from gpu_backend.executor import TorchExecutor
-from gpu_backend.profiling_grid import GridPoint
+from gpu_backend.calibration.profiling_grid import GridPoint
+from gpu_backend.executor.executor import TorchExecutor
+from gpu_backend.layout.batch import SeqInput
 
 
 @dataclass

@@ -3,7 +3,7 @@ directions and fit ``seconds = latency_s + bytes / (bandwidth_gb_s * 1e9)``.
 
 Mirrors nothing in vLLM (vLLM reports each transfer's size and time in its offloading metrics,
 ``OffloadingConnectorStats``; it fits nothing). The copies are the real backend's own
-(:class:`~gpu_backend.cpu_kv_store.CopyQueue`, the path a tiered torch replay takes) between a
+(:class:`~gpu_backend.executor.cpu_kv_store.CopyQueue`, the path a tiered torch replay takes) between a
 paged cache of the calibrated model shape and a CPU store of the same layout:
 
 * on CUDA: device -> pinned host (``d2h``, a store) and pinned host -> device (``h2d``, a load),
@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu_backend.cpu_kv_store import CopyQueue, CPUKVStore, device_tensors
-from gpu_backend.host import device_name
-from gpu_backend.kv_cache import PagedKVCache
-from gpu_backend.shapes import resolve_model_shape
+from gpu_backend.calibration.host import device_name
+from gpu_backend.executor.cpu_kv_store import CopyQueue, CPUKVStore, device_tensors
+from gpu_backend.layout.kv_cache import PagedKVCache
+from gpu_backend.layout.shapes import resolve_model_shape
 
 SIZES_BLOCKS: tuple[int, ...] = (1, 4, 16, 64, 256)
 """Blocks per timed transfer (consecutive ids)."""

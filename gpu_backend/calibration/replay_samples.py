@@ -2,14 +2,14 @@
 
 Mirrors vLLM's engine loop with a real model runner (``EngineCore.step``): the calibration
 workloads (configs of their own, never the validation ones) are replayed through the SimPy loop,
-the scheduler and the pool on the torch backend (:func:`gpu_backend.real_run.real_run`, the very
+the scheduler and the pool on the torch backend (:func:`gpu_backend.executor.real_run.real_run`, the very
 function ``apcsim validate`` times its real runs with), so each sample is a step of a real step
 sequence -- back to back, warm cache and allocator, real block tables -- with its exact
 :class:`~sim.core.executor.StepShape` and measured seconds. With re-timing (``retime_passes``)
 a sample's seconds are the step's median over passes that time the replay's steps again in replay
-order after it (:func:`gpu_backend.real_run.real_run`): the very estimator the validation judges
+order after it (:func:`gpu_backend.executor.real_run.real_run`): the very estimator the validation judges
 its per-step error against, instead of one noisy measurement. Isolated shapes in shuffled order
-(:mod:`gpu_backend.profiling_grid`) complement them where replays do not reach.
+(:mod:`gpu_backend.calibration.profiling_grid`) complement them where replays do not reach.
 
 Invariants: a calibration replay runs with the calibration's backend settings (model shape, dtype,
 device, attention, threads, timing and its repeats, weight seed: set on the config, whatever it
@@ -26,18 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpu_backend.real_run import RealRun, real_run
+from gpu_backend.executor.real_run import RealRun, real_run
 from sim.core.executor import StepShape
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpu_backend.calibration_setup import CalibrationSetup
+    from gpu_backend.calibration.calibration_setup import CalibrationSetup
 
 
 @dataclass(frozen=True)
 class ReplaySample:
     source: str  # the calibration config's name
     step: int  # index among the replay's timed steps
-    kind: str  # prefill | decode | mixed (gpu_backend.executor.step_kind)
+    kind: str  # prefill | decode | mixed (gpu_backend.executor.executor.step_kind)
     shape: StepShape
     seconds: float
 

@@ -18,7 +18,7 @@ Invariants: every figure of ``probe.md`` is computed from the raw times in ``pro
 tables never hold the null block; the probed step is the same object in every variant of a probe.
 Imports torch.
 
-    python -m gpu_backend.step_cost_probe --out results/reference/cpu_tiny/step_cost
+    python -m gpu_backend.calibration.step_cost_probe --out results/reference/cpu_tiny/step_cost
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu_backend.batch import SeqInput
-from gpu_backend.calibrate import build_executor
-from gpu_backend.calibration_setup import CalibrationSetup
-from gpu_backend.host import load_average
+from gpu_backend.calibration.calibrate import build_executor
+from gpu_backend.calibration.calibration_setup import CalibrationSetup
+from gpu_backend.calibration.host import load_average
+from gpu_backend.layout.batch import SeqInput
 
 POOL = 240
 CTX = 300  # the probed decode: one sequence at 300 cached tokens (19 blocks + the new token's)

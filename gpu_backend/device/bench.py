@@ -33,9 +33,9 @@ from gpu_backend.attention import (
     TritonDecodeAttention,
     probe_attention,
 )
-from gpu_backend.batch import SeqInput, StepBatch, build_batch
-from gpu_backend.kv_cache import PagedKVCache
-from gpu_backend.model import LlamaModel
+from gpu_backend.executor.model import LlamaModel
+from gpu_backend.layout.batch import SeqInput, StepBatch, build_batch
+from gpu_backend.layout.kv_cache import PagedKVCache
 
 H200_HBM_TBPS = 4.8  # nominal (datasheet, sim/timing/specs/gpus.yaml); callers pass the spec's value
 H200_BF16_TFLOPS = 989.0

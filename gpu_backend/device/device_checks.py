@@ -1,14 +1,14 @@
-"""The measuring stages of ``gpu_backend/device_run.sh``: correctness, long context, speed.
+"""The measuring stages of ``gpu_backend/device/device_run.sh``: correctness, long context, speed.
 
 Mirrors nothing in vLLM. Each stage returns a JSON-able dict and logs its table lines:
 
-* :func:`correctness` -- the reuse-equals-recompute suite (:mod:`gpu_backend.cases`, every case
+* :func:`correctness` -- the reuse-equals-recompute suite (:mod:`gpu_backend.validation.cases`, every case
   with the block-table check after every step: the executor's tables must equal
   ``KVCacheManager.get_block_ids``, which catches a permutation of blocks inside the visible
   context that the logits alone could miss) with the tiny model in fp32 (``max |dlogit| <= 1e-5``)
   and bf16 (same top token where the dense margin exceeds 0.25, KL <= 1e-2), with ``reference`` and
   (CUDA) ``auto`` attention, both negative controls (which must fail); the CPU offload tier's cases
-  (:mod:`gpu_backend.cases_offload`: prefixes loaded back from the CPU store, on CUDA by the
+  (:mod:`gpu_backend.validation.cases_offload`: prefixes loaded back from the CPU store, on CUDA by the
   worker's own streams into pinned memory and back; a corrupted CPU chunk must fail); on CUDA (not
   ``quick``) also Llama-3-8B shapes in bf16 through the fast path;
 * :func:`long_context` -- ``cases_long.case_long_context``: a 32k-token prompt in chunks and a request
@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
-from gpu_backend import bench as bench_mod
-from gpu_backend import cases, cases_long, cases_offload
 from gpu_backend.attention import select_attention
 from gpu_backend.attention.flash import find_varlen_attn, varlen_takes_block_table
-from gpu_backend.model import LlamaModel
-from gpu_backend.shapes import TINY, resolve_model_shape
+from gpu_backend.device import bench as bench_mod
+from gpu_backend.executor.model import LlamaModel
+from gpu_backend.layout.shapes import TINY, resolve_model_shape
+from gpu_backend.validation import cases, cases_long, cases_offload
 
 Log = Callable[[str], object]
 

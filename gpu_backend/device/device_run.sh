@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device script that cannot waste the run. From any directory:
-#   bash gpu_backend/device_run.sh                        # CUDA (H200): the whole sequence, < 8 minutes
-#   bash gpu_backend/device_run.sh --device cpu --quick   # the same script end to end on a CPU (CI)
+#   bash gpu_backend/device/device_run.sh                        # CUDA (H200): the whole sequence, < 8 minutes
+#   bash gpu_backend/device/device_run.sh --device cpu --quick   # the same script end to end on a CPU (CI)
 # Options: --out DIR (default $OUT, else ./device_run_out), --results DIR (default
 # results/reference/h200_llama3_8b on CUDA, <out>/../device_run_results on a CPU), --budget-s S (450).
 #
@@ -16,7 +16,7 @@
 # limit), so a timeout keeps everything finished before it. Exit status: 0 when every stage that ran
 # held its checks, 1 otherwise, 2 when the preflight failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT="$PWD"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python3}"
@@ -74,7 +74,7 @@ if [ -n "$missing" ] && compgen -G ".whl/*.whl" >/dev/null; then
       >>"$LOG" 2>&1 && export PYTHONPATH="/tmp/site:$PYTHONPATH"
   fi
 fi
-timeout 60 "$PY" -m gpu_backend.preflight --device "$DEVICE" --out "$OUT_DIR" --results "$RESULTS" 2>&1 | tee -a "$LOG"
+timeout 60 "$PY" -m gpu_backend.device.preflight --device "$DEVICE" --out "$OUT_DIR" --results "$RESULTS" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 if [ "$rc" -ne 0 ]; then
   say "device_run.sh: preflight failed (exit $rc): nothing else runs"
@@ -96,7 +96,7 @@ for stage in correctness long_context bench link calibration validation; do
   share=${SHARE[$stage]}
   if [ "$share" -eq 0 ] || [ "$share" -gt "$left" ]; then share=$left; fi
   [ "$DEVICE" = cpu ] && share=$left  # CI: the budget caps the whole run, not each stage
-  timeout --kill-after=10 "$share" "$PY" -m gpu_backend.device_stages "$stage" --device "$DEVICE" $QUICK \
+  timeout --kill-after=10 "$share" "$PY" -m gpu_backend.device.device_stages "$stage" --device "$DEVICE" $QUICK \
     --results "$RESULTS" --out "$OUT_DIR" --deadline $((now + share - 5)) 2>&1 | tee -a "$LOG"
   rc=${PIPESTATUS[0]}
   case "$rc" in

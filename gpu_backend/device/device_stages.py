@@ -1,6 +1,6 @@
-"""One stage of ``gpu_backend/device_run.sh``, its results written the moment it ends.
+"""One stage of ``gpu_backend/device/device_run.sh``, its results written the moment it ends.
 
-Mirrors nothing in vLLM. ``python -m gpu_backend.device_stages STAGE --device D --results DIR
+Mirrors nothing in vLLM. ``python -m gpu_backend.device.device_stages STAGE --device D --results DIR
 --out OUT [--quick] [--deadline EPOCH]`` runs one of :data:`STAGES` in its own process (a crash, an
 out-of-memory or a timeout costs that stage only) and writes
 
@@ -37,7 +37,7 @@ STAGES = ("correctness", "long_context", "bench", "link", "calibration", "valida
 IN_RUN_JSON = ("link",)
 """Stages whose whole (small) result rides in ``run.json``'s record instead of a file of its own under
 ``--out`` (the device tool brings back at most 8 files)."""
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CALIBRATE = {"cuda": ("configs/calibrate_chat_h200.yaml", "configs/calibrate_rag_h200.yaml"),
              "cpu": ("configs/calibrate_chat_cpu.yaml", "configs/calibrate_rag_cpu.yaml")}
 VALIDATE = {
@@ -64,7 +64,7 @@ def run_stage(stage: str, device_name: str, results: Path, *, quick: bool, deadl
     """Run ``stage``; returns (checks held, files written under ``results``, summary)."""
     import torch
 
-    from gpu_backend import device_checks as dc
+    from gpu_backend.device import device_checks as dc
 
     device = torch.device(device_name)
     if device.type == "cuda":
@@ -94,16 +94,16 @@ def _retime_passes(device: str) -> int:
 
 
 def _link(device: str, results: Path, *, quick: bool, log: Log) -> tuple[bool, list[Path], dict[str, Any]]:
-    """The CPU offload tier's link: the offload worker's block copies (``gpu_backend.link_timing``) of
+    """The CPU offload tier's link: the offload worker's block copies (``gpu_backend.calibration.link_timing``) of
     the validation model's KV blocks, device -> pinned host and back on CUDA, timed by CUDA events and
     fitted (bandwidth + per-transfer latency), beside the GPU spec's ``host_link_gb_s``. Without CUDA
     the CUDA copies are skipped and the same copies run host <-> host, labelled so: they check the
     stage, not a link."""
     import torch
 
-    from gpu_backend.calibrate import setup_from_config
-    from gpu_backend.link_timing import measure_link
-    from gpu_backend.model import DTYPES
+    from gpu_backend.calibration.calibrate import setup_from_config
+    from gpu_backend.calibration.link_timing import measure_link
+    from gpu_backend.executor.model import DTYPES
 
     setup, _ = setup_from_config(str(ROOT / VALIDATE[device]["validate_chat"]))
     cuda = device == "cuda" and torch.cuda.is_available()
@@ -133,8 +133,8 @@ def _calibration(device: str, results: Path, *, quick: bool, deadline: float | N
                  log: Log) -> tuple[bool, list[Path], dict[str, Any]]:
     import importlib.util
 
-    from gpu_backend.calibrate import calibrate, setup_from_config, write_outputs
-    from gpu_backend.profiling_grid import PRESETS
+    from gpu_backend.calibration.calibrate import calibrate, setup_from_config, write_outputs
+    from gpu_backend.calibration.profiling_grid import PRESETS
 
     setup, _ = setup_from_config(str(ROOT / VALIDATE[device]["validate_chat"]))
     setup.device = device
@@ -154,7 +154,7 @@ def _calibration(device: str, results: Path, *, quick: bool, deadline: float | N
 
 def _validation(device: str, results: Path, *, quick: bool, deadline: float | None,
                 log: Log) -> tuple[bool, list[Path], dict[str, Any]]:
-    from gpu_backend.validate import validate, with_fitted_latency
+    from gpu_backend.validation.validate import validate, with_fitted_latency
     from sim.experiment.config import load_config
 
     model_path = results / "model.json"

@@ -1,4 +1,4 @@
-"""Preflight of ``gpu_backend/device_run.sh``: what this machine has, in seconds, one line per
+"""Preflight of ``gpu_backend/device/device_run.sh``: what this machine has, in seconds, one line per
 missing piece, and the plan that follows from it.
 
 Mirrors nothing in vLLM. Checks (each degrades to a message, never a crash): the Python packages
@@ -12,7 +12,7 @@ status 0 when the required packages and (for ``--device cuda``) CUDA are there, 
 Invariants: imports only the standard library at module level; each package is imported once, in
 a try block; the whole check stays within a few seconds (torch's import is the slowest part).
 
-    python -m gpu_backend.preflight --device cuda --out $OUT [--results DIR]
+    python -m gpu_backend.device.preflight --device cuda --out $OUT [--results DIR]
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from typing import Literal
 
 import torch
 
-from gpu_backend.kv_cache import PagedKVCache
+from gpu_backend.layout.kv_cache import PagedKVCache
 
 
 class CPUKVStore:

@@ -3,10 +3,10 @@
 It implements the :class:`sim.core.executor.Executor` protocol: ``execute(SchedulerOutput) ->
 StepResult(duration_s, sampled_token_ids)``. Per step it
 
-1. updates its own per-request block tables from the output (:class:`~gpu_backend.kv_cache.BlockTables`,
+1. updates its own per-request block tables from the output (:class:`~gpu_backend.layout.kv_cache.BlockTables`,
    vLLM's model-runner rules) and, when given the scheduler's ``KVCacheManager`` (``verify_with``),
    asserts they equal the manager's allocation;
-2. flattens the scheduled prefill chunks and decodes into one batch (:func:`~gpu_backend.batch.build_batch`)
+2. flattens the scheduled prefill chunks and decodes into one batch (:func:`~gpu_backend.layout.batch.build_batch`)
    and runs the model over it, writing new K/V into the blocks the pool assigned;
 3. computes logits for the last token of every request whose prefill completes (vLLM's
    ``logits_indices``) and returns, as the sampled token, the request's *planned* next token
@@ -25,7 +25,7 @@ StepResult(duration_s, sampled_token_ids)``. Per step it
 A step that schedules nothing (async scheduling, or a step that only preempts) updates the block
 tables and returns zero seconds without a forward pass, as vLLM's model runner does.
 
-With a CPU offload tier (``offload``: :class:`~gpu_backend.offload_worker.TorchOffloadWorker`) the
+With a CPU offload tier (``offload``: :class:`~gpu_backend.executor.offload_worker.TorchOffloadWorker`) the
 step's connector metadata drives real block copies around the forward, empty steps included (vLLM
 runs the connector for them too): stores and flushes, then loads, before it; the step's report
 (``kv_output``: completed jobs, finished loads) after it. The measured step time is the forward's.
@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from gpu_backend.attention.base import Attention
-from gpu_backend.batch import SeqInput, StepBatch, build_batch
-from gpu_backend.kv_cache import BlockTables, PagedKVCache
-from gpu_backend.model import LlamaModel
+from gpu_backend.executor.model import LlamaModel
+from gpu_backend.layout.batch import SeqInput, StepBatch, build_batch
+from gpu_backend.layout.kv_cache import BlockTables, PagedKVCache
 from sim.core.executor import StepResult, StepShape, step_shape
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpu_backend.offload_worker import TorchOffloadWorker
+    from gpu_backend.executor.offload_worker import TorchOffloadWorker
     from sim.core.kv_cache_manager import KVCacheManager
     from sim.core.scheduler_output import SchedulerOutput
     from sim.core.transfer_job import KVConnectorOutput
@@ -103,7 +103,7 @@ class TorchExecutor:
         self.kept_logits: dict[str, list[tuple[int, torch.Tensor]]] = defaultdict(list)
         self.step_log: list[tuple[int, str, int, int, float]] = []  # (step, kind, seqs, tokens, seconds)
         self.step_shapes: list[StepShape] = []  # the StepShape of each logged step (validation, per-step error)
-        self.keep_inputs = False  # keep each logged step's inputs (re-timing, gpu_backend.real_run)
+        self.keep_inputs = False  # keep each logged step's inputs (re-timing, gpu_backend.executor.real_run)
         self.step_inputs: list[list[SeqInput]] = []
 
     # -- the Executor protocol ----------------------------------------------------------------
@@ -159,7 +159,7 @@ class TorchExecutor:
     def run_timed(self, seqs: list[SeqInput]) -> tuple[float, StepBatch, torch.Tensor | None]:
         """The measured part of a step: batch preparation + forward + logits of the sampling rows.
 
-        Returns ``(seconds, batch, logits)``. The calibration (:mod:`gpu_backend.calibrate`) times
+        Returns ``(seconds, batch, logits)``. The calibration (:mod:`gpu_backend.calibration.calibrate`) times
         its profiling shapes through this very method, so fitted and replayed step times measure the
         same code."""
         cuda = self.cache.device.type == "cuda"

@@ -1,4 +1,4 @@
-"""Build a :class:`~gpu_backend.executor.TorchExecutor` from an experiment config.
+"""Build a :class:`~gpu_backend.executor.executor.TorchExecutor` from an experiment config.
 
 ``make_torch_executor(cfg, scheduler)`` is the ``executor_factory`` that ``sim.experiment.run`` takes for
 ``apcsim run ... --backend torch``: it reads the config's ``backend:`` section (model shape, dtype,
@@ -7,7 +7,7 @@ device, attention, seed, threads, timing and its repeats), sizes the paged KV ca
 model directly on the device, and selects the attention path (the choice and every probe go to
 ``meta.json`` under ``executor``). With a CPU offload tier (``engine.kv_offloading_size`` or
 ``engine.num_cpu_blocks``) it adds the worker that performs the tier's copies
-(:class:`~gpu_backend.offload_worker.TorchOffloadWorker`, a CPU store of the tier's chunks, pinned on
+(:class:`~gpu_backend.executor.offload_worker.TorchOffloadWorker`, a CPU store of the tier's chunks, pinned on
 CUDA); the replay's link model still decides when the scheduler hears of each transfer. Problems are
 reported as :class:`sim.experiment.config.ConfigError`.
 """
@@ -19,11 +19,11 @@ import os
 import torch
 
 from gpu_backend.attention import select_attention
-from gpu_backend.executor import TorchExecutor
-from gpu_backend.kv_cache import PagedKVCache
-from gpu_backend.model import DTYPES, LlamaModel
-from gpu_backend.offload_worker import TorchOffloadWorker
-from gpu_backend.shapes import resolve_model_shape
+from gpu_backend.executor.executor import TorchExecutor
+from gpu_backend.executor.model import DTYPES, LlamaModel
+from gpu_backend.executor.offload_worker import TorchOffloadWorker
+from gpu_backend.layout.kv_cache import PagedKVCache
+from gpu_backend.layout.shapes import resolve_model_shape
 from sim.core.scheduler import Scheduler
 from sim.experiment.config import ConfigError, ExperimentConfig
 

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from gpu_backend.attention.base import Attention
-from gpu_backend.batch import StepBatch
-from gpu_backend.kv_cache import PagedKVCache
-from gpu_backend.shapes import RMS_EPS, ROPE_THETA
+from gpu_backend.layout.batch import StepBatch
+from gpu_backend.layout.kv_cache import PagedKVCache
+from gpu_backend.layout.shapes import RMS_EPS, ROPE_THETA
 from sim.timing.roofline import ModelSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

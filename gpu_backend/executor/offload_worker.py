@@ -37,8 +37,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from gpu_backend.cpu_kv_store import CopyQueue, CPUKVStore, Transfer, device_tensors
-from gpu_backend.kv_cache import PagedKVCache
+from gpu_backend.executor.cpu_kv_store import CopyQueue, CPUKVStore, Transfer, device_tensors
+from gpu_backend.layout.kv_cache import PagedKVCache
 from sim.core.transfer_job import KVConnectorMetadata, KVConnectorOutput, TransferJob
 
 if TYPE_CHECKING:  # pragma: no cover

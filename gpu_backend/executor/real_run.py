@@ -3,7 +3,7 @@ pass, and the latency model's in-situ error on its steps.
 
 Mirrors vLLM's engine loop with a real model runner: the same scheduler and pool as the simulated
 replay (``sim.experiment.run.replay_experiment``), only step durations come from the
-:class:`~gpu_backend.executor.TorchExecutor`'s measurements instead of the latency model.
+:class:`~gpu_backend.executor.executor.TorchExecutor`'s measurements instead of the latency model.
 
 Invariants: before each real replay the executor runs a few discarded warm-up steps on random pool
 blocks, harmless to the replay (a block is only read after the replay itself wrote it); every
@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from gpu_backend.batch import SeqInput
-from gpu_backend.executor import TorchExecutor
-from gpu_backend.factory import make_torch_executor
+from gpu_backend.executor.executor import TorchExecutor
+from gpu_backend.executor.factory import make_torch_executor
+from gpu_backend.layout.batch import SeqInput
 from sim.core.executor import StepShape
 from sim.core.scheduler import Scheduler
 from sim.experiment.config import ExperimentConfig

@@ -16,11 +16,11 @@ also assert that its scenario really occurred. Cases (``CASES``):
   re-admitted with a hit on the survivors;
 * ``salts``: identical tokens under two cache salts -- no cross-salt reuse, equal logits;
 * ``random_mix``: a seeded random workload on a small pool (everything at once);
-* ``long_context`` (:mod:`gpu_backend.cases_long`, separate for its cost): a 32k-token prompt in
+* ``long_context`` (:mod:`gpu_backend.validation.cases_long`, separate for its cost): a 32k-token prompt in
   chunks, then a request that hits all of its 2,048 blocks and decodes over them;
 * negative controls ``corrupt_shared_block`` and ``top_left_mask`` must make the comparison FAIL.
 
-Shared by ``tests/test_gpu_backend_*.py`` (CPU, fp32) and ``gpu_backend/device_checks.py`` (the device run).
+Shared by ``tests/test_gpu_backend_*.py`` (CPU, fp32) and ``gpu_backend/device/device_checks.py`` (the device run).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import numpy as np
 import torch
 
 from gpu_backend.attention import Attention, ReferenceAttention, SplitAttention
-from gpu_backend.executor import TorchExecutor
-from gpu_backend.kv_cache import PagedKVCache
-from gpu_backend.model import LlamaModel
+from gpu_backend.executor.executor import TorchExecutor
+from gpu_backend.executor.model import LlamaModel
+from gpu_backend.layout.kv_cache import PagedKVCache
 from sim.core.block_pool import BlockPool
 from sim.core.config import CacheConfig, SchedulerConfig
 from sim.core.hashing import make_block_hasher

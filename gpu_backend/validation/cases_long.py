@@ -4,8 +4,8 @@ Mirrors vLLM's prefix caching at long context (hundreds to thousands of blocks p
 prompt of ``context`` tokens is prefilled in chunks (``max_num_batched_tokens``), a later request
 with the same prefix and a short tail hits all of its full blocks and decodes over them; every
 kept logit of both is compared with one dense recompute of the longer sequence (the shorter one is
-its prefix, so one causal pass serves both). Driven by :class:`gpu_backend.cases.Harness` (block
-tables checked after every step). Kept apart from :mod:`gpu_backend.cases` for its cost: two
+its prefix, so one causal pass serves both). Driven by :class:`gpu_backend.validation.cases.Harness` (block
+tables checked after every step). Kept apart from :mod:`gpu_backend.validation.cases` for its cost: two
 causal attentions over 32k tokens (one paged, one dense), minutes on a CPU.
 
 Imports torch and numpy (through ``cases``).
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from gpu_backend.attention import Attention
-from gpu_backend.cases import CaseResult, Harness, _outs, _toks
-from gpu_backend.model import LlamaModel
+from gpu_backend.executor.model import LlamaModel
+from gpu_backend.validation.cases import CaseResult, Harness, _outs, _toks
 
 
 def case_long_context(model: LlamaModel, attention: Attention | None = None, *, context: int = 32768,

@@ -2,7 +2,8 @@
 as a dense recompute (reuse equals recompute, for vLLM 0.33.0's native offloading on the real backend).
 
 The sim ``Scheduler`` with an offload tier (vLLM 0.33.0's profile, ``OffloadConfig``) drives a
-:class:`~gpu_backend.executor.TorchExecutor` whose :class:`~gpu_backend.offload_worker.TorchOffloadWorker`
+:class:`~gpu_backend.executor.executor.TorchExecutor` whose
+:class:`~gpu_backend.executor.offload_worker.TorchOffloadWorker`
 copies blocks between the NaN-poisoned paged cache and a CPU store; the worker's own reports
 (``completed_jobs``, ``finished_recving``) go back to ``update_from_output``, as vLLM's worker
 output does. Block tables are checked after every step (requests waiting for their load excepted),
@@ -31,11 +32,11 @@ from typing import Any
 import numpy as np
 
 from gpu_backend.attention import Attention, ReferenceAttention, SplitAttention
-from gpu_backend.cases import Admission, CaseResult, Harness, _outs, _toks
-from gpu_backend.executor import TorchExecutor
-from gpu_backend.kv_cache import PagedKVCache
-from gpu_backend.model import LlamaModel
-from gpu_backend.offload_worker import TorchOffloadWorker
+from gpu_backend.executor.executor import TorchExecutor
+from gpu_backend.executor.model import LlamaModel
+from gpu_backend.executor.offload_worker import TorchOffloadWorker
+from gpu_backend.layout.kv_cache import PagedKVCache
+from gpu_backend.validation.cases import Admission, CaseResult, Harness, _outs, _toks
 from sim.core.config import CacheConfig, OffloadConfig, SchedulerConfig
 from sim.core.hashing import make_block_hasher
 from sim.core.request import Request
@@ -44,7 +45,7 @@ from sim.core.version_profile import V0_33_0
 
 
 class OffloadHarness(Harness):
-    """:class:`~gpu_backend.cases.Harness` over a scheduler with a CPU tier and a copying worker."""
+    """:class:`~gpu_backend.validation.cases.Harness` over a scheduler with a CPU tier and a copying worker."""
 
     def __init__(self, model: LlamaModel, attention: Attention | None = None, *, num_blocks: int = 9,
                  block_size: int = 16, num_cpu_chunks: int = 64, blocks_per_chunk: int = 1, policy: str = "lru",

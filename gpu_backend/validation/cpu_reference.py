@@ -7,20 +7,20 @@ that drift as bias. Here the real replays of the calibration workloads (``calibr
 ``calibrate_rag``, in the first round) and of the held-out validation workloads (``validate_chat``,
 ``validate_rag``, once per round) are measured in one window, and in every round the steps of
 the first calibration replays and of validation real run 1 are all re-timed
-(:func:`gpu_backend.real_run.retime`: in replay order, back to back), so a slow spell hits
+(:func:`gpu_backend.executor.real_run.retime`: in replay order, back to back), so a slow spell hits
 calibration and validation alike. Calibration and validation then use one estimator of a step's
 time -- its median over the re-timing passes: the model is fitted on the calibration replays'
 medians and the isolated grid (never on a validation step), and the per-step error is taken
 against the validation steps' medians. Each validation report is built from its first two real
 runs. ``calibration_steps.csv`` keeps every calibration replay step's single measurement beside its
-median (:mod:`gpu_backend.fit_ablation` refits on either). The commands ``apcsim calibrate
+median (:mod:`gpu_backend.calibration.fit_ablation` refits on either). The commands ``apcsim calibrate
 --replay-retime-passes N`` and ``apcsim validate --retime-passes N`` do the same steps one after
 the other.
 
 Invariants: the validation workloads never enter the fit; every input and setting is in the
 output (model file metadata, report.json: config, git commit, package versions). Imports torch.
 
-    python -m gpu_backend.cpu_reference --out results/reference/cpu_tiny
+    python -m gpu_backend.validation.cpu_reference --out results/reference/cpu_tiny
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gpu_backend.calibrate import calibrate, setup_from_config, write_outputs
-from gpu_backend.profiling_grid import PRESETS
-from gpu_backend.real_run import RealRun, real_run, retime, steps_table
-from gpu_backend.replay_samples import backend_overrides
-from gpu_backend.validate import validate, with_fitted_latency
-from gpu_backend.validation_report import validation_table
+from gpu_backend.calibration.calibrate import calibrate, setup_from_config, write_outputs
+from gpu_backend.calibration.profiling_grid import PRESETS
+from gpu_backend.calibration.replay_samples import backend_overrides
+from gpu_backend.executor.real_run import RealRun, real_run, retime, steps_table
+from gpu_backend.validation.validate import validate, with_fitted_latency
+from gpu_backend.validation.validation_report import validation_table
 from sim.experiment.config import load_config
 
 CALIBRATION = ("configs/calibrate_chat_cpu.yaml", "configs/calibrate_rag_cpu.yaml")
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run.steps_retimed, run.retime_passes, run.step_inputs = np.median(passes, axis=0), len(passes), None
     model, rows = calibrate(setup, PRESETS[a.grid], premeasured=cal_runs)
     model.metadata["reference_procedure"] = (
-        f"gpu_backend.cpu_reference: {[c.name for c in cal_cfgs]} (calibration, round 1) and "
+        f"gpu_backend.validation.cpu_reference: {[c.name for c in cal_cfgs]} (calibration, round 1) and "
         f"{[c.name for c in val_cfgs.values()]} (validation, never fitted) in {a.rounds} rounds, each re-timing every "
         f"step of the calibration replays and of validation real run 1 ({a.retime_passes} passes per round); "
         f"replay samples are the steps' medians over the passes; grid {a.grid}")

@@ -1,7 +1,7 @@
 """The noise study's report: ``noise.json`` (every raw time and figure, with git commit and package
 versions) and ``noise.md`` (the tables).
 
-Mirrors nothing in vLLM. Invariants: renders only what :mod:`gpu_backend.noise_study` measured; a
+Mirrors nothing in vLLM. Invariants: renders only what :mod:`gpu_backend.validation.noise_study` measured; a
 missing figure prints ``n/a``. Imports the standard library and ``sim.experiment.results``.
 """
 

@@ -17,7 +17,7 @@ Mirrors nothing in vLLM. Three measurements, written to one results folder with 
 Invariants: every figure is computed from the raw times kept in the output (``noise.json``); the
 process's CPU affinity and torch thread count are restored after each setting. Imports torch.
 
-    python -m gpu_backend.noise_study --out results/reference/cpu_tiny/noise [--quick]
+    python -m gpu_backend.validation.noise_study --out results/reference/cpu_tiny/noise [--quick]
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu_backend.calibrate import CalibrationSetup, build_executor
-from gpu_backend.grid_timing import _inputs
-from gpu_backend.host import load_average
-from gpu_backend.latency_error import compare
-from gpu_backend.profiling_grid import GridPoint, pool_blocks
+from gpu_backend.calibration.calibrate import CalibrationSetup, build_executor
+from gpu_backend.calibration.grid_timing import _inputs
+from gpu_backend.calibration.host import load_average
+from gpu_backend.calibration.profiling_grid import GridPoint, pool_blocks
+from gpu_backend.validation.latency_error import compare
 from sim.core.executor import StepShape
 from sim.timing.latency import LatencyModel
 
@@ -186,7 +186,7 @@ REAL_SETTINGS = (("wall, 1 run", "wall", 1), ("thread_cpu, 1 run", "thread_cpu",
 
 def real_vs_real(config: str | Path, log: Callable[[str], object], limit: int | None = None) -> list[dict[str, Any]]:
     """Two real replays of ``config`` per timing setting; their per-request TTFT/E2E error."""
-    from gpu_backend.real_run import real_run
+    from gpu_backend.executor.real_run import real_run
     from sim.experiment.config import load_config
 
     rows = []
@@ -207,7 +207,7 @@ def real_vs_real(config: str | Path, log: Callable[[str], object], limit: int | 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gpu_backend.noise_report import write_report
+    from gpu_backend.validation.noise_report import write_report
 
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--out", required=True)

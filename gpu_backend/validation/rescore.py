@@ -1,12 +1,12 @@
 """Re-score a validation report folder from the measurements it already holds.
 
-Mirrors nothing in vLLM. ``apcsim validate`` (``gpu_backend.validate``) keeps every request's
+Mirrors nothing in vLLM. ``apcsim validate`` (``gpu_backend.validation.validate``) keeps every request's
 simulated and real latencies in ``pairs.csv`` and the per-step error in ``report.json``. When the
 *statistics* change -- for instance the noise floor over every pair of real runs
-(:func:`gpu_backend.latency_error.noise_over_pairs`) in place of real run 2 against run 1 -- a
+(:func:`gpu_backend.validation.latency_error.noise_over_pairs`) in place of real run 2 against run 1 -- a
 folder can be scored again without timing anything again::
 
-    python -m gpu_backend.rescore results/reference/cpu_tiny/validate_chat [...]
+    python -m gpu_backend.validation.rescore results/reference/cpu_tiny/validate_chat [...]
 
 Invariants: only ``report.json``'s ``stats`` and ``targets`` are recomputed, from ``pairs.csv``;
 everything measured (``per_step``, summaries, wall times, the run's commit and versions) is kept as
@@ -25,8 +25,8 @@ from typing import Any
 
 import pandas as pd
 
-from gpu_backend.latency_error import summarize_pairs, targets
-from gpu_backend.validation_report import render_markdown
+from gpu_backend.validation.latency_error import summarize_pairs, targets
+from gpu_backend.validation.validation_report import render_markdown
 from sim.experiment.results import git_commit, write_json
 
 

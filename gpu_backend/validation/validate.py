@@ -5,7 +5,7 @@ Mirrors nothing in vLLM (it checks the simulator against real forward passes). T
 
 * once **simulated**: the SimPy replay with the calibrated latency model (``latency: {kind: fitted,
   path: ...}`` in the config, or ``--model-file``);
-* ``--real-runs`` times (default 2) **real** (:mod:`gpu_backend.real_run`): the same SimPy replay
+* ``--real-runs`` times (default 2) **real** (:mod:`gpu_backend.executor.real_run`): the same SimPy replay
   with every step a real forward pass on the torch backend (config section ``backend:``), step
   durations measured.
 
@@ -17,14 +17,14 @@ is what a user of the simulator reads -- and the report says how often the prefi
 ``hit_tokens`` granted at admission agree between the runs. Scheduler (Python) time is in neither.
 
 The figures (MAPE, signed percentile errors, Pearson r, quality band, noise floor between real
-runs, and the latency model's error targets) are :mod:`gpu_backend.latency_error`'s; plus the latency
+runs, and the latency model's error targets) are :mod:`gpu_backend.validation.latency_error`'s; plus the latency
 model's in-situ per-step error on every step of real run 1, by step kind.
 
 Output folder (default ``<output_dir>/<name>/validate``): ``report.md``
-(:mod:`gpu_backend.validation_report`), ``report.json``, ``pairs.csv`` (one row per request: sim,
+(:mod:`gpu_backend.validation.validation_report`), ``report.json``, ``pairs.csv`` (one row per request: sim,
 real and real-2 TTFT/TPOT/E2E and hit tokens), ``steps_real1.csv`` (every step of real run 1:
 shape, measured and predicted seconds), ``scatter.png``, ``cdf.png``
-(:mod:`gpu_backend.validation_plots`).
+(:mod:`gpu_backend.validation.validation_plots`).
 
 Invariants: the simulated replay needs a fitted latency model (else ConfigError); at least one real
 run; with a time budget, fewer real runs (never none) and a warning saying so. Imports torch.
@@ -43,12 +43,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpu_backend.host import load_average
-from gpu_backend.latency_error import pairs_table, summarize_pairs, targets
-from gpu_backend.profiling_grid import PRESETS
-from gpu_backend.real_run import RealRun, per_step_error, real_run, steps_table
-from gpu_backend.validation_plots import plot_cdf, plot_scatter
-from gpu_backend.validation_report import render_markdown, validation_table
+from gpu_backend.calibration.host import load_average
+from gpu_backend.calibration.profiling_grid import PRESETS
+from gpu_backend.executor.real_run import RealRun, per_step_error, real_run, steps_table
+from gpu_backend.validation.latency_error import pairs_table, summarize_pairs, targets
+from gpu_backend.validation.validation_plots import plot_cdf, plot_scatter
+from gpu_backend.validation.validation_report import render_markdown, validation_table
 from sim.cli.calibrate import add_validate_arguments
 from sim.experiment.config import ConfigError, ExperimentConfig, config_from_dict, config_to_dict, load_config
 from sim.experiment.results import git_commit, package_versions, write_json
@@ -87,7 +87,7 @@ def consistency_warnings(cfg: ExperimentConfig, model: FittedLatency) -> list[st
 
 
 def grid_preset_name(grid: Any) -> str | None:
-    """The name of the profiling-grid preset (``gpu_backend.profiling_grid.PRESETS``) a model was
+    """The name of the profiling-grid preset (``gpu_backend.calibration.profiling_grid.PRESETS``) a model was
     calibrated on, from its metadata, or None when it matches none of them."""
     preset = grid.get("preset") if isinstance(grid, dict) else None
     for name, p in PRESETS.items():
@@ -121,7 +121,7 @@ def validate(cfg: ExperimentConfig, out_dir: str | Path, *, real_runs: int = 2, 
     least one) when they would not fit; the report says so. ``reals`` are real runs of ``cfg``
     measured beforehand (e.g. interleaved with the calibration's replays, so that a shared
     machine's slow drift affects both alike); then none is run here. ``retime_passes``: see
-    :func:`gpu_backend.real_run.real_run` (the first real run only)."""
+    :func:`gpu_backend.executor.real_run.real_run` (the first real run only)."""
     if real_runs < 1:
         raise ValueError("need at least one real run")
     t0 = time.perf_counter()

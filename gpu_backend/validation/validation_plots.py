@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpu_backend.latency_error import METRICS
+from gpu_backend.validation.latency_error import METRICS
 
 
 def _plain_ticks(axis: Any) -> None:

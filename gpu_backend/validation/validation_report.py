@@ -5,7 +5,7 @@ simulated distribution's P50 against the real one's; *percentiles of the per-req
 request's own error), and the report ends with a suggested next step (:func:`next_step`: recalibrate
 when a step kind is mispriced, accept the noise floor, or use the model).
 
-Invariants: renders only what ``gpu_backend.validate`` computed (the report dict also written as
+Invariants: renders only what ``gpu_backend.validation.validate`` computed (the report dict also written as
 ``report.json``); a missing or non-finite figure prints ``n/a``, never a made-up number. Imports
 nothing beyond the standard library and ``latency_error``'s metric names and ``noise_of``.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpu_backend.latency_error import METRICS, noise_of
+from gpu_backend.validation.latency_error import METRICS, noise_of
 
 
 def _pct(x: Any) -> str:
@@ -124,7 +124,7 @@ def next_step(report: dict[str, Any]) -> str:
         return (f"The TTFT error (MAPE {_abs_pct(mape)}) is within the backend's own run-to-run noise "
                 f"({_abs_pct(noise)}): this machine cannot measure the model more precisely. For tighter figures "
                 f"calibrate and validate where step times are stable (a dedicated GPU: "
-                f"`bash gpu_backend/device_run.sh`).")
+                f"`bash gpu_backend/device/device_run.sh`).")
     if report.get("targets", {}).get("all_met"):
         return (f"The fitted model meets the accuracy targets: use it in experiments and sweeps with "
                 f"`latency: {{kind: fitted, path: {path}}}`.")

@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-GRID_PRESETS = ("quick", "cpu", "gpu")  # gpu_backend.calibrate.PRESETS (checked there)
-DTYPE_NAMES = ("float32", "bfloat16", "float16")  # gpu_backend.model.DTYPES
+GRID_PRESETS = ("quick", "cpu", "gpu")  # gpu_backend.calibration.calibrate.PRESETS (checked there)
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # gpu_backend.executor.model.DTYPES
 ATTENTIONS = ("auto", "reference", "triton", "flash_paged", "flash_gather")
 
 COMMANDS: dict[str, str] = {
-    "calibrate": "gpu_backend.calibrate:run_from_args",
-    "validate": "gpu_backend.validate:run_from_args",
+    "calibrate": "gpu_backend.calibration.calibrate:run_from_args",
+    "validate": "gpu_backend.validation.validate:run_from_args",
 }
 """The function behind each command, ``(args: argparse.Namespace) -> int``, by ``module:function``."""
 

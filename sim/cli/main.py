@@ -17,8 +17,8 @@ of a config's workload (``sim.cli.workloads``).
 ``apcsim convert LOG --format openai --tokenizer MODEL_DIR --out T.jsonl`` turns your own traffic into a
 trace and ``apcsim anonymize T.jsonl --block-size B --salt S --out H.jsonl`` hashes it for sharing
 (``sim.cli.convert``).
-``apcsim calibrate ...`` fits the latency model on the torch backend (``gpu_backend.calibrate``) and
-``apcsim validate CONFIG`` compares simulated and real per-request latency (``gpu_backend.validate``);
+``apcsim calibrate ...`` fits the latency model on the torch backend (``gpu_backend.calibration.calibrate``) and
+``apcsim validate CONFIG`` compares simulated and real per-request latency (``gpu_backend.validation.validate``);
 registered by ``sim.cli.calibrate``; torch and ``gpu_backend`` are imported only when they run.
 
 Invariants: every error the user can fix is an :class:`~sim.core.errors.ApcsimError` (config,

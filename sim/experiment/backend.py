@@ -6,7 +6,7 @@ registering into an interface owned above them).
 The interface is :class:`sim.core.executor.Executor`, built per run by an
 :data:`~sim.experiment.run.ExecutorFactory` ``(cfg, scheduler) -> Executor``. ``sim`` is the
 simulated executor (the latency model); ``torch`` runs real forward passes
-(``gpu_backend.factory.make_torch_executor``). :func:`load_entry` also serves the command line's
+(``gpu_backend.executor.factory.make_torch_executor``). :func:`load_entry` also serves the command line's
 registry of ``gpu_backend`` commands (``sim.cli.calibrate``).
 
 Invariants: no entry is imported before it is asked for, so neither ``sim`` nor a simulated run
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 EXECUTORS: dict[str, str] = {
     "sim": "sim.experiment.run:simulated_executor",
-    "torch": "gpu_backend.factory:make_torch_executor",
+    "torch": "gpu_backend.executor.factory:make_torch_executor",
 }
 """Executor factories by backend name (``apcsim run --backend NAME``)."""
 

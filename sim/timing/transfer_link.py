@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 LINK_KEY = "host_link"
-"""The calibration file's section with the fitted link (``gpu_backend.link_timing`` writes it)."""
+"""The calibration file's section with the fitted link (``gpu_backend.calibration.link_timing`` writes it)."""
 
 
 @dataclass(frozen=True)
