@@ -75,7 +75,7 @@ def _progress_enabled(cfg: ExperimentConfig, progress: bool | None) -> bool:
 
 ExecutorFactory = Callable[[ExperimentConfig, Scheduler], Executor]
 """Builds the executor for a scheduler: :func:`simulated_executor`, or one named in
-``sim.experiment.executor`` (``torch``: ``gpu_backend.factory.make_torch_executor``)."""
+``sim.experiment.executor`` (``torch``: ``gpu_backend.executor.factory.make_torch_executor``)."""
 
 
 def replay_experiment(
