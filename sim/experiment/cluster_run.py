@@ -9,6 +9,10 @@ them on the config's workload.
 The results folder is the single engine's (``sim.experiment.results``) with the fleet's tables
 (``requests`` with ``replica``, ``reroutes``, ``believed_hit_tokens``; ``steps`` with
 ``replica``), the summary with its ``cluster`` block, and ``replicas.csv`` (one row per replica).
+With ``replay.attribution`` (``sim.cluster.fleet_attribution``) the tables carry the miss causes,
+``routed_away`` among them, the comparison rows the prompt tokens each router lost to routing, and
+the compared routers' own tables go to ``compared_requests.parquet`` / ``compared_blocks.parquet``
+(``apcsim explain --router NAME``).
 
 Before anything is built, the fleet's memory is estimated from the resolved engines
 (``sim.experiment.fleet_memory``): a fleet that cannot fit the machine is refused, naming

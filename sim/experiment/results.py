@@ -12,6 +12,9 @@
 * ``blocks.parquet`` -- one row per prompt block of every request at its first admission, with its
   miss cause, when ``replay.attribution`` is ``full`` (``sim.replay.attribution_records``; parquet
   only: it has a row per block);
+* ``compared_requests.parquet`` / ``compared_blocks.parquet`` -- a cluster run with
+  ``replay.attribution`` and ``cluster.compare``: the compared routers' requests and block rows,
+  with a ``router`` column (``sim.experiment.cluster_run``, for ``apcsim explain --router``);
 * ``meta.json`` -- git commit, package versions, platform, wall time, ``run_id`` (differ run to
   run) and ``complete: true``; written last.
 
