@@ -75,7 +75,10 @@ def _router_tables(run_dir: Path, router: str | None) -> tuple[pd.DataFrame, Pat
     if router is None or router == _primary_router(run_dir):
         return _requests(run_dir), run_dir / "blocks.parquet", []
     req_path, blocks_path = (run_dir / name for name in _COMPARED)
-    names = [_primary_router(run_dir) or "-"]
+    primary = _primary_router(run_dir)
+    if primary is None:
+        raise ExplainError(f"{run_dir}: --router {router}: not a cluster run (one engine, one replay)")
+    names = [primary]
     if req_path.exists():
         compared = pd.read_parquet(req_path)
         names += sorted(set(compared["router"].astype(str)))

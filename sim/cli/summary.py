@@ -211,7 +211,10 @@ def _routing(s: Mapping[str, Any]) -> str | None:
             f"{sig(s.get('first_admission_token_hit_rate'))} of the {sig(inf)} that one infinite cache shared by "
             f"the fleet would give" + (f" ({', '.join(others)} on the same fleet and stream)" if others else "")
             + ": a request hits only on the replica it is sent to, so the router decides which prefixes it can "
-            "reach; the rest is lost to evictions within a replica and to turns sent away from their prefix")
+            "reach; the rest is lost to evictions within a replica and to turns sent away from their prefix"
+            + (f" ({sig(away / s['prompt_tokens'])} of the prompt tokens were resident on another replica when "
+               "routed: routed_away)" if _ok(away := (s.get("miss_attribution") or {}).get("routed_away"))
+               and s.get("prompt_tokens") else ""))
 
 
 def _left_out(s: Mapping[str, Any]) -> str:
