@@ -19,7 +19,9 @@ with the former serialization (``ConvertOptions(reference=True)``: ids as lists 
 Prints per run the lines, requests, tokens, wall and CPU seconds (``getrusage``: this process, the
 tokenizer's threads and ``--workers`` processes, so that other programs' load on a shared box does
 not count), lines/s wall and lines per CPU-second, whether the target is met on this machine, and
-how many fully used cores the target needs at the measured lines per CPU-second.
+how many fully used cores the target needs at the measured lines per CPU-second; with ``--workers``
+also the converting process's own CPU per line (``us_per_line_main``: reading, ordering and writing,
+which no worker shares -- the rate cannot pass one line per that time, however many cores).
 
     python benchmarks/bench_convert.py [--lines 100000] [--log sessions|independent|both]
         [--path fast|reference|both] [--repeat N] [--workers N] [--keep DIR] [--out DIR]
@@ -143,21 +145,25 @@ LOGS = {"sessions": (write_session_log, "last"), "independent": (write_independe
 TARGET = 20_000  # lines/s (issue 35)
 
 
-def _cpu_s() -> float:
+def _cpu_s() -> tuple[float, float]:
+    """CPU seconds of this process (its threads included) and of it with its waited-for children."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    mine = own.ru_utime + own.ru_stime
+    return mine, mine + kids.ru_utime + kids.ru_stime
 
 
 def _run(log: Path, out: Path, model: Path, turns: str, reference: bool, workers: int) -> dict[str, Any]:
-    wall, cpu = time.perf_counter(), _cpu_s()
+    wall, (main, cpu) = time.perf_counter(), _cpu_s()
     s = convert(log, out, ConvertOptions(format="openai", tokenizer=str(model), turns=turns,  # type: ignore[arg-type]
                                          progress=False, workers=workers, reference=reference))
-    wall, cpu = time.perf_counter() - wall, _cpu_s() - cpu
+    end = _cpu_s()
+    wall, main, cpu = time.perf_counter() - wall, end[0] - main, end[1] - cpu
     lines = s.records + s.rejected_lines
     return {"path": "reference" if reference else "fast", "lines": lines, "requests": s.requests,
             "prompt_tokens": s.prompt_tokens, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
             "lines_per_s": round(lines / wall), "lines_per_cpu_s": round(lines / cpu),
-            "us_per_line_cpu": round(cpu / lines * 1e6, 1), "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}
+            "us_per_line_cpu": round(cpu / lines * 1e6, 1), "us_per_line_main": round(main / lines * 1e6, 1),
+            "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}
 
 
 def main() -> None:
@@ -205,7 +211,8 @@ def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
                 r["target"] = "met" if r["lines_per_s"] >= TARGET else "missed"
                 rows.append(r)
     keys = ["log", "turns", "mb", "path", "workers", "lines", "requests", "prompt_tokens", "wall_s", "cpu_s",
-            "lines_per_s", "lines_per_cpu_s", "us_per_line_cpu", "cpu_ratio", "cores_for_target", "target"]
+            "lines_per_s", "lines_per_cpu_s", "us_per_line_cpu", "us_per_line_main", "cpu_ratio", "cores_for_target",
+            "target"]
     table = "| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n"
     table += "".join("| " + " | ".join(str(r[k]) for k in keys) + " |\n" for r in rows)
     print("\n" + table, end="")
