@@ -219,3 +219,20 @@ def test_miss_cause_bars_of_a_fleet_stack_to_one() -> None:
                          **{f"miss_attribution.{k}": v for k, v in s["miss_attribution"].items()}}])
     parts = fractions(row)
     assert "routed_away" in parts and sum(float(v[0]) for v in parts.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_a_hybrid_fleet_routes_away_by_the_other_replicas_lookup() -> None:
+    """Full attention + a 32-token sliding window: the other replica's lookup (every group's rule)
+    decides how far the chain was resident; r1's four blocks were all on replica 0."""
+    cfg = config_from_dict({
+        "name": "t", "engine": {"max_model_len": 2048, "num_gpu_blocks": 400, "kv_cache_groups": [
+            {"kind": "full", "block_size": 16}, {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}]},
+        "workload": {"kind": "synthetic_shared_prefix", "num_requests": 10},
+        "cluster": {"replicas": 2, "router": "round_robin"},
+    })
+    a = _tokens(1000, 64)
+    reqs = [TraceRequest(f"r{i}", float(i), np.concatenate([a, _tokens(90_000 + 100 * i, 8)]), 4) for i in range(3)]
+    for level in ("summary", "full"):
+        res = _replay(cfg, reqs, attribution=level).requests.set_index("request_id")
+        assert res.loc["r1", FLEET_MISS_COLUMN] == 64 and res.loc["r1", "replica"] == 1
+        assert res.loc["r2", "hit_tokens"] == 64 and res.loc["r2", FLEET_MISS_COLUMN] == 0

@@ -5,13 +5,15 @@ request missed; this answers it for the ``sim.cluster`` replay).
 
 At each routing (:meth:`FleetAttributions.routed`, called by the dispatcher right after the chosen
 replica's intake took the request, before any step runs) the request's prompt chain -- as the
-chosen replica hashed it -- is looked up in the pool of every other replica that is up and hashes
-alike (same block size, hash algorithm, hash seed and extra-key format, one full-attention group):
-the longest prefix of its first ``L = (P - 1) // B`` block keys that replica holds (a pure read of
-``cached_block_hash_to_block``: cached blocks, free or in use). The largest such prefix, first
-replica in index order on a tie, is handed to the chosen replica's attribution; the chosen replica
-itself is not looked at (its lookup at admission is the hit). A request that skips the cache, or a
-chosen replica without prefix caching, gets nothing.
+chosen replica hashed it -- is looked up on every other replica that is up, has prefix caching on
+and hashes alike (same block size, hash algorithm, hash seed, extra-key format and hash block
+size): the hit that replica's own lookup would grant it now, capped at ``P - 1`` tokens as vLLM's
+``get_computed_blocks`` caps it (its coordinator's ``find_longest_cache_hit``, a query: cached
+blocks, free or in use; with groups, every group's rule; with EAGLE, less the dropped block). The
+largest such hit, first replica in index order on a tie, is handed to the chosen replica's
+attribution in scheduler blocks; the chosen replica itself is not looked at (its lookup at
+admission is the hit). A request that skips the cache, or a chosen replica without prefix caching,
+gets nothing.
 
 Tables: a replica's ``requests`` gain the ``miss_<cause>_tokens`` columns (``miss_routed_away_tokens``
 among them) of its own records; with a fault, the records of the incarnation that admitted the
@@ -39,15 +41,11 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 
-def resident_prefix(attribution: FleetAttribution, keys: Sequence[bytes]) -> int:
-    """Query: how many of ``keys``, from the first, the attribution's pool holds (cached)."""
-    get = attribution.pool.cached_block_hash_to_block.get_one_block
-    n = 0
-    for k in keys:
-        if get(k) is None:
-            break
-        n += 1
-    return n
+def resident_prefix(attribution: FleetAttribution, request: Request) -> int:
+    """Query: the tokens of ``request``'s prompt the attribution's replica would hit now (its
+    coordinator's ``find_longest_cache_hit`` over the prompt's chain, capped at ``P - 1``)."""
+    coordinator = attribution.scheduler.kv_cache_manager.coordinator
+    return coordinator.find_longest_cache_hit(request.block_hashes, request.num_prompt_tokens - 1)[1]
 
 
 def _hashing(f: ReplicaFacts) -> tuple[Any, ...]:
@@ -83,21 +81,20 @@ class FleetAttributions:
         """The dispatcher sent ``request`` (its intake's Request) to ``chosen``; ``up``: the replicas
         up now. Records on ``chosen`` how far another replica held its chain (a query elsewhere)."""
         mine = self._current(chosen)
-        if mine is None or not mine.caching or not mine.unitary or request.skip_reading_prefix_cache:
+        if mine is None or not mine.caching or request.skip_reading_prefix_cache:
             return
-        keys = request.block_hashes[:(request.num_prompt_tokens - 1) // mine.block_size]
         best, where = 0, -1
         for k in up:
             if k == chosen or self.hashing[k] != self.hashing[chosen]:
                 continue
             other = self._current(k)
-            if other is None or not other.unitary or not other.caching or other.hash_block_size != mine.hash_block_size:
+            if other is None or not other.caching or other.hash_block_size != mine.hash_block_size:
                 continue
-            n = resident_prefix(other, keys)
+            n = resident_prefix(other, request)
             if n > best:  # strict: the first replica in index order on a tie
                 best, where = n, k
-        if best:
-            mine.note_routing(request.request_id, best, where)
+        if best >= mine.block_size:
+            mine.note_routing(request.request_id, best // mine.block_size, where)
 
     # -- tables ---------------------------------------------------------------------------------
     def _merged(self, incs: Sequence[FleetAttribution], keep: set[str]) -> AttributionRecords:

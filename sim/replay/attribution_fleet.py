@@ -4,14 +4,14 @@
 
 A :class:`FleetAttribution` is a :class:`~sim.replay.attribution.MissAttribution` that the cluster
 (:mod:`sim.cluster.fleet_attribution`) tells, at each routing, how far the request's prompt chain
-was resident on another replica: ``n`` blocks -- the longest prefix of the chain, from block 0,
-whose keys another replica's pool held (cached: free or in use) -- and which replica. Its first
-admission on this replica then classifies each missed block ``j`` of the lookup range as the
-single engine does, except that a block ``j < n`` takes the cause
+was resident on another replica: ``n`` scheduler blocks -- the hit another replica's own lookup
+would have granted it then (the chain from block 0, cached there: free or in use; capped at
+``P - 1`` tokens) -- and which replica. Its first admission on this replica then classifies each
+missed block ``j`` of the lookup range as the single engine does, except that a block ``j < n``
+takes the cause
 
 * ``routed_away`` -- the fleet held the block and the whole chain before it, on a replica the router
-  did not choose: sent there, the request would have hit it (that replica's lookup, at the routing,
-  would have found ``n`` blocks) --
+  did not choose: sent there, the request would have hit it --
 
 right after the causes of a block held on *this* replica (``unreachable``, ``eagle``; with a CPU
 tier ``cpu_partial_chunk`` and the CPU-held ``unreachable``) and before ``in_flight``, ``evicted``,
@@ -23,8 +23,8 @@ extra keys"; a token-equal chain under other keys on another replica stays ``iso
 later: the other replica may have evicted the blocks meanwhile (routing is what it is judged by).
 
 The decision is per scheduler block (``j < n``), the same for all group blocks of the span, so
-``routed_away`` (code 12, after the CPU cause) never competes by code in a grouped layout; the
-cluster computes ``n`` only for one-full-attention-group replicas (else ``n = 0``).
+``routed_away`` (code 12, after the CPU cause) never competes by code in a grouped layout (a block
+whose needed group blocks are all cached here stays ``unreachable`` / ``eagle``).
 
 With ``n = 0`` (one replica, or no other replica holding the chain's first block) every cause is
 the single engine's: ``replicas: 1`` equals the single engine, attribution on (tested). Cost: the
