@@ -145,3 +145,81 @@ def test_eager_replica_is_built_at_start_lazy_on_first_use(monkeypatch):
     assert [r.built for r in lazy] == [True, False, False]
     assert all(r.built for r in eager)
     assert functools.reduce(lambda a, r: a + r.incarnations, lazy, 0) == 3
+
+
+def test_memory_estimate_counts_only_the_pools_that_can_be_built():
+    """A fleet larger than its stream: the pools of at most as many replicas as requests (the
+    oracle router reads every engine: all), the rest idle; 5,000 idle replicas fit where their
+    pools would not."""
+    from sim.experiment.engine_description import resolve
+    from sim.experiment.fleet_memory import (
+        IDLE_REPLICA_BYTES,
+        check_fleet_memory,
+        config_memory,
+        estimate_fleet,
+        replica_bytes,
+        request_bound,
+    )
+
+    cfg = _cfg(5000, {"kind": "dynamo"}, n=60)
+    engine = resolve(cfg)
+    assert request_bound(cfg) == 60
+    est = config_memory(cfg)
+    full = estimate_fleet([engine] * 5000)
+    assert est.total_bytes == full.total_bytes - 4940 * (replica_bytes(engine) - IDLE_REPLICA_BYTES)
+    assert estimate_fleet([engine] * 5000, 6000) == full
+    assert request_bound(_cfg(5000, {"kind": "oracle"}, n=60)) is None
+    with pytest.raises(Exception, match="cluster.replicas"):
+        check_fleet_memory("f.yaml", [engine] * 5000, available=est.total_bytes * 2 // 3)
+    assert check_fleet_memory("f.yaml", [engine] * 5000, available=est.total_bytes * 2, max_built=60) == est
+
+
+def test_ray_tasks_ask_for_their_points_memory(tmp_path, monkeypatch):
+    """``apcsim sweep --ray``: each point's task asks Ray for the memory its fleet will take (a
+    stand-in for Ray records the requests and runs the tasks in this process)."""
+    import sys
+    import types
+
+    import yaml
+
+    from sim.experiment.fleet_memory import config_memory
+    from sim.experiment.sweep import run_sweep
+    from sim.experiment.sweep_config import load_sweep
+
+    asked: dict[str, int | None] = {}
+
+    class Ref:  # an object ref: hashed by identity, run when got
+        def __init__(self, run):
+            self.run = run
+
+    class Remote:
+        def __init__(self, fn, memory=None):
+            self.fn, self.memory = fn, memory
+
+        def options(self, memory=None):
+            return Remote(self.fn, memory)
+
+        def remote(self, task):
+            asked[task["key"]] = self.memory
+            return Ref(lambda: self.fn(task))
+
+    fake = types.SimpleNamespace(
+        is_initialized=lambda: True, shutdown=lambda: None,
+        remote=lambda **kw: (lambda fn: Remote(fn)),
+        wait=lambda refs, num_returns: (refs[:1], refs[1:]),
+        get=lambda ref: ref.run(),
+    )
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    base = _cfg(4, {"kind": "round_robin"}, n=6)
+    from sim.experiment.config import config_to_dict
+
+    spec = {"name": "fleet_ray", "output_dir": str(tmp_path), "base": config_to_dict(base), "bounds": False,
+            "grid": {"cluster.replicas": [2, 40]}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    report = run_sweep(path, ray=True, progress=False)
+    assert report.ran == 2 and not report.errors
+    expected = {p.key: config_memory(p.config).total_bytes for p in load_sweep(path).points}
+    assert asked == expected
+    small, large = sorted(expected.values())
+    assert small < large  # 2 replicas' pools against 6 (6 requests) of 40

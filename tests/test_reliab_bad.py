@@ -144,8 +144,10 @@ _FLEET = {
 
 
 def test_a_fleet_too_large_for_the_machine_is_refused_up_front(tmp_path, capsys):
+    # the oracle router reads every replica's engine, so every pool is built (with another router
+    # at most 6 replicas -- the stream's 6 requests -- would build theirs: sim.experiment.fleet_memory)
     p = tmp_path / "fleet.yaml"
-    p.write_text(yaml.safe_dump({**_FLEET, "cluster": {"replicas": 100000, "router": "round_robin"}}))
+    p.write_text(yaml.safe_dump({**_FLEET, "cluster": {"replicas": 100000, "router": "oracle"}}))
     rc = main(["run", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
     err = _stderr_lines(capsys.readouterr().err)
     assert rc == 2 and len(err) == 1 and not (tmp_path / "o").exists()

@@ -41,7 +41,7 @@ from sim.core.executor import Executor
 from sim.core.scheduler import Scheduler
 from sim.experiment.config import ConfigError, ExperimentConfig, config_from_dict, config_to_dict
 from sim.experiment.engine_description import EngineDescription, resolve
-from sim.experiment.fleet_memory import check_fleet_memory
+from sim.experiment.fleet_memory import check_fleet_memory, request_bound
 from sim.experiment.kv_worker import build_kv_worker
 from sim.experiment.workload import build_workload
 from sim.replay.kv_transfer import LinkKVWorker
@@ -133,7 +133,8 @@ def replay_cluster(
     assert cluster is not None
     subs = replica_configs(cfg)
     resolved = {id(sub): resolve(sub) for sub in {id(sub): sub for sub in subs}.values()}  # once per group
-    memory = check_fleet_memory(cfg.source, [resolved[id(sub)] for sub in subs])  # before anything is built
+    memory = check_fleet_memory(cfg.source, [resolved[id(sub)] for sub in subs],  # before anything is built
+                                max_built=request_bound(cfg))
     specs, engines = replica_specs(cfg, executor_factory, build_latency)
     router, info = build_router(cfg)
     workload = build_workload(cfg, engines[0])

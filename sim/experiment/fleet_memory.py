@@ -2,7 +2,12 @@
 vLLM, whose replicas each own a GPU; here every replica's block pool lives in this process).
 
 A replica's memory is almost all its block pool's bookkeeping: one entry per KV block, made when
-the replica starts. :func:`estimate_fleet` adds, per replica, :data:`REPLICA_BYTES` plus
+the replica builds its engine -- on first use (``sim.cluster.replica``): a replica that never gets a
+request costs :data:`IDLE_REPLICA_BYTES` only. With ``max_built`` (at most that many replicas can
+ever get a request: the stream's request count when the config bounds it, see
+:func:`request_bound`; every replica with the oracle router, which reads every engine) the estimate
+counts the pools of the ``max_built`` largest replicas and the rest as idle.
+:func:`estimate_fleet` adds, per replica, :data:`REPLICA_BYTES` plus
 ``num_gpu_blocks`` times the pool's bytes per block (:data:`BLOCK_BYTES`, by ``engine.pool_impl``),
 from each replica's resolved :class:`~sim.experiment.engine_description.EngineDescription`, and
 :data:`PROCESS_BYTES` once. The constants were measured (peak RSS of ``apcsim``'s replay, 60
@@ -14,7 +19,12 @@ they fill: 10,240 and 40,960 chunks measured the same), so it is not counted; no
 :func:`check_fleet_memory` refuses, as a ``ConfigError`` naming ``cluster.replicas``, a fleet whose
 estimate exceeds :data:`USABLE_FRACTION` of the memory the machine has available now
 (``MemAvailable`` of ``/proc/meminfo``; no check where it cannot be read): 100,000 replicas were
-OOM-killed after 101 s; now they are refused in a second, with the estimate and what is available.
+OOM-killed after 101 s; now they are refused in a second, with the estimate and what is available
+(100,000 replicas serving 60 requests are not: they fit).
+
+:func:`config_memory` is one config's estimate, a single engine or a fleet: what a sweep point asks
+of a Ray node (``sim.experiment.sweep``: the task's ``memory`` resource, so the scheduler packs
+points by the memory they will take).
 
 Invariants: the estimate depends on the config only (it goes into the summary); the available
 memory is read once per check. Imports neither simpy nor torch.
@@ -25,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.experiment.config import ExperimentConfig
 from sim.experiment.config_error import ConfigError
 from sim.experiment.engine_description import EngineDescription
 
@@ -32,6 +43,9 @@ BLOCK_BYTES = {"compiled": 144, "python": 208}
 """Bytes of pool bookkeeping per KV block, by ``engine.pool_impl`` (measured; see the docstring)."""
 REPLICA_BYTES = 96 << 10
 """Bytes per replica besides its pool (scheduler, queues, recorder)."""
+IDLE_REPLICA_BYTES = 24 << 10
+"""Bytes of a replica that never built its engine (measured: 5,000 such replicas beside one busy one,
+peak RSS, 2026-12-07: about 14 KiB each; rounded up)."""
 PROCESS_BYTES = 128 << 20
 """The process itself with its imports (measured 130 MiB peak for one small replica)."""
 USABLE_FRACTION = 0.9
@@ -53,16 +67,21 @@ def replica_bytes(engine: EngineDescription) -> int:
     return REPLICA_BYTES + engine.num_gpu_blocks * per_block
 
 
-def estimate_fleet(engines: Sequence[EngineDescription]) -> FleetMemory:
-    """The fleet's estimated bytes, one engine per replica (the same object may repeat)."""
+def estimate_fleet(engines: Sequence[EngineDescription], max_built: int | None = None) -> FleetMemory:
+    """The fleet's estimated bytes, one engine per replica (the same object may repeat); with
+    ``max_built``, the pools of at most that many replicas (the largest: an upper bound whichever
+    the router picks), the others idle."""
     sizes: dict[int, int] = {}
-    total = PROCESS_BYTES
+    per: list[int] = []
     for engine in engines:
         size = sizes.get(id(engine))
         if size is None:
             size = sizes[id(engine)] = replica_bytes(engine)
-        total += size
-    return FleetMemory(len(engines), total, max(sizes.values(), default=0))
+        per.append(size)
+    if max_built is not None and max_built < len(per):
+        per.sort(reverse=True)
+        per[max_built:] = [IDLE_REPLICA_BYTES] * (len(per) - max_built)
+    return FleetMemory(len(engines), PROCESS_BYTES + sum(per), max(sizes.values(), default=0))
 
 
 def available_bytes() -> int | None:
@@ -82,10 +101,11 @@ def gib(n: int) -> str:
     return f"{n / (1 << 30):,.1f} GiB"
 
 
-def check_fleet_memory(source: str, engines: Sequence[EngineDescription], available: int | None = None) -> FleetMemory:
+def check_fleet_memory(source: str, engines: Sequence[EngineDescription], available: int | None = None,
+                       max_built: int | None = None) -> FleetMemory:
     """The estimate, or a ``ConfigError`` when it does not fit (see the module docstring);
-    ``available`` overrides the machine's (tests)."""
-    est = estimate_fleet(engines)
+    ``available`` overrides the machine's (tests); ``max_built`` as in :func:`estimate_fleet`."""
+    est = estimate_fleet(engines, max_built)
     avail = available if available is not None else available_bytes()
     if avail is not None and est.total_bytes > USABLE_FRACTION * avail:
         raise ConfigError(
@@ -95,3 +115,24 @@ def check_fleet_memory(source: str, engines: Sequence[EngineDescription], availa
             f"engine.num_gpu_blocks"
         )
     return est
+
+
+def request_bound(cfg: ExperimentConfig) -> int | None:
+    """At most how many requests ``cfg``'s stream holds, when its config says (a generator's
+    ``num_requests``, a trace's ``limit``), else None; None too with the oracle router, which builds
+    every replica's engine (it reads them all), so every replica counts."""
+    if cfg.cluster is not None and cfg.cluster.router.kind == "oracle":
+        return None
+    bounds = [v for v in (getattr(cfg.workload, "num_requests", None), getattr(cfg.workload, "limit", None))
+              if isinstance(v, int)]
+    return min(bounds) if bounds else None
+
+
+def config_memory(cfg: ExperimentConfig) -> FleetMemory:
+    """``cfg``'s estimate: its fleet's (each replica group's engine) or its one engine's."""
+    from sim.experiment.cluster_run import replica_configs  # (cluster_run imports this module)
+    from sim.experiment.engine_description import resolve
+
+    subs = replica_configs(cfg) if cfg.cluster is not None else [cfg]
+    resolved = {id(sub): resolve(sub) for sub in subs}
+    return estimate_fleet([resolved[id(sub)] for sub in subs], request_bound(cfg))

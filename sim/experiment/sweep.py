@@ -54,7 +54,8 @@ from typing import Any
 
 import pandas as pd
 
-from sim.experiment.config import ConfigError
+from sim.core.errors import ApcsimError
+from sim.experiment.config import ConfigError, ExperimentConfig
 from sim.experiment.input_files import FingerprintCache, fingerprint, input_files, same_inputs
 from sim.experiment.results import _atomic_write, write_json, write_table
 from sim.experiment.sweep_config import Point, Sweep, load_sweep
@@ -153,8 +154,22 @@ def _bar(total: int, desc: str, enabled: bool) -> Any:
     return Bar(total=total, desc=desc, unit="pt", disable=not enabled, smoothing=0.1, dynamic_ncols=True)
 
 
+def _task_memory(cfg: ExperimentConfig) -> int | None:
+    """The memory a point will take, as its Ray task asks for it (``sim.experiment.fleet_memory
+    .config_memory``: the fleet's pools, at most as many as the stream has requests, and the
+    process); None when it cannot be estimated (the point itself will say why)."""
+    from sim.experiment.fleet_memory import config_memory
+
+    try:
+        return config_memory(cfg).total_bytes
+    except ApcsimError:
+        return None
+
+
 def _run_ray(tasks: list[dict[str, Any]], points_dir: Path, workers: int | None, address: str | None,
-             on_row: Callable[[dict], None], replace: bool) -> None:
+             on_row: Callable[[dict], None], replace: bool, memory: dict[str, int | None] | None = None) -> None:
+    """Run the points as Ray tasks, each asking for one CPU and the memory ``memory[key]`` (bytes:
+    Ray's ``memory`` resource, so a node runs only as many points as its memory holds)."""
     try:
         import ray
     except ImportError:
@@ -170,7 +185,9 @@ def _run_ray(tasks: list[dict[str, Any]], points_dir: Path, workers: int | None,
         started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=1)(compute_point)
-        refs = {remote.remote(t): t["key"] for t in tasks}
+        mem = memory or {}
+        refs = {(remote.options(memory=mem[t["key"]]) if mem.get(t["key"]) else remote).remote(t): t["key"]
+                for t in tasks}
         while refs:
             done, _ = ray.wait(list(refs), num_returns=1)
             for ref in done:
@@ -277,7 +294,8 @@ def run_sweep(
 
         try:
             if ray:
-                _run_ray(tasks, points_dir, workers, ray_address, on_row, not resume)
+                _run_ray(tasks, points_dir, workers, ray_address, on_row, not resume,
+                         {p.key: _task_memory(p.config) for p in todo})
             else:
                 run_local(tasks, points_dir, n_workers, on_row, lock.fd)
         finally:
