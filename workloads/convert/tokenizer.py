@@ -105,7 +105,8 @@ class Tokenizer:
         if self._hf is None:  # approx: the ids are bytes
             self._id_text = [str(i) for i in range(256)]
             return
-        self._id_text = [str(i) for i in range(max(self._hf.get_vocab(with_added_tokens=True).values()) + 1)]
+        top = max(self._hf.get_vocab(with_added_tokens=True).values(), default=-1)
+        self._id_text = [str(i) for i in range(top + 1)]
         if not self.segment_safe:
             return
         added = self._hf.get_added_tokens_decoder()
