@@ -151,11 +151,11 @@ def test_memory_estimate_counts_only_the_pools_that_can_be_built():
     """A fleet larger than its stream: the pools of at most as many replicas as requests (the
     oracle router reads every engine: all), the rest idle; 5,000 idle replicas fit where their
     pools would not."""
+    from sim.experiment.cluster_run import config_memory
     from sim.experiment.engine_description import resolve
     from sim.experiment.fleet_memory import (
         IDLE_REPLICA_BYTES,
         check_fleet_memory,
-        config_memory,
         estimate_fleet,
         replica_bytes,
         request_bound,
@@ -182,7 +182,7 @@ def test_ray_tasks_ask_for_their_points_memory(tmp_path, monkeypatch):
 
     import yaml
 
-    from sim.experiment.fleet_memory import config_memory
+    from sim.experiment.cluster_run import config_memory
     from sim.experiment.sweep import run_sweep
     from sim.experiment.sweep_config import load_sweep
 

@@ -41,7 +41,7 @@ from sim.core.executor import Executor
 from sim.core.scheduler import Scheduler
 from sim.experiment.config import ConfigError, ExperimentConfig, config_from_dict, config_to_dict
 from sim.experiment.engine_description import EngineDescription, resolve
-from sim.experiment.fleet_memory import check_fleet_memory, request_bound
+from sim.experiment.fleet_memory import FleetMemory, check_fleet_memory, estimate_fleet, request_bound
 from sim.experiment.kv_worker import build_kv_worker
 from sim.experiment.workload import build_workload
 from sim.replay.kv_transfer import LinkKVWorker
@@ -73,6 +73,14 @@ def replica_configs(cfg: ExperimentConfig) -> list[ExperimentConfig]:
         out.extend([sub] * group.count)
     return out
 
+
+
+def config_memory(cfg: ExperimentConfig) -> FleetMemory:
+    """``cfg``'s memory estimate (``sim.experiment.fleet_memory``): its fleet's, each replica
+    group's engine resolved once, or its one engine's."""
+    subs = replica_configs(cfg) if cfg.cluster is not None else [cfg]
+    resolved = {id(sub): resolve(sub) for sub in subs}
+    return estimate_fleet([resolved[id(sub)] for sub in subs], request_bound(cfg))
 
 def build_router(cfg: ExperimentConfig) -> tuple[Router, dict[str, Any]]:
     """The router of ``cluster.router`` and its description (kind and parameters)."""

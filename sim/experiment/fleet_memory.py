@@ -22,9 +22,9 @@ estimate exceeds :data:`USABLE_FRACTION` of the memory the machine has available
 OOM-killed after 101 s; now they are refused in a second, with the estimate and what is available
 (100,000 replicas serving 60 requests are not: they fit).
 
-:func:`config_memory` is one config's estimate, a single engine or a fleet: what a sweep point asks
-of a Ray node (``sim.experiment.sweep``: the task's ``memory`` resource, so the scheduler packs
-points by the memory they will take).
+``sim.experiment.cluster_run.config_memory`` is one config's estimate, a single engine or a fleet:
+what a sweep point asks of a Ray node (``sim.experiment.sweep``: the task's ``memory`` resource, so
+the scheduler packs points by the memory they will take).
 
 Invariants: the estimate depends on the config only (it goes into the summary); the available
 memory is read once per check. Imports neither simpy nor torch.
@@ -126,13 +126,3 @@ def request_bound(cfg: ExperimentConfig) -> int | None:
     bounds = [v for v in (getattr(cfg.workload, "num_requests", None), getattr(cfg.workload, "limit", None))
               if isinstance(v, int)]
     return min(bounds) if bounds else None
-
-
-def config_memory(cfg: ExperimentConfig) -> FleetMemory:
-    """``cfg``'s estimate: its fleet's (each replica group's engine) or its one engine's."""
-    from sim.experiment.cluster_run import replica_configs  # (cluster_run imports this module)
-    from sim.experiment.engine_description import resolve
-
-    subs = replica_configs(cfg) if cfg.cluster is not None else [cfg]
-    resolved = {id(sub): resolve(sub) for sub in subs}
-    return estimate_fleet([resolved[id(sub)] for sub in subs], request_bound(cfg))

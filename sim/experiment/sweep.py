@@ -155,10 +155,10 @@ def _bar(total: int, desc: str, enabled: bool) -> Any:
 
 
 def _task_memory(cfg: ExperimentConfig) -> int | None:
-    """The memory a point will take, as its Ray task asks for it (``sim.experiment.fleet_memory
+    """The memory a point will take, as its Ray task asks for it (``sim.experiment.cluster_run
     .config_memory``: the fleet's pools, at most as many as the stream has requests, and the
     process); None when it cannot be estimated (the point itself will say why)."""
-    from sim.experiment.fleet_memory import config_memory
+    from sim.experiment.cluster_run import config_memory
 
     try:
         return config_memory(cfg).total_bytes
