@@ -234,7 +234,7 @@ def _compiled_references(requests: Iterable[TraceRequest], block_size: int, incl
         prompt_blocks.append(min(n_full, n_prompt // block_size))
         reads.append(not req.prompt_logprobs)
     total = sum(lengths)
-    if total >= 2**31:  # the compiled table holds int32 ids (34 G tokens at block 16: memory ends first)
+    if total >= 2**31 - 1:  # the compiled table holds int32 ids (34 G tokens at block 16: memory ends first)
         raise ValueError(f"{total} block references: more than the compiled reference pass numbers (2**31)")
     empty = np.zeros(0, dtype=np.int64)
     ids = _scan.stream_ids(

@@ -254,12 +254,12 @@ def stream_ids(const int64_t[::1] run_start, const int64_t[::1] run_len, const i
     cdef int64_t bits = 4
     while (1 << bits) < 2 * n:
         bits += 1
-    cdef cnp.ndarray[cnp.int32_t, ndim=1] table_arr = np.full(1 << bits, -1, dtype=np.int32)
+    cdef cnp.ndarray[cnp.int32_t, ndim=1] table_arr = np.zeros(1 << bits, dtype=np.int32)  # untouched pages stay unmapped
     cdef int64_t* out = <int64_t*> out_arr.data
     cdef uint64_t* keys = <uint64_t*> key_arr.data  # per id: its key's two lanes
     cdef uint64_t* pk = <uint64_t*> pk_arr.data  # per position: two keys, two odd multipliers
     cdef uint64_t* tok = <uint64_t*> tok_arr.data
-    cdef int32_t* table = <int32_t*> table_arr.data  # slot -> id, -1 empty (the caller keeps ids < 2**31)
+    cdef int32_t* table = <int32_t*> table_arr.data  # slot -> id + 1, 0 empty (the caller keeps ids < 2**31 - 1)
     cdef uint64_t mask = (<uint64_t> 1 << bits) - 1, slot, h0, h1, d0, d1, x
     cdef int64_t r, k, i, q, ri, rend, off, take, pos = 0, next_id = 0, e, rr
     cdef bint cons
@@ -331,9 +331,9 @@ def stream_ids(const int64_t[::1] run_start, const int64_t[::1] run_len, const i
                 h1 = hb[2 * k + 1]
                 slot = _slot(h0, h1, bits)
                 while True:
-                    rr = table[slot]
+                    rr = table[slot] - 1
                     if rr < 0:
-                        table[slot] = <int32_t> next_id
+                        table[slot] = <int32_t> (next_id + 1)
                         keys[2 * next_id] = h0
                         keys[2 * next_id + 1] = h1
                         out[pos] = next_id

@@ -39,7 +39,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from sim.core.request import token_array
@@ -53,7 +54,26 @@ from workloads.trace_format import TraceRequest
 FINE_BLOCK_SIZE = 16
 """The block size of the granularity reference (vLLM's default block size)."""
 
-_REFS_CACHE: OrderedDict[str, tuple[BlockReferences, dict[str, float]]] = OrderedDict()
+@dataclass
+class _StreamFacts:
+    """What the diagnosis references count over a stream, gathered while its blocks are hashed."""
+
+    salts: set[str] = field(default_factory=set)
+    loras: set[str] = field(default_factory=set)
+    prompt_logprobs: int = 0
+
+    def watch(self, stream: Iterable[TraceRequest]) -> Iterator[TraceRequest]:
+        for req in stream:
+            if req.salt is not None:
+                self.salts.add(req.salt)
+            if req.lora is not None:
+                self.loras.add(req.lora)
+            self.prompt_logprobs += bool(req.prompt_logprobs)
+            yield req
+
+
+_Entry = tuple[BlockReferences, dict[str, float], _StreamFacts]
+_REFS_CACHE: OrderedDict[str, _Entry] = OrderedDict()
 _REFS_CACHE_SIZE = 2
 
 
@@ -62,8 +82,7 @@ Shared = tuple[Iterable[TraceRequest], str]
 (``sim.experiment.workload.shared_workload``)."""
 
 
-def _references(cfg: ExperimentConfig, engine: EngineDescription,
-                shared: Shared | None = None) -> tuple[BlockReferences, dict[str, float]]:
+def _references(cfg: ExperimentConfig, engine: EngineDescription, shared: Shared | None = None) -> _Entry:
     """The stream's block reference string at the scheduler block size and the references computed
     over it so far, by capacity-free name (cached, see the docstring); ``shared``: the stream when
     the caller holds it (else it is built)."""
@@ -72,7 +91,8 @@ def _references(cfg: ExperimentConfig, engine: EngineDescription,
     entry = _REFS_CACHE.get(ident)
     if entry is None:
         stream = shared[0] if shared is not None else build_workload(cfg, engine).requests
-        entry = (block_references(stream, engine.block_size), {})
+        facts = _StreamFacts()
+        entry = (block_references(facts.watch(stream), engine.block_size), {}, facts)
         _REFS_CACHE[ident] = entry
         while len(_REFS_CACHE) > _REFS_CACHE_SIZE:
             _REFS_CACHE.popitem(last=False)
@@ -81,9 +101,9 @@ def _references(cfg: ExperimentConfig, engine: EngineDescription,
     return entry
 
 
-def _infinite(entry: tuple[BlockReferences, dict[str, float]]) -> float:
+def _infinite(entry: _Entry) -> float:
     """The stream's infinite-cache rate, computed once per cached reference string."""
-    refs, known = entry
+    refs, known, _ = entry
     if "infinite_cache_hit_rate" not in known:
         known["infinite_cache_hit_rate"] = infinite_hit_rate(refs)
     return known["infinite_cache_hit_rate"]
@@ -113,15 +133,15 @@ def reference_hit_rates(cfg: ExperimentConfig, engine: EngineDescription,
 
 def limit_references(cfg: ExperimentConfig, engine: EngineDescription, infinite: float) -> dict[str, Any]:
     """The diagnosis references (see the module docstring); ``infinite`` is the stream's
-    ``infinite_cache_hit_rate``, reused where a reference provably equals it. One pass over the
-    stream, each prompt expanded once."""
-    requests = list(build_workload(cfg, engine).requests)  # compact: prompts expand below, one at a time
-    salts = {r.salt for r in requests if r.salt is not None}
-    loras = {r.lora for r in requests if r.lora is not None}
+    ``infinite_cache_hit_rate``, reused where a reference provably equals it. The counts come
+    from the pass that hashed the stream's blocks (:func:`run_references`); the stream is read
+    again only for a shared-namespace or block-16 reference, each prompt expanded once."""
+    facts = _references(cfg, engine)[2]
+    salts, loras = facts.salts, facts.loras
     shared = HitBound(engine.block_size) if salts or loras else None
     fine = HitBound(FINE_BLOCK_SIZE) if engine.block_size > FINE_BLOCK_SIZE else None
     if shared is not None or fine is not None:
-        for req in requests:
+        for req in build_workload(cfg, engine).requests:
             tokens = token_array(req.tokens)
             if shared is not None:
                 shared.add(dataclasses.replace(req, salt=None, lora=None), tokens)
@@ -131,7 +151,7 @@ def limit_references(cfg: ExperimentConfig, engine: EngineDescription, infinite:
         "infinite_cache_hit_rate_shared": shared.value if shared is not None else infinite,
         "num_cache_salts": len(salts),
         "num_lora_adapters": len(loras),
-        "num_prompt_logprobs_requests": sum(1 for r in requests if r.prompt_logprobs),
+        "num_prompt_logprobs_requests": facts.prompt_logprobs,
     }
     if fine is not None:
         out[f"infinite_cache_hit_rate_block_{FINE_BLOCK_SIZE}"] = fine.value
