@@ -6,7 +6,16 @@ the same trace (``benchmarks/bench_mooncake.py``'s setting: block 16, the pool v
 for Llama-3-8B on an H100, roofline latency). Each run is a fresh process, so its peak RSS is its own.
 
     python benchmarks/bench_cluster.py [--routers dynamo llm_d] [--replicas 16] [--limit N] [--no-single]
-        [--out DIR]
+        [--case fleet|idle|scale] [--out DIR]
+
+Cases (issue 38), each printing its targets met or missed:
+
+* ``fleet`` (the default): the setting above;
+* ``idle``: 1,000 replicas serving the first 60 requests (``--replicas``/``--limit`` override), no
+  single-engine run; target: under 500 MB peak RSS and under 5 s of wall time (a replica that gets
+  no request builds no engine: ``sim.cluster.replica``);
+* ``scale``: 256 replicas on the trace sped up 16x (``workload.arrival.rate_scale: 16``); target:
+  under 120 s of wall time and 4 GB peak RSS.
 
 ``--out DIR`` also keeps the figures as a results folder, replaced whole (``bench_results``):
 ``rows.json`` (every run), ``table.md`` and ``meta.json`` (commit, versions, CPU model, load
@@ -24,12 +33,20 @@ import time
 
 from bench_results import BenchFolder, compile_bytecode, run_with_folder
 
+CASES = {  # replicas, limit, rate scale, targets (wall seconds, peak RSS MiB)
+    "fleet": (16, None, 1.0, None),
+    "idle": (1000, 60, 1.0, (5.0, 500 * 1e6 / 2**20)),
+    "scale": (256, None, 16.0, (120.0, 4 * 1e9 / 2**20)),
+}
 
-def _one(router: str, replicas: int, limit: int | None) -> dict:
+
+def _one(router: str, replicas: int, limit: int | None, rate_scale: float = 1.0) -> dict:
     from sim.experiment.config import config_from_dict
     from sim.experiment.run import replay_experiment
 
     data: dict = {"name": "bench", "engine": {"block_size": 16}, "workload": {"kind": "mooncake", "limit": limit}}
+    if rate_scale != 1.0:
+        data["workload"]["arrival"] = {"kind": "trace", "rate_scale": rate_scale}
     if router != "single":
         kind, _, prefix = router.partition(":")
         rc: dict = {"kind": kind}
@@ -47,31 +64,38 @@ def _one(router: str, replicas: int, limit: int | None) -> dict:
         "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "sim_s_per_wall_s": round(s["sim_time_s"] / wall, 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "token_hit_rate": round(s["token_hit_rate"], 4), "ttft_p50_s": round(s["ttft_p50_s"], 3),
-        "steps": s["num_steps"], "kv_events": kv.get("events", 0),
+        "steps": s["num_steps"], "kv_events": kv.get("events", 0), "rate_scale": rate_scale,
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--routers", nargs="+", default=["dynamo", "llm_d:precise"])
-    ap.add_argument("--replicas", type=int, default=16)
-    ap.add_argument("--limit", type=int, default=None, help="first N requests only")
+    ap.add_argument("--case", choices=sorted(CASES), default="fleet", help="the setting (see the docstring)")
+    ap.add_argument("--replicas", type=int, default=None, help="default: the case's (16, 1000, 256)")
+    ap.add_argument("--limit", type=int, default=None, help="first N requests only (default: the case's)")
     ap.add_argument("--no-single", action="store_true", help="skip the single-engine reference run")
     ap.add_argument("--out", default=None, help="also keep the figures as this results folder (replaced whole)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--rate-scale", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    replicas, limit, rate_scale, _ = CASES[args.case]
+    args.replicas = args.replicas if args.replicas is not None else replicas
+    args.limit = args.limit if args.limit is not None else limit
+    args.rate_scale = args.rate_scale if args.rate_scale is not None else rate_scale
     if args.child is not None:
-        print(json.dumps(_one(args.child, args.replicas, args.limit)))
+        print(json.dumps(_one(args.child, args.replicas, args.limit, args.rate_scale)))
         return
     run_with_folder(args.out, ("rows.json", "table.md").__contains__, lambda f: _bench(args, f))
 
 
 def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
     compile_bytecode()
-    runs = ([] if args.no_single else ["single"]) + args.routers
+    runs = ([] if args.no_single or args.case == "idle" else ["single"]) + args.routers
     rows = []
     for r in runs:
-        cmd = [sys.executable, __file__, "--child", r, "--replicas", str(args.replicas)]
+        cmd = [sys.executable, __file__, "--child", r, "--replicas", str(args.replicas), "--case", args.case,
+               "--rate-scale", str(args.rate_scale)]
         if args.limit:
             cmd += ["--limit", str(args.limit)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -84,10 +108,18 @@ def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
             "ttft_p50_s", "steps", "kv_events", "cpu_over_single"]
     table = "| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n"
     table += "".join("| " + " | ".join(str(r[k]) for k in keys) + " |\n" for r in rows)
+    targets = CASES[args.case][3]
+    if targets is not None:
+        wall_t, rss_t = targets
+        table += "\n" + "".join(
+            f"{r['router']}, {r['replicas']} replicas: {r['wall_s']} s wall, {r['peak_rss_mib']} MiB peak RSS (target: "
+            f"under {wall_t:g} s and {rss_t:.0f} MiB: "
+            f"{'met' if r['wall_s'] < wall_t and r['peak_rss_mib'] < rss_t else 'missed'})\n"
+            for r in rows if r["router"] != "single")
     print("\n" + table, end="")
     if folder is not None:
-        meta = {"benchmark": "bench_cluster", "routers": args.routers, "replicas": args.replicas,
-                "limit": args.limit, "single": not args.no_single}
+        meta = {"benchmark": "bench_cluster", "case": args.case, "routers": args.routers, "replicas": args.replicas,
+                "limit": args.limit, "rate_scale": args.rate_scale, "single": runs[0] == "single"}
         print(f"results folder: {folder.write({'rows.json': rows, 'table.md': table}, meta)}")
 
 
