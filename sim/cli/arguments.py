@@ -78,6 +78,28 @@ def int_at_least(minimum: int, *, maximum: int | None = None) -> Callable[[str],
     return parse
 
 
+def float_in(low: float, high: float | None = None, *, low_open: bool = True,
+             high_open: bool = True) -> Callable[[str], float]:
+    """A parser of a finite float in the interval from ``low`` to ``high`` (each end open unless
+    told; ``high=None``: no upper end) for ``add_argument(type=...)``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        below = value <= low if low_open else value < low
+        above = high is not None and (value >= high if high_open else value > high)
+        if not math.isfinite(value) or below or above:
+            lo = f"{'>' if low_open else '>='} {low:g}"
+            hi = "" if high is None else f" and {'<' if high_open else '<='} {high:g}"
+            raise argparse.ArgumentTypeError(f"must be {lo}{hi}, got {text.strip()}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def int_list(minimum: int) -> Callable[[str], list[int]]:
     """A parser of ``16,32,64`` (each ``>= minimum``) for ``add_argument(type=...)``."""
     one = int_at_least(minimum)

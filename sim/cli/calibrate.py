@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from sim.cli.arguments import float_in, int_at_least
+
 GRID_PRESETS = ("quick", "cpu", "gpu")  # gpu_backend.calibration.calibrate.PRESETS (checked there)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # gpu_backend.executor.model.DTYPES
 ATTENTIONS = ("auto", "reference", "triton", "flash_paged", "flash_gather")
@@ -31,31 +33,35 @@ def add_calibrate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help="model shape: tiny (default), llama-3-8b, ... or a YAML path")
     ap.add_argument("--dtype", choices=DTYPE_NAMES, default=None)
     ap.add_argument("--attention", choices=ATTENTIONS, default=None)
-    ap.add_argument("--block-size", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on a CPU)")
+    ap.add_argument("--block-size", type=int_at_least(1), default=None)
+    ap.add_argument("--threads", type=int_at_least(1), default=None, help="torch CPU threads (default 1 on a CPU)")
     ap.add_argument("--seed", type=int, default=None, help="weight seed")
     ap.add_argument("--timing", choices=("wall", "cuda_events", "thread_cpu"), default=None,
                     help="step timing (thread_cpu: the thread's CPU time, CPU with one thread)")
-    ap.add_argument("--timing-repeats", type=int, default=None, help="a step's time is the median of N runs of it")
+    ap.add_argument("--timing-repeats", type=int_at_least(1), default=None,
+                    help="a step's time is the median of N runs of it")
     ap.add_argument("--replay", action="append", default=[], metavar="CONFIG",
                     help="a calibration workload: its real replay's steps are timed as it runs them and join the "
                          "fit (repeatable; use workloads other than the validation ones)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key of every --replay config (repeatable)")
-    ap.add_argument("--replay-budget-s", type=float, default=None, help="skip further replays beyond this")
-    ap.add_argument("--replay-retime-passes", type=int, default=0,
+    ap.add_argument("--replay-budget-s", type=float_in(0.0), default=None, help="skip further replays beyond this")
+    ap.add_argument("--replay-retime-passes", type=int_at_least(0), default=0,
                     help="time every step of each --replay again in N passes after it and fit on each step's "
                          "median over them (the estimator the validation's per-step error uses)")
     ap.add_argument("--grid", choices=(*GRID_PRESETS, "auto"), default="auto",
                     help="profiling grid: quick (CI), cpu, gpu; auto = gpu on cuda, cpu otherwise")
-    ap.add_argument("--warmup", type=int, default=None, help="discarded rounds over the grid (preset default)")
-    ap.add_argument("--repeats", type=int, default=None, help="timed rounds; a point's time is their median")
-    ap.add_argument("--holdout", type=float, default=0.25, help="share of grid points kept out of the fit")
+    ap.add_argument("--warmup", type=int_at_least(0), default=None,
+                    help="discarded rounds over the grid (preset default)")
+    ap.add_argument("--repeats", type=int_at_least(1), default=None,
+                    help="timed rounds; a point's time is their median")
+    ap.add_argument("--holdout", type=float_in(0.0, 1.0, low_open=False), default=0.25,
+                    help="share of grid points kept out of the fit")
     ap.add_argument("--grid-seed", type=int, default=0)
-    ap.add_argument("--budget-s", type=float, default=None, help="stop timing rounds beyond this (>= 2 rounds)")
+    ap.add_argument("--budget-s", type=float_in(0.0), default=None, help="stop timing rounds beyond this (>= 2 rounds)")
     ap.add_argument("--no-link", action="store_true",
                     help="skip timing the CPU offload tier's block copies (the model file's host_link section)")
-    ap.add_argument("--link-repeats", type=int, default=7, help="timed rounds of the link's block copies")
+    ap.add_argument("--link-repeats", type=int_at_least(1), default=7, help="timed rounds of the link's block copies")
     ap.add_argument("--out", required=True, help="model file to write (.json or .yaml); samples go beside it")
 
 
@@ -65,9 +71,10 @@ def add_validate_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key (repeatable)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="backend.device override")
-    ap.add_argument("--real-runs", type=int, default=2, help="real replays (>= 2 gives the noise floor)")
-    ap.add_argument("--warmup-steps", type=int, default=3, help="discarded warm-up steps before each real replay")
-    ap.add_argument("--retime-passes", type=int, default=0,
+    ap.add_argument("--real-runs", type=int_at_least(1), default=2, help="real replays (>= 2 gives the noise floor)")
+    ap.add_argument("--warmup-steps", type=int_at_least(0), default=3,
+                    help="discarded warm-up steps before each real replay")
+    ap.add_argument("--retime-passes", type=int_at_least(0), default=0,
                     help="time every step of real run 1 again in N passes after it; the per-step error is also "
                          "reported against each step's median over them (measurement noise averaged out)")
     ap.add_argument("--out", default=None, help="report folder (default <output_dir>/<name>/validate)")
