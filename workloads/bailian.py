@@ -153,9 +153,4 @@ def _generate(path: Path, tokens_per_id: int, time_scale: float, limit: int | No
         if limit is not None and emitted >= limit:
             return
     if emitted == 0:
-        skipped = log.skipped - skipped_before
-        if not skipped:
-            raise TraceFormatError(name, max(lineno, 1), None, "empty trace: no request lines")
-        if not allow_empty:
-            raise TraceFormatError(name, max(lineno, 1), None, f"every line was skipped as bad ({skipped} lines); "
-                                                               "set allow_empty: true to replay no requests")
+        log.refuse_empty(name, lineno, skipped_before, allow_empty)

@@ -64,5 +64,17 @@ class SkipLog:
             raise err
         self.skip(err)
 
+    def refuse_empty(self, path: str, lineno: int, skipped_before: int, allow_empty: bool, where: str = "") -> None:
+        """For a loader that yielded no request: raise ``TraceFormatError`` at ``lineno`` (its last
+        line, at least 1) for an empty trace (``where`` ends that message), or for one whose every
+        line was skipped unless ``allow_empty``. ``skipped_before`` is :attr:`skipped` when the
+        load began (one log may count several loads)."""
+        skipped = self.skipped - skipped_before
+        if not skipped:
+            raise TraceFormatError(path, max(lineno, 1), None, f"empty trace: no request lines{where}")
+        if not allow_empty:
+            raise TraceFormatError(path, max(lineno, 1), None, f"every line was skipped as bad ({skipped} lines); "
+                                                               "set allow_empty: true to replay no requests")
+
     def __repr__(self) -> str:
         return f"SkipLog(skipped={self.skipped})"

@@ -201,13 +201,7 @@ def _generate(
         if limit is not None and emitted >= limit:
             return
     if emitted == 0:
-        skipped = log.skipped - skipped_before
-        if not skipped:
-            where = f" after its first {start} lines" if start else ""
-            raise _bad(name, max(lineno, 1), None, f"empty trace: no request lines{where}")
-        if not allow_empty:
-            raise _bad(name, max(lineno, 1), None, f"every line was skipped as bad ({skipped} lines); "
-                                                   "set allow_empty: true to replay no requests")
+        log.refuse_empty(name, lineno, skipped_before, allow_empty, f" after its first {start} lines" if start else "")
 
 
 def mooncake_stats(path: str | os.PathLike[str], *, tokens_per_id: int = TRACE_BLOCK_SIZE) -> dict[str, Any]:
