@@ -42,6 +42,7 @@ from sim.core.config import CacheConfig, SchedulerConfig
 from sim.core.hashing import make_block_hasher
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
+from sim.core.scheduler_output import SchedulerOutput
 
 FP32_TOL = 1e-5
 BF16_KL_BOUND = 1e-2  # nats, per position: KL(dense || cached), both in bf16
@@ -131,32 +132,40 @@ class Harness:
             for r in arrivals.get(k, ()):
                 sched.add_request(r)
                 self.requests[r.request_id] = r
-            if not sched.has_unfinished_requests():
+            if self._idle():
                 if k >= last:
                     return self
                 continue
             out = sched.schedule()
-            if out.is_empty():
-                raise RuntimeError(f"step {k}: nothing schedulable (pool too small?)")
-            has_decode = has_chunk = False
-            for s in out.scheduled:
-                r = s.request
-                if s.admitted:
-                    self.admissions.append(Admission(k, r.request_id, s.hit_tokens, list(s.new_block_ids),
-                                                     r.num_preemptions > 0))
-                if s.num_new_tokens == 1 and r.output_token_ids and s.num_computed_before == r.num_tokens - 1:
-                    has_decode = True
-                elif not s.samples:
-                    has_chunk = True
-                    self.partial_chunks[r.request_id] = self.partial_chunks.get(r.request_id, 0) + 1
-            self.mixed_steps += has_decode and has_chunk
+            self._note_scheduled(k, out)
             self.preempted.extend((k, r.request_id) for r in out.preempted)
             result = self.executor.execute(out)
-            sched.update_from_output(out, result.sampled_token_ids)
+            sched.update_from_output(out, result.sampled_token_ids, self.executor.kv_output)  # None without a tier
             sched.make_stats()
             sched.check_integrity()
             self.steps += 1
         raise RuntimeError(f"not finished after {max_steps} steps")
+
+    def _idle(self) -> bool:
+        """Query: nothing left to step (no unfinished request)."""
+        return not self.scheduler.has_unfinished_requests()
+
+    def _note_scheduled(self, k: int, out: SchedulerOutput) -> None:
+        """Changes state: step ``k``'s admissions, mixed steps and partial chunks (a step must schedule)."""
+        if out.is_empty():
+            raise RuntimeError(f"step {k}: nothing schedulable (pool too small?)")
+        has_decode = has_chunk = False
+        for s in out.scheduled:
+            r = s.request
+            if s.admitted:
+                self.admissions.append(Admission(k, r.request_id, s.hit_tokens, list(s.new_block_ids),
+                                                 r.num_preemptions > 0))
+            if s.num_new_tokens == 1 and r.output_token_ids and s.num_computed_before == r.num_tokens - 1:
+                has_decode = True
+            elif not s.samples:
+                has_chunk = True
+                self.partial_chunks[r.request_id] = self.partial_chunks.get(r.request_id, 0) + 1
+        self.mixed_steps += has_decode and has_chunk
 
     def admissions_of(self, rid: str) -> list[Admission]:
         return [a for a in self.admissions if a.request_id == rid]

@@ -41,6 +41,7 @@ from sim.core.config import CacheConfig, OffloadConfig, SchedulerConfig
 from sim.core.hashing import make_block_hasher
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
+from sim.core.scheduler_output import SchedulerOutput
 from sim.core.version_profile import V0_33_0
 
 
@@ -75,39 +76,20 @@ class OffloadHarness(Harness):
         self._uid = itertools.count(1)
         self.external_hits: dict[str, int] = {}
 
-    def run(self, arrivals: dict[int, list[Request]], *, hooks: dict[int, Callable[[Harness], None]] | None = None,
-            max_steps: int = 2000) -> OffloadHarness:
-        """Step until every request finished and every job was reported: ``schedule()``, the
-        executor (copies + forward), ``update_from_output`` with the worker's report."""
-        sched = self.scheduler
-        hooks = hooks or {}
-        last = max(list(arrivals) + list(hooks), default=0)
-        for k in range(max_steps):
-            if k in hooks:
-                hooks[k](self)
-            for r in arrivals.get(k, ()):
-                sched.add_request(r)
-                self.requests[r.request_id] = r
-            if not sched.has_requests() and not self.worker.has_pending():
-                if k >= last:
-                    return self
-                continue
-            out = sched.schedule()
-            for s in out.scheduled:
-                if s.admitted:
-                    self._admitted(k, s)
-            self.preempted.extend((k, r.request_id) for r in out.preempted)
-            result = self.executor.execute(out)
-            sched.update_from_output(out, result.sampled_token_ids, self.executor.kv_output)
-            sched.make_stats()
-            sched.check_integrity()
-            self.steps += 1
-        raise RuntimeError(f"not finished after {max_steps} steps")
+    # Harness.run steps it: ``schedule()``, the executor (copies + forward), ``update_from_output``
+    # with the worker's report, until every request finished and every job was reported.
+    def _idle(self) -> bool:
+        """Query: no request left and no job the worker has not reported."""
+        return not self.scheduler.has_requests() and not self.worker.has_pending()
 
-    def _admitted(self, k: int, s: Any) -> None:
-        r = s.request
-        self.admissions.append(Admission(k, r.request_id, s.hit_tokens, list(s.new_block_ids), r.num_preemptions > 0))
-        self.external_hits[r.request_id] = self.external_hits.get(r.request_id, 0) + s.external_hit_tokens
+    def _note_scheduled(self, k: int, out: SchedulerOutput) -> None:
+        """Changes state: step ``k``'s admissions and external hits (a step may wait on loads: empty is fine)."""
+        for s in out.scheduled:
+            if s.admitted:
+                r = s.request
+                self.admissions.append(Admission(k, r.request_id, s.hit_tokens, list(s.new_block_ids),
+                                                 r.num_preemptions > 0))
+                self.external_hits[r.request_id] = self.external_hits.get(r.request_id, 0) + s.external_hit_tokens
 
     def facts(self, res: CaseResult) -> CaseResult:
         c = self.worker.counters
