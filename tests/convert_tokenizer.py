@@ -6,11 +6,15 @@ role)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
+import tempfile
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from workloads.convert import tokenizer as workload_tokenizer
 
 SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 
@@ -60,3 +64,19 @@ def make_model_folder(folder: Path, *, vocab_size: int = 600, seed: int = 0) -> 
               "chat_template": LLAMA3_STYLE_TEMPLATE, "model_max_length": 8192}
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     return folder
+
+
+_SHARED: list[tempfile.TemporaryDirectory[str]] = []  # removed when the test process exits
+
+
+@functools.cache
+def shared_model_folder() -> Path:
+    """One model folder (:func:`make_model_folder`) per process, made on first use."""
+    _SHARED.append(tempfile.TemporaryDirectory(prefix="apcsim-convert-model-"))
+    return make_model_folder(Path(_SHARED[0].name) / "model")
+
+
+@functools.cache
+def shared_tokenizer(name: str) -> workload_tokenizer.Tokenizer:
+    """``approx`` (the approximate tokenizer) or, for any other name, :func:`shared_model_folder`'s."""
+    return workload_tokenizer.load_tokenizer("approx" if name == "approx" else str(shared_model_folder()))

@@ -4,12 +4,11 @@ blocks (prompt and the answer's blocks the decode filled)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import tempfile
 from pathlib import Path
 
-from convert_tokenizer import make_model_folder
+from convert_tokenizer import make_model_folder, shared_model_folder, shared_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,22 +16,14 @@ from sim.core.request import token_array
 from sim.experiment.config import config_from_dict
 from sim.experiment.run import replay_experiment
 from workloads.convert.conversation import Chat, build_requests, plan_chat
-from workloads.convert.tokenizer import Tokenizer, load_tokenizer
+from workloads.convert.tokenizer import load_tokenizer
 from workloads.convert.writer import ConvertOptions, convert
 from workloads.trace_format import read_trace
 
 BLOCK = 16
 _TMP = tempfile.TemporaryDirectory(prefix="apcsim-convert-props-")
 
-
-@functools.cache
-def _model() -> Path:
-    return make_model_folder(Path(_TMP.name) / "model")
-
-
-@functools.cache
-def _tokenizer(name: str) -> Tokenizer:
-    return load_tokenizer("approx" if name == "approx" else str(_model()))
+_model, _tokenizer = shared_model_folder, shared_tokenizer
 
 
 # words the tokenizer knows, pieces it must split, and text at the seams: spaces, newlines, accents,

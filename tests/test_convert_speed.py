@@ -6,31 +6,22 @@ text, tools, answers as text or counts, bad records skipped, every turn mode, bo
 
 from __future__ import annotations
 
-import functools
 import json
 import tempfile
 from pathlib import Path
 
 import pytest
-from convert_tokenizer import make_model_folder
+from convert_tokenizer import shared_model_folder, shared_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workloads.convert import tokenizer as tokenizer_module
-from workloads.convert.tokenizer import Tokenizer, load_tokenizer
+from workloads.convert.tokenizer import load_tokenizer
 from workloads.convert.writer import ConvertOptions, convert
 
 _TMP = tempfile.TemporaryDirectory(prefix="apcsim-convert-speed-")
 
-
-@functools.cache
-def _model() -> Path:
-    return make_model_folder(Path(_TMP.name) / "model")
-
-
-@functools.cache
-def _tokenizer(name: str) -> Tokenizer:
-    return load_tokenizer("approx" if name == "approx" else str(_model()))
+_model, _tokenizer = shared_model_folder, shared_tokenizer
 
 
 _words = st.sampled_from(["the", "cache", "prefix", " ", "  ", "\n", "héllo", "token?", "<|eot_id|>", "x", "42",
