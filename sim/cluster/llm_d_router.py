@@ -25,21 +25,30 @@ built on the Gateway API Inference Extension EPP (``kubernetes-sigs/gateway-api-
     while it holds each block on some tier, each block adding the best weight of the tiers it is on
     (``DefaultKVCacheBackendConfig``: gpu 1.0, cpu 0.8, ``gpu_weight`` / ``cpu_weight`` here); the
     weighted sums are normalised as above. The believed hit is the whole chain.
+    With ``speculative_ttl_s`` (llm-d's ``speculativeIndexing`` + ``speculativeTTL``, off by
+    default, 30 s when on: ``precise_prefix_cache.go``), the prompt's blocks are also written for the
+    chosen endpoint right after the pick (``PreRequest``), so requests routed before the first one's
+    KV events arrive see it; the entries leave after the TTL whatever the events said meanwhile
+    (the TTL cache's eviction calls ``Evict`` on the same keys). Here they sit in a second index
+    and an endpoint's chain is the longer of its confirmed and speculative chains (GPU-only fleets);
   - *none*: load scorers only (the blog's ``load-scheduling``);
 * ``max-score-picker`` (GIE ``plugins/picker/max_score_picker.go``): shuffle, then the highest
   weighted sum ``sum(weight * score)`` -- a uniformly random endpoint among the best.
 
-Weights default to queue : kv-cache : prefix = 2 : 2 : 3 (llm-d's well-lit-path profile).
+Weights default to queue : kv-cache : prefix = 2 : 2 : 3 (llm-d's well-lit-path profile); the
+experiment config gives ``prefix: precise`` llm-d's shipped precise profile, 1 : 1 : 2
+(``deploy/config/epp-precise-prefix-cache-config.yaml``).
 Metrics are what the last scrape saw (``cluster.metrics_interval_s``, llm-d's 50 ms refresh).
 Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from sim.cluster.kv_view import EventCacheView
-from sim.cluster.prefix_index import LRUPrefixIndex
+from sim.cluster.prefix_index import KVEventIndex, LRUPrefixIndex
 from sim.cluster.router import ClusterView, Decision, Router, RouterRequest, argbest
 from sim.cluster.tier_index import LLM_D, TierMatch
 from sim.core.hashing import FastBlockHasher
@@ -64,6 +73,7 @@ class LlmDRouter(Router):
         lru_capacity: int = 31250,
         gpu_weight: float = 1.0,
         cpu_weight: float = 0.8,
+        speculative_ttl_s: float | None = None,
     ) -> None:
         super().__init__(seed)
         if prefix not in PREFIX_MODES:
@@ -77,11 +87,14 @@ class LlmDRouter(Router):
         self.lru_capacity = lru_capacity
         self.tier_weights = (gpu_weight, cpu_weight)
         self._own_hasher = FastBlockHasher(block_size, hash_seed="llm-d approximate prefix")
+        self.speculative_ttl_s = speculative_ttl_s if prefix == "precise" else None
 
     def attach(self, view: ClusterView) -> None:
         super().attach(view)
         self.lru = LRUPrefixIndex(view.num_replicas, self.lru_capacity)
         self.events = EventCacheView(view.facts, LLM_D)
+        self.speculative = KVEventIndex(view.num_replicas)
+        self._expiry: deque[tuple[float, int, list[int]]] = deque()  # (expires at, replica, hashes)
 
     def _prefix_scores(self, request: RouterRequest, up: list[int]) -> tuple[dict[int, float], dict[int, int]]:
         """(score per endpoint, believed hit tokens per endpoint)."""
@@ -95,6 +108,10 @@ class LlmDRouter(Router):
         raw: dict[int, float] | dict[int, int]
         if self.events.tiers is None:
             blocks = raw = self.events.match_blocks(request, up)
+            if self.speculative_ttl_s is not None:
+                for i, n in self._speculative_blocks(request, up).items():
+                    if n > raw.get(i, 0):
+                        raw[i] = n
         else:
             matches = self.events.match_tiers(request, up)
             blocks = {i: m.chain for i, m in matches.items()}
@@ -107,6 +124,16 @@ class LlmDRouter(Router):
             else:
                 scores[i] = 1.0 if hi == lo else (raw[i] - lo) / (hi - lo)
         return scores, {i: self.events.hit_tokens(request, i, blocks.get(i, 0)) for i in up}
+
+    def _speculative_blocks(self, request: RouterRequest, up: list[int]) -> dict[int, int]:
+        """Leading blocks of the speculative index per candidate, hashed as each replica hashes."""
+        groups: dict[int, list[int]] = {}
+        for i in up:
+            groups.setdefault(id(self.events.group_of[i]), []).append(i)
+        out: dict[int, int] = {}
+        for members in groups.values():
+            out.update(self.speculative.match(request.hashes(self.events.group_of[members[0]]), members))
+        return out
 
     def _weighted(self, m: TierMatch) -> float:
         """``LongestPrefixScorer``: each chain block adds the best weight of the tiers holding it."""
@@ -121,6 +148,11 @@ class LlmDRouter(Router):
         queues = [m.num_waiting for m in metrics.values()]
         qmin, qmax = min(queues), max(queues)
         wq, wkv, wp = self.weights
+        if self.speculative_ttl_s is not None:  # expired speculative entries leave before the scoring
+            now = self.view.now
+            while self._expiry and self._expiry[0][0] <= now:
+                _, replica, hashes = self._expiry.popleft()
+                self.speculative.remove(replica, hashes)
         total = {}
         for i, m in metrics.items():
             q = 1.0 if qmax == qmin else (qmax - m.num_waiting) / (qmax - qmin)
@@ -133,6 +165,10 @@ class LlmDRouter(Router):
         choice = argbest(total, self, lowest=False)
         if self.prefix == "approximate":  # PreRequest: self-report the expected cache contents
             self.lru.add(choice, request.hashes(self._own_hasher)[: self.max_prefix_blocks])
+        elif self.speculative_ttl_s is not None:  # PreRequest: speculative entries for the chosen endpoint
+            hashes = request.hashes(self.events.group_of[choice])
+            self.speculative.store(choice, hashes)
+            self._expiry.append((self.view.now + self.speculative_ttl_s, choice, hashes))
         return Decision(choice, believed.get(choice) if self.prefix != "none" else None)
 
     def on_kv_events(self, replica: int, events: Sequence[KVCacheEvent]) -> None:
@@ -141,3 +177,4 @@ class LlmDRouter(Router):
     def on_replica_down(self, replica: int) -> None:
         self.lru.clear(replica)
         self.events.clear(replica)
+        self.speculative.clear(replica)

@@ -62,14 +62,31 @@ class LlmDTierWeights(_Strict):
     cpu: Annotated[float, Field(ge=0)] = 0.8
 
 
+# llm-d's shipped precise profile: precise-prefix-cache-scorer 2.0, kv-cache-utilization-scorer 1.0,
+# queue-scorer 1.0 (llm-d-inference-scheduler deploy/config/epp-precise-prefix-cache-config.yaml);
+# the approximate and load-only profiles keep the well-lit path's 2 : 2 : 3 (LlmDWeights' defaults)
+LLM_D_PRECISE_WEIGHTS = {"queue": 1.0, "kv_cache": 1.0, "prefix": 2.0}
+
+
 class LlmDRouterConfig(_Strict):
     kind: Literal["llm_d"]
     prefix: Literal["precise", "approximate", "none"] = "precise"
-    weights: LlmDWeights = LlmDWeights()
+    weights: LlmDWeights = LlmDWeights()  # precise without weights: LLM_D_PRECISE_WEIGHTS
     tier_weights: LlmDTierWeights = LlmDTierWeights()  # precise prefix with CPU offload tiers
     block_size: Annotated[int, Field(gt=0)] = 64
     max_prefix_blocks: Annotated[int, Field(gt=0)] = 256
     lru_capacity: Annotated[int, Field(gt=0)] = 31250
+    # llm-d's speculativeIndexing (precise only; off in the shipped config): the prompt's blocks are
+    # indexed for the chosen replica at routing time and leave after this TTL (llm-d's default 30 s)
+    speculative_ttl_s: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _precise_weights(cls, data: Any) -> Any:
+        # the default depends on the prefix mode, as llm-d ships one profile per mode
+        if isinstance(data, dict) and "weights" not in data and data.get("prefix", "precise") == "precise":
+            return {**data, "weights": LLM_D_PRECISE_WEIGHTS}
+        return data
 
 
 class DynamoRouterConfig(_Strict):
