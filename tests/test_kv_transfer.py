@@ -28,18 +28,36 @@ def job(request_id: str, num_blocks: int) -> tuple[str, int]:
     return (request_id, num_blocks)
 
 
-def _worker(gb_s: float = 1.0, latency_s: float = 0.0) -> LinkKVWorker:
-    return LinkKVWorker(TransferLink(gb_s, latency_s), bytes_per_block=MB)  # 1 ms per block at 1 GB/s
+def _worker(gb_s: float = 1.0, latency_s: float = 0.0, duplex: bool = True) -> LinkKVWorker:
+    return LinkKVWorker(TransferLink(gb_s, latency_s, duplex), bytes_per_block=MB)  # 1 ms per block at 1 GB/s
 
 
-def test_link_is_fifo_and_charges_bytes_over_bandwidth_plus_latency() -> None:
+def test_link_is_fifo_per_direction_and_charges_bytes_over_bandwidth_plus_latency() -> None:
     link = TransferLink(2.0, latency_s=0.001)
-    assert link.submit(0.0, 2 * 10**9) == pytest.approx(1.001)
-    assert link.submit(0.5, 0) == pytest.approx(1.002)  # waits behind the first
-    assert link.submit(5.0, 10**9) == pytest.approx(5.501)
-    assert link.bytes_moved == 3 * 10**9
+    assert link.submit(0.0, 2 * 10**9, load=False) == pytest.approx(1.001)
+    assert link.submit(0.5, 0, load=False) == pytest.approx(1.002)  # waits behind the first store
+    assert link.submit(0.5, 10**9, load=True) == pytest.approx(1.001)  # its own lane: 0.5 + 1 ms + 0.5 s
+    assert link.submit(0.6, 0, load=True) == pytest.approx(1.002)  # behind that load only
+    assert link.submit(5.0, 10**9, load=False) == pytest.approx(5.501)
+    assert link.bytes_moved == 4 * 10**9
     with pytest.raises(ValueError, match="bandwidth must be > 0"):
         TransferLink(0.0)
+
+
+# Two 10 MB stores then a 1 MB load, all submitted at t=0 on a 1 GB/s link with 1 ms per transfer.
+# Duplex (vLLM's store and load handlers, a full-duplex PCIe / NVLink-C2C link): the load takes
+# 1 ms + 1 ms on its own lane. Shared: stores land at 11 ms and 22 ms, the load 2 ms after: 24 ms.
+@pytest.mark.parametrize(("duplex", "stores_done", "load_done"), [
+    (True, (0.011, 0.022), 0.002),
+    (False, (0.011, 0.022), 0.024),
+])
+def test_a_load_behind_two_stores_golden(duplex: bool, stores_done: tuple[float, float], load_done: float) -> None:
+    link = TransferLink(1.0, latency_s=0.001, duplex=duplex)
+    done = (link.submit(0.0, 10 * MB, load=False), link.submit(0.0, 10 * MB, load=False))
+    assert done == pytest.approx(stores_done)
+    assert link.submit(0.0, MB, load=True) == pytest.approx(load_done)
+    # a store after the load: duplex, behind the stores only; shared, behind the load too
+    assert link.submit(0.0, 0, load=False) == pytest.approx(0.023 if duplex else 0.025)
 
 
 def test_fast_link_reports_every_job_exactly_one_step_later() -> None:
@@ -62,14 +80,15 @@ def test_stores_are_submitted_at_the_next_steps_start_behind_nothing_of_their_ow
     assert w.finish_step(2, 1.020).completed_jobs == {7}
 
 
-def test_a_load_waits_behind_stores_already_on_the_link() -> None:
-    w = _worker()
-    w.start_step(0, 0.0, meta(store_jobs={1: job("a", 100)}))
-    w.start_step(1, 0.0, meta(load_jobs={2: job("b", 1)}))  # the store (100 ms) goes first
-    assert w.in_flight[2].done_at == pytest.approx(0.101)
-    assert w.finish_step(1, 0.05).completed_jobs == set()
-    rep = w.finish_step(2, 0.2)
-    assert rep.completed_jobs == {1, 2} and rep.finished_recving == {"b"}
+def test_a_load_waits_behind_stores_only_on_a_shared_link() -> None:
+    for duplex, load_done in ((False, 0.101), (True, 0.001)):
+        w = _worker(duplex=duplex)
+        w.start_step(0, 0.0, meta(store_jobs={1: job("a", 100)}))
+        w.start_step(1, 0.0, meta(load_jobs={2: job("b", 1)}))  # the store (100 ms) is submitted first
+        assert w.in_flight[2].done_at == pytest.approx(load_done)
+        assert w.finish_step(1, 0.05).completed_jobs == set()  # a load: not in its own step's output
+        rep = w.finish_step(2, 0.2)
+        assert rep.completed_jobs == {1, 2} and rep.finished_recving == {"b"}
 
 
 def test_flushed_jobs_delay_the_forward_and_complete_in_their_own_step() -> None:

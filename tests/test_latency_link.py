@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 
 from sim.core.executor import StepShape
-from sim.experiment.config import config_from_dict
-from sim.experiment.run import replay_experiment
+from sim.experiment.config import ConfigError, config_from_dict
+from sim.experiment.engine_description import resolve
+from sim.experiment.kv_worker import build_kv_worker
+from sim.experiment.run import engine_facts, replay_experiment
 from sim.timing.roofline import RooflineLatency, load_gpu_spec, load_model_spec
 
 MS_PER_BLOCK_GB_S = 2.097152  # 2,097,152 B per block / 1e9 B/s per GB/s: 1 ms per block
@@ -114,3 +116,49 @@ def test_a_slow_load_spans_steps_and_still_never_stretches_one(tmp_path: Path) -
     # TTFT 45 ms, 3 steps waiting for KV
     assert (r2.external_hit_tokens, r2.kv_wait_steps) == (16, 3)
     assert r2.ttft == pytest.approx(0.045)
+
+
+@pytest.mark.parametrize(("duplex", "load_done_ms"), [(None, 145.5), (True, 145.5), (False, 211.5)])
+def test_a_load_queues_behind_stores_only_with_a_shared_link(tmp_path: Path, duplex: bool | None,
+                                                             load_done_ms: float) -> None:
+    # a 25 ms-per-block link + 0.5 ms: r0's store (4 blocks) goes on at 10 ms and lands at 110.5 ms
+    # (reported in step 11's output, 120 ms); r1's (3 blocks, submitted at 20 ms) waits behind it on
+    # the store lane and lands at 186 ms. r2 arrives at 115 ms; step 12 (120 ms) carries its 1-block
+    # load (25.5 ms) while r1's store is still on the link. Duplex (the default: vLLM's handler per
+    # direction): it lands at 145.5 ms, in step 14 (140-150 ms): reported there, r2 admitted in step
+    # 15, samples by 160 ms: TTFT 45 ms, 3 steps waiting (12-14). Shared: it waits for r1's store,
+    # lands at 211.5 ms, reported in step 21 (220 ms), r2 samples by 230 ms: TTFT 115 ms, 10 steps.
+    engine: dict[str, Any] = {} if duplex is None else {"offload_link_duplex": duplex}
+    res = _run(tmp_path, _load_trace(30, 115), 12, _fitted(tmp_path, MS_PER_BLOCK_GB_S / 25, 0.0005), **engine)
+    busy = res.steps[res.steps["scheduled_tokens"] > 0]
+    assert list(busy["duration"]) == pytest.approx([0.010] * len(busy))  # no step waits for the link
+    r2 = _request(res, "mc-2")
+    assert r2.external_hit_tokens == 16
+    report_end_ms = (load_done_ms // 10 + 1) * 10  # the end of the 10 ms step in which the load lands
+    assert r2.ttft == pytest.approx((report_end_ms + 10 - 115) / 1000)
+    assert r2.kv_wait_steps == report_end_ms // 10 - 12
+
+
+def _cfg(tmp_path: Path, **engine: Any) -> Any:
+    return config_from_dict({"name": "t", "model": "llama-3-8b", "gpu": "H100-SXM",
+                             "engine": {"block_size": 16, "num_gpu_blocks": 9000, "max_model_len": 4096, **engine},
+                             "workload": {"kind": "chat"}}, str(tmp_path / "t.yaml"), tmp_path)
+
+
+def test_the_duplex_key_is_resolved_once_and_reported(tmp_path: Path) -> None:
+    for value, duplex in ((None, True), (True, True), (False, False)):
+        engine = {"num_cpu_blocks": 100} | ({} if value is None else {"offload_link_duplex": value})
+        d = resolve(_cfg(tmp_path, **engine))
+        worker = build_kv_worker(d)
+        assert d.offload_link_duplex is duplex and worker is not None and worker.link.duplex is duplex
+        tier = engine_facts(_cfg(tmp_path, **engine), d)["cpu_tier"]
+        assert (tier["link_duplex"], tier["link_source"]) == (duplex, "gpu H100-SXM")
+    assert "cpu_tier" not in engine_facts(_cfg(tmp_path), resolve(_cfg(tmp_path)))  # no tier, no link
+
+
+def test_the_duplex_key_without_a_tier_is_one_config_error_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        _cfg(tmp_path, offload_link_duplex=False)
+    msg = str(err.value)
+    assert msg.startswith(f"{tmp_path / 't.yaml'}: engine: offload_link_duplex needs a CPU offload tier")
+    assert "\n" not in msg

@@ -164,6 +164,7 @@ class EngineConfig(_Strict):
     offload_prompt_only: bool | None = Field(default=None, exclude_if=_unset)  # default true
     store_threshold: Annotated[int, Field(ge=0)] | None = Field(default=None, exclude_if=_unset)  # default 0
     offload_bandwidth_gb_s: Annotated[float, Field(gt=0)] | None = Field(default=None, exclude_if=_unset)
+    offload_link_duplex: bool | None = Field(default=None, exclude_if=_unset)  # default true
     self_describing_kv_events: bool | None = Field(default=None, exclude_if=_unset)  # default false
 
     _offload_size = field_validator("kv_offloading_size")(check_offload_size)

@@ -76,6 +76,8 @@ class EngineDescription:
     # engine.offload_bandwidth_gb_s, else the fitted latency file's host_link, else the GPU spec)
     offload_link_latency_s: float = 0.0
     offload_link_source: str = ""
+    # loads and stores on their own lanes (engine.offload_link_duplex, default true), else one shared lane
+    offload_link_duplex: bool = True
     # vLLM 0.33.0 num_hash_lookahead_tokens: 1 for EAGLE with prefix caching and no KV connector
     num_hash_lookahead_tokens: int = 0
 
@@ -282,5 +284,6 @@ def resolve(cfg: ExperimentConfig) -> EngineDescription:
         offload_bandwidth_gb_s=link[0],
         offload_link_latency_s=link[1],
         offload_link_source=link[2],
+        offload_link_duplex=e.offload_link_duplex is not False,
         num_hash_lookahead_tokens=lookahead,
     )

@@ -18,6 +18,11 @@ The keys, each named after the vLLM flag or extra-config key it mirrors:
 * ``engine.offload_prompt_only`` (default true) and ``engine.store_threshold`` (default 0, off);
 * ``engine.offload_bandwidth_gb_s`` -- the GPU<->CPU link (GB/s per direction; default the GPU
   spec's ``host_link_gb_s``);
+* ``engine.offload_link_duplex`` (default true) -- loads and stores each have their own FIFO lane
+  with the full bandwidth, as vLLM's worker copies with one stream chain per direction over a
+  full-duplex PCIe / NVLink-C2C link; false puts both directions in one FIFO lane (the conservative
+  reading for hosts whose directions share copy engines or memory bandwidth;
+  ``sim.timing.transfer_link``);
 * ``engine.self_describing_kv_events`` (default false) -- the extra-config key that makes the tier's
   KV events carry the chunk's blocks and tokens (``sim.core.offload.events``).
 
@@ -63,6 +68,8 @@ class TierKeys(Protocol):
     @property
     def offload_bandwidth_gb_s(self) -> float | None: ...
     @property
+    def offload_link_duplex(self) -> bool | None: ...
+    @property
     def self_describing_kv_events(self) -> bool | None: ...
 
 PAGE_ALIGNMENT = 4096
@@ -70,7 +77,8 @@ PAGE_ALIGNMENT = 4096
 rounded up to it."""
 
 TIER_KEYS = ("kv_offloading_size", "num_cpu_blocks", "kv_offloading_policy", "kv_offloading_block_size",
-             "offload_prompt_only", "store_threshold", "offload_bandwidth_gb_s", "self_describing_kv_events")
+             "offload_prompt_only", "store_threshold", "offload_bandwidth_gb_s", "self_describing_kv_events",
+             "offload_link_duplex")
 """The engine keys of the tier; any of them set without a size is a problem."""
 
 

@@ -156,7 +156,7 @@ def _tier_facts(engine: EngineDescription) -> dict[str, Any]:
         "capacity_tokens": engine.cpu_tier_capacity_tokens, "gib": engine.cpu_tier_gib, "policy": tier.policy,
         "offload_prompt_only": tier.offload_prompt_only, "store_threshold": tier.store_threshold,
         "link_gb_s": engine.offload_bandwidth_gb_s, "link_latency_s": engine.offload_link_latency_s,
-        "link_source": engine.offload_link_source,
+        "link_source": engine.offload_link_source, "link_duplex": engine.offload_link_duplex,
     }}
 
 

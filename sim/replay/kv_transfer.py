@@ -26,7 +26,9 @@ A job counts as done by a step's end to 1 ns (``ARRIVAL_EPS_S``, the clock's tol
 same time"), so the jobs a fast link lands together are reported together.
 
 Invariants: every submitted job is reported exactly once; ``in_flight`` holds the jobs submitted
-and not yet reported; completion times come from one :class:`~sim.timing.transfer_link.TransferLink`.
+and not yet reported; completion times come from one :class:`~sim.timing.transfer_link.TransferLink`
+(a lane per direction by default, as vLLM's worker has a handler per direction: loads never wait for
+stores; one shared lane with ``engine.offload_link_duplex: false``).
 Imports neither simpy nor torch.
 """
 
@@ -99,7 +101,7 @@ class LinkKVWorker:
         else:
             self.num_stores += 1
             self.store_bytes += nbytes
-        done = self.link.submit(now, nbytes)
+        done = self.link.submit(now, nbytes, load=load)
         self.in_flight[job_id] = _InFlight(done, first_report, job.request_id if load else None)
 
     def start_step(self, step: int, now: float, meta: ConnectorMetadataLike | None) -> float:
