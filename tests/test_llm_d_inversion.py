@@ -126,3 +126,19 @@ def test_inversion_sweep_changes_one_thing_per_point() -> None:
     base = cfgs["precise"]
     for label, cfg in cfgs.items():
         assert {k for k in base if cfg[k] != base[k]} == ONE_CHANGE[label], label
+
+
+def test_spread_counts_requests_sent_away_and_those_sent_blind() -> None:
+    import pandas as pd
+
+    from tools.llm_d_spread import spread
+
+    df = pd.DataFrame({
+        "session": ["prefix-1/user-0", "prefix-1/user-1", "prefix-1/user-2", "prefix-2/user-0", "prefix-1/user-3"],
+        "arrival": [0.0, 0.5, 2.0, 2.5, 3.0],
+        "first_token": [1.0, 1.5, 2.2, 2.6, 3.1],
+        "replica": [0, 1, 2, 0, 1],
+    })
+    # prefix-1: r0 at 0; r1 at 0.5 (away, blind: first token of r0 at 1.0); r2 at 2.0 (away, not
+    # blind); r1 again at 3.0 (not away). prefix-2: one replica.
+    assert spread(df) == {"replicas_per_group": (3 + 1) / 2, "sent_away": 2, "sent_away_blind": 1}
