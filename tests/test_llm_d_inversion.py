@@ -57,6 +57,9 @@ def request(rid: str) -> RouterRequest:
     ({"kind": "llm_d", "prefix": "approximate"}, (2.0, 2.0, 3.0)),  # the well-lit path's 2 : 2 : 3
     ({"kind": "llm_d", "prefix": "none"}, (2.0, 2.0, 3.0)),
     ({"kind": "llm_d", "prefix": "precise", "weights": {"queue": 2, "kv_cache": 2, "prefix": 3}}, (2.0, 2.0, 3.0)),
+    # weights given in part take the rest from their own mode's profile
+    ({"kind": "llm_d", "weights": {"queue": 3}}, (3.0, 1.0, 2.0)),
+    ({"kind": "llm_d", "prefix": "approximate", "weights": {"queue": 3}}, (3.0, 2.0, 3.0)),
 ])
 def test_default_weights_follow_the_shipped_profile_of_each_mode(router: dict, weights: tuple) -> None:
     w = LlmDRouterConfig.model_validate(router).weights

@@ -83,9 +83,13 @@ class LlmDRouterConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _precise_weights(cls, data: Any) -> Any:
-        # the default depends on the prefix mode, as llm-d ships one profile per mode
-        if isinstance(data, dict) and "weights" not in data and data.get("prefix", "precise") == "precise":
-            return {**data, "weights": LLM_D_PRECISE_WEIGHTS}
+        # the default depends on the prefix mode, as llm-d ships one profile per mode; weights given
+        # in part take the rest from the same mode's profile (precise: 1 : 1 : 2, not 2 : 2 : 3)
+        if not isinstance(data, dict) or data.get("prefix", "precise") != "precise":
+            return data
+        given = data.get("weights", {})
+        if isinstance(given, dict):
+            return {**data, "weights": {**LLM_D_PRECISE_WEIGHTS, **given}}
         return data
 
 
