@@ -34,8 +34,12 @@ def test_a_tiered_run_has_a_line_per_tier_and_the_tier_counters() -> None:
     ref = next(line for line in lines if "two tiers, infinite" in line)
     assert "0.600 " in ref and "GPU 0.550 + CPU 0.0500" in ref
     tier = next(line for line in lines if line.startswith("cpu tier"))
-    assert tier == ("cpu tier    100 chunks (0.195 GiB, ARC, link 55.0 GB/s): 400 stored, 125 loaded, 300 evicted, "
-                    "2 allocation failures")
+    assert tier == ("cpu tier    100 chunks (0.195 GiB, ARC, link 55.0 GB/s per direction): 400 stored, 125 loaded, "
+                    "300 evicted, 2 allocation failures")
+    # engine.offload_link_duplex: false -- one lane that loads and stores share
+    shared = {**TIER, "engine": {**TIER["engine"], "cpu_tier": {**TIER["engine"]["cpu_tier"], "link_duplex": False}}}
+    tier = next(line for line in _lines({**BASE, **shared}) if line.startswith("cpu tier"))
+    assert "(0.195 GiB, ARC, link 55.0 GB/s shared by loads and stores): 400 stored" in tier
 
 
 def test_an_untiered_run_has_no_tier_lines() -> None:

@@ -174,7 +174,8 @@ def _tiers(s: Mapping[str, Any]) -> list[str]:
     lines.append(
         (f"cpu tier    {exact(cpu.get('num_chunks'))} chunks in the fleet" if fleet else
          f"cpu tier    {exact(size.get('num_chunks', cpu.get('num_chunks')))} chunks")
-        + (f" ({sig(size['gib'])} GiB, {size['policy'].upper()}, link {sig(size['link_gb_s'])} GB/s)"
+        + (f" ({sig(size['gib'])} GiB, {size['policy'].upper()}, link {sig(size['link_gb_s'])} GB/s "
+           f"{'per direction' if size.get('link_duplex', True) else 'shared by loads and stores'})"
            if size and not fleet else "")
         + f": {exact(cpu.get('chunks_stored'))} stored, {exact(cpu.get('chunks_loaded'))} loaded, "
         f"{exact(cpu.get('chunks_evicted'))} evicted, {exact(cpu.get('allocation_failures'))} allocation failures")
