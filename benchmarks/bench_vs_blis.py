@@ -22,6 +22,9 @@ apcsim configs) and ``meta.json`` last (commit, package versions, CPU model, loa
 BLIS commit and harness settings, ``complete: true``).
 
     python benchmarks/bench_vs_blis.py [--peers DIR] [--blocks 52001 8000] [--repeat 3] [--work DIR] [--out DIR]
+
+There is no fleet row: ``--fleet`` prints why the fleet setups cannot be matched yet (issue 38 item 5;
+``fleet_blockers``, docs/benchmarks.md "No fleet row against BLIS") and exits with status 1.
 """
 
 from __future__ import annotations
@@ -118,6 +121,49 @@ def hit_agreement(blis_out: Path, apcsim_dir: Path) -> tuple[int, int, int, int]
     return equal, len(common), sum(int(blis[i] or 0) for i in common), sum(int(ours[i]) for i in common)
 
 
+BLIS_COMMIT = "f90a1e3a6787da17c2cd463dab6fb2660b1b1760"  # the commit the harness and the reasons below were read at
+# why BLIS's cluster mode cannot replay this benchmark's input; file paths in BLIS at BLIS_COMMIT
+CLI_TRACE_REASON = (
+    "BLIS's own multi-instance runs (`blis run` / `blis replay --num-instances K`, cmd/root.go:2181, "
+    "cmd/replay.go:583) replay a TraceV2 CSV whose rows carry token COUNTS and one "
+    "prefix_group/prefix_length (sim/workload/tracev2.go TraceRecord); sim/workload/replay.go:64-78 "
+    "draws random token ids per request, shared only inside a prefix group (or a session's growing "
+    "context, tracev2.go:32-34), so Mooncake's per-request block chains (partial overlaps with many "
+    "earlier requests) cannot be written in it: the same trace cannot be replayed through the CLI")
+ROUTER_REASON = (
+    "router families differ in what they read: round robin matches (BLIS `round-robin`: request N to "
+    "instance N % k; apcsim `round_robin`); prefix-aware does not yet: BLIS `precise-prefix-cache` reads "
+    "each instance's block table itself (live GetCachedBlocks at --cache-signal-delay 0, else a "
+    "HashToBlock snapshot refreshed every 50 ms) with load signals refreshed every "
+    "--snapshot-refresh-interval (50 ms) (cmd/root.go:1172-1173, sim/routing_precise_prefix_scorer.go), "
+    "apcsim `llm_d` precise reads an index fed by vLLM KV events; BLIS `prefix-affinity` hashes 16-token "
+    "blocks into a 10,000-entry LRU per instance (sim/routing_prefix_scorer.go:5,21), apcsim's llm-d "
+    "approximate scorer 64-token blocks into 31,250 entries")
+
+
+def fleet_blockers(peers: Path) -> list[str]:
+    """Why this benchmark has no fleet row against BLIS: the harness's state in ``peers``, then the rest."""
+    reasons = []
+    main_go = peers / "blis_harness" / "main.go"
+    source = main_go.read_text(errors="replace") if main_go.is_file() else ""
+    if "NewClusterSimulator" not in source:
+        reasons.append(f"the harness ({main_go if source else peers / 'blis_harness'}: "
+                       f"{'drives one sim.NewSimulator' if source else 'absent'}) has no cluster mode; one would "
+                       "call cluster.NewClusterSimulator(config, cluster.NewSliceRequestSource(reqs), nil) with "
+                       "the trace's token ids, and it is not written")
+    harness = peers / "blis_harness" / "blisharness"
+    if not (harness.is_file() and os.access(harness, os.X_OK)):
+        reasons.append(f"no built harness at {harness} (no Go toolchain here: see {peers / 'README.md'} set-up)")
+    return [*reasons, CLI_TRACE_REASON, ROUTER_REASON]
+
+
+def fleet_report(peers: Path) -> str:
+    """The lines ``--fleet`` prints: no row, and every reason."""
+    return "\n".join(["fleet row against BLIS: NOT MEASURED -- the setups cannot be matched yet:",
+                      *(f"  - {r}" for r in fleet_blockers(peers)),
+                      f"  (BLIS sources read at {BLIS_COMMIT}; docs/benchmarks.md, 'No fleet row against BLIS')"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peers", default=str(ROOT.parent / "shared" / "peers"), help="the BLIS harness folder")
@@ -127,7 +173,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--work", default=None, help="folder for the input and outputs (default: a temp dir, kept)")
     ap.add_argument("--out", default=None, help="also keep the figures as this results folder (replaced whole)")
+    ap.add_argument("--fleet", action="store_true", help="the fleet row: prints why it cannot be matched, exits 1")
     args = ap.parse_args()
+    if args.fleet:
+        print(fleet_report(Path(args.peers)))
+        raise SystemExit(1)
     run_with_folder(args.out, _ours, lambda f: _bench(args, f))
 
 
