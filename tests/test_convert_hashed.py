@@ -157,3 +157,19 @@ def test_convert_mooncake_and_bailian_examples(tmp_path):
         out = tmp_path / f"{fmt}.jsonl"
         s = convert(EXAMPLES / name, out, ConvertOptions(format=fmt, progress=False))
         assert s.requests == n and len(list(read_trace(out))) == n
+
+
+def test_a_bailian_path_that_is_not_a_file_is_refused_by_kind_before_any_read(tmp_path: Path) -> None:
+    """The same check as every trace reader (workloads.trace_codecs.check_trace_path)."""
+    import os
+
+    from workloads.trace_lines import TraceInputError
+
+    with pytest.raises(FileNotFoundError, match="no such trace file"):
+        load_bailian(tmp_path / "missing.jsonl")
+    with pytest.raises(TraceInputError, match="is a directory"):
+        load_bailian(tmp_path)
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(TraceInputError, match="is a FIFO, not a regular file"):
+        load_bailian(fifo)

@@ -28,6 +28,7 @@ from typing import Any
 
 from workloads.errors import SkipLog
 from workloads.tokens import RunTokens
+from workloads.trace_codecs import check_trace_path
 from workloads.trace_format import (
     MAX_OUTPUT_TOKENS,
     TOKEN_ID_LIMIT,
@@ -36,7 +37,7 @@ from workloads.trace_format import (
     decode_json_line,
     is_int,
 )
-from workloads.trace_lines import TraceInputError, trace_lines
+from workloads.trace_lines import trace_lines
 
 BAILIAN_BLOCK_SIZE = 16
 """Tokens per hash id in the Qwen-Bailian traces."""
@@ -105,10 +106,7 @@ def load_bailian(
     timestamp * time_scale``, sessions ``bl-s{root chat_id}``). An empty trace, or one whose every
     line was skipped without ``allow_empty``, raises ``TraceFormatError``."""
     p = Path(path)
-    if p.is_dir():
-        raise TraceInputError(f"{p}: is a directory, expected a Bailian trace file (JSONL, .gz/.xz/.zst)")
-    if not p.is_file():
-        raise FileNotFoundError(f"Bailian trace not found: {p}")
+    check_trace_path(p)  # missing, a directory, a FIFO: refused by kind before any read, as load_mooncake does
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise ValueError(f"time_scale must be finite and > 0, got {time_scale!r}")
     log = skip_log if skip_log is not None else SkipLog()
