@@ -8,43 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from idle_fleet_view import BS, IdleFleetView
 
 from sim.cluster.llm_d_router import LlmDRouter
-from sim.cluster.router import ClusterView, ReplicaFacts, ReplicaMetrics, RouterRequest
+from sim.cluster.router import RouterRequest
 from sim.core.kv_events import BlockStored
-from sim.core.scheduler import Scheduler
 from sim.experiment.cluster_config import LlmDRouterConfig
 from sim.experiment.sweep_config import load_sweep
-from sim.timing.latency import FixedLatency
 from workloads.trace_format import TraceRequest
 
-BS = 16
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Clock(ClusterView):
-    """Two idle replicas and a settable clock: only the prefix scorer separates them."""
-
-    def __init__(self) -> None:
-        self.num_replicas = 2
-        self.facts = [ReplicaFacts(BS, 1000, 2048, "fast", 0, FixedLatency(0.01))] * 2
-        self.t = 0.0
-
-    @property
-    def now(self) -> float:
-        return self.t
-
-    def up(self) -> list[int]:
-        return [0, 1]
-
-    def metrics(self, replica: int) -> ReplicaMetrics:
-        return ReplicaMetrics()
-
-    def engine(self, replica: int) -> Scheduler:  # pragma: no cover - the oracle's only
-        raise NotImplementedError
-
-    def pending_tokens(self, replica: int) -> int:  # pragma: no cover
-        return 0
 
 
 def request(rid: str) -> RouterRequest:
@@ -68,14 +41,14 @@ def test_default_weights_follow_the_shipped_profile_of_each_mode(router: dict, w
 
 def test_without_in_flight_tracking_a_second_request_is_blind_until_the_events() -> None:
     r = LlmDRouter(0, prefix="precise")
-    r.attach(Clock())
+    r.attach(IdleFleetView(2))
     r.route(request("a"))
     scores, _ = r._prefix_scores(request("b"), [0, 1])
     assert scores == {0: 0.0, 1: 0.0}  # no KV event yet: nothing known
 
 
 def test_in_flight_tracking_indexes_the_pick_and_forgets_it_after_the_ttl() -> None:
-    view = Clock()
+    view = IdleFleetView(2)
     r = LlmDRouter(0, prefix="precise", speculative_ttl_s=30.0)
     r.attach(view)
     first = r.route(request("a")).replica

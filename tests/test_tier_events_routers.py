@@ -14,45 +14,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from idle_fleet_view import BS, IdleFleetView
 
 from sim.cluster.dynamo_router import DynamoRouter
 from sim.cluster.llm_d_router import LlmDRouter
 from sim.cluster.prefix_index import KVEventIndex
-from sim.cluster.router import ClusterView, ReplicaFacts, ReplicaMetrics, Router, RouterRequest
+from sim.cluster.router import Router, RouterRequest
 from sim.cluster.tier_index import TierMatch
 from sim.cluster.ttft_routers import MooncakeRouter
 from sim.core.kv_events import MEDIUM_CPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-from sim.core.scheduler import Scheduler
-from sim.timing.latency import FixedLatency
 from workloads.trace_format import TraceRequest
-
-BS = 16
-
-
-class View(ClusterView):
-    def __init__(self, n: int, cpu_tier: bool) -> None:
-        self.num_replicas = n
-        self.facts = [ReplicaFacts(BS, 1000, 2048, "fast", 0, FixedLatency(0.01), cpu_tier=cpu_tier)] * n
-
-    @property
-    def now(self) -> float:
-        return 0.0
-
-    def up(self) -> list[int]:
-        return list(range(self.num_replicas))
-
-    def metrics(self, replica: int) -> ReplicaMetrics:
-        return ReplicaMetrics()
-
-    def engine(self, replica: int) -> Scheduler:  # pragma: no cover - the oracle's only
-        raise NotImplementedError
-
-    def pending_tokens(self, replica: int) -> int:  # pragma: no cover
-        return 0
 
 
 def setup(router: Router, n: int = 2, cpu_tier: bool = True) -> tuple[RouterRequest, list[int]]:
-    router.attach(View(n, cpu_tier))
+    router.attach(IdleFleetView(n, cpu_tier))
     req = RouterRequest(TraceRequest("q", 0.0, np.arange(4 * BS + 1, dtype=np.int64), 4), 0)
     view = router.events  # type: ignore[attr-defined]
     return req, req.hashes(view.group_of[0])
