@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from fleet_of_one import assert_fleet_of_one_equals_single
 
 from sim.cluster.cluster import ClusterReplay, Fault
 from sim.cluster.kv_event_pipeline import KVEventPipeline
@@ -34,14 +35,7 @@ def _assert_single_equal(path: str, limit: int, routers: list[str], *extra: str)
     single, _ = replay_experiment(_cfg(path, *base), progress=False)
     for router in routers:
         cl, _ = replay_experiment(_cfg(path, *base, "cluster.replicas=1", f"cluster.router={router}"), progress=False)
-        r0 = cl.replicas[0]
-        pd.testing.assert_frame_equal(single.requests, r0.requests)
-        pd.testing.assert_frame_equal(single.steps, r0.steps)
-        # skipped_bad_lines and vllm_version are the run's (the fleet summary's), not a replica's
-        assert r0.summary == {k: v for k, v in single.summary.items() if k not in ("skipped_bad_lines", "vllm_version")}
-        pd.testing.assert_frame_equal(single.requests, cl.requests[list(single.requests.columns)])
-        pd.testing.assert_frame_equal(single.steps, cl.steps[list(single.steps.columns)])
-        assert {k: v for k, v in cl.summary.items() if k != "cluster"} == single.summary, router
+        assert_fleet_of_one_equals_single(single, cl, router)
 
 
 def test_one_replica_equals_single_engine_for_every_router_quickstart() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pytest
+from fleet_of_one import assert_fleet_of_one_equals_single
 
 from sim.cluster.cluster import ClusterReplay, ClusterResult, Fault
 from sim.experiment.cluster_run import build_router, replica_specs
@@ -43,13 +43,7 @@ def test_one_tiered_replica_equals_the_single_tiered_engine(extra: tuple[str, ..
     assert single.summary["cpu_tier"]["chunks_evicted"] > 0
     for router in ("round_robin", "dynamo", "sglang"):
         cl = _fleet(*TIERED, *extra, "cluster.replicas=1", f"cluster.router={router}")
-        r0 = cl.replicas[0]
-        pd.testing.assert_frame_equal(single.requests, r0.requests)
-        pd.testing.assert_frame_equal(single.steps, r0.steps)
-        assert r0.summary == {k: v for k, v in single.summary.items() if k not in ("skipped_bad_lines", "vllm_version")}
-        pd.testing.assert_frame_equal(single.requests, cl.requests[list(single.requests.columns)])
-        pd.testing.assert_frame_equal(single.steps, cl.steps[list(single.steps.columns)])
-        assert {k: v for k, v in cl.summary.items() if k != "cluster"} == single.summary, router
+        assert_fleet_of_one_equals_single(single, cl, router)
         row = cl.summary["cluster"]["replicas"][0]
         assert row["cpu_hit_rate"] == single.summary["hit_rate_by_source"]["cpu"]
         assert row["cpu_chunks_stored"] == single.summary["cpu_tier"]["chunks_stored"]

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from fleet_of_one import replica_summary
 
 from sim.cluster.cluster import ClusterReplay
 from sim.experiment.cluster_run import build_router, replica_specs
@@ -116,7 +117,7 @@ def test_one_replica_equals_single_engine_with_attribution() -> None:
         assert r0.blocks["resident_on"].isna().all()
         summary = dict(r0.summary)
         assert summary["miss_attribution"].pop("routed_away") == 0
-        assert summary == {k: v for k, v in single.summary.items() if k not in ("skipped_bad_lines", "vllm_version")}
+        assert summary == replica_summary(single.summary)
         fleet = {k: v for k, v in cl.summary.items() if k != "cluster"}
         fleet["miss_attribution"] = {k: v for k, v in fleet["miss_attribution"].items() if k != "routed_away"}
         assert fleet == single.summary, router
