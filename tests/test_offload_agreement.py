@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from offload_fixture_engine import fixture_scheduler
 
-from sim.core.config import CacheConfig, OffloadConfig, SchedulerConfig
 from sim.core.hashing import make_block_hasher
 from sim.core.offload.step_worker import StepDelayWorker
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.core.step_driver import DriveResult, drive
-from sim.core.version_profile import V0_33_0
 from workloads.mooncake import load_mooncake
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_oracle_033" / "offload"
@@ -57,20 +56,8 @@ def load_requests(case: dict[str, Any], hasher: Any) -> list[tuple[float, Reques
 
 def replay(case: dict[str, Any]) -> tuple[DriveResult, Scheduler]:
     e, o = case["engine"], case.get("offload")
-    offload = None if o is None else OffloadConfig(
-        o["num_cpu_chunks"], o["blocks_per_chunk"], o["policy"], o["offload_prompt_only"], o["store_threshold"]
-    )
     hasher = make_block_hasher("fast", e["block_size"])
-    sched = Scheduler(
-        SchedulerConfig(
-            max_num_batched_tokens=e["max_num_batched_tokens"], max_num_seqs=e["max_num_seqs"],
-            max_model_len=e["max_model_len"], enable_chunked_prefill=e["enable_chunked_prefill"],
-            long_prefill_token_threshold=e["long_prefill_token_threshold"], policy=e["policy"],
-            watermark=e["watermark"], async_scheduling=e["async_scheduling"], profile=V0_33_0,
-        ),
-        CacheConfig(block_size=e["block_size"], num_gpu_blocks=e["num_gpu_blocks"], offload=offload),
-        hasher,
-    )
+    sched = fixture_scheduler(case, hasher)
     worker = StepDelayWorker(o["transfer_delay_steps"] if o is not None else 1)
     return drive(sched, load_requests(case, hasher), e["step_time"], worker), sched
 

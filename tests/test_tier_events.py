@@ -24,15 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from offload_fixture_engine import fixture_scheduler
 
-from sim.core.config import CacheConfig, OffloadConfig, SchedulerConfig
+from sim.core.config import CacheConfig
 from sim.core.hashing import external_block_hash, make_block_hasher
 from sim.core.kv_events import MEDIUM_CPU, BlockRemoved, BlockStored, KVCacheEvent, event_to_dict
 from sim.core.offload.step_worker import StepDelayWorker
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.core.step_driver import drive
-from sim.core.version_profile import V0_33_0
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_oracle_033"
 EVENTS = FIXTURES / "tier_events"
@@ -43,19 +43,8 @@ ABSENT = {"locality": None, "ownership": None, "session_id": None, "lookahead_to
 
 
 def engine(case: dict[str, Any], *, self_describing: bool = False) -> tuple[Scheduler, list[tuple[int, KVCacheEvent]]]:
-    e, o = case["engine"], case["offload"]
-    sched = Scheduler(
-        SchedulerConfig(
-            max_num_batched_tokens=e["max_num_batched_tokens"], max_num_seqs=e["max_num_seqs"],
-            max_model_len=e["max_model_len"], enable_chunked_prefill=e["enable_chunked_prefill"],
-            long_prefill_token_threshold=e["long_prefill_token_threshold"], policy=e["policy"],
-            watermark=e["watermark"], async_scheduling=e["async_scheduling"], profile=V0_33_0,
-        ),
-        CacheConfig(block_size=e["block_size"], num_gpu_blocks=e["num_gpu_blocks"], offload=OffloadConfig(
-            o["num_cpu_chunks"], o["blocks_per_chunk"], o["policy"], o["offload_prompt_only"], o["store_threshold"],
-            self_describing_kv_events=self_describing)),
-        make_block_hasher("sha256", e["block_size"]),
-    )
+    sched = fixture_scheduler(case, make_block_hasher("sha256", case["engine"]["block_size"]),
+                              self_describing=self_describing)
     events: list[tuple[int, KVCacheEvent]] = []
     sched.kv_cache_manager.block_pool.event_sink = lambda ev: events.append((sched.step_index, ev))
     return sched, events
