@@ -51,12 +51,18 @@ class Outcome:
     defaulted: int = 0
 
 
+def tokenizer_for(opts: Any) -> Tokenizer:
+    """The tokenizer of ``opts``: the word cache on unless ``opts.words`` is off or the former path
+    (``opts.reference``) is asked for."""
+    return load_tokenizer(opts.tokenizer, words=opts.words and not opts.reference)
+
+
 class BatchConverter:
     """Converts batches for one set of options (``opts``: a ``writer.ConvertOptions``)."""
 
     def __init__(self, opts: Any, tok: Tokenizer | None = None) -> None:
         self.opts = opts
-        self.tok = tok if tok is not None else load_tokenizer(opts.tokenizer)
+        self.tok = tok if tok is not None else tokenizer_for(opts)
         self.parse: Callable[[Any, int], Chat] = (
             (lambda obj, n: openai_chat(obj, n, opts.timestamps)) if opts.format == "openai"
             else (lambda obj, n: vllm_bench_chat(obj, n, opts.chat_template)))

@@ -26,6 +26,11 @@ alone gives the same ids, so a piece seen before (a system prompt, a tool list, 
 taken from a cache instead of being tokenized again. Otherwise every text goes to the library
 whole. ``encode_batch(texts, cached=False)`` is the plain path, the cache's oracle in the tests.
 
+**Word cache** (speed; exact): a piece not in the segment cache is cut further into words, for
+the tokenizers where that is proved exact (``workloads.convert.word_cache``: GPT-2's and Llama 3's
+byte-level BPE), and a word seen before takes its ids from a cache, so on new text the library runs
+only on words it never saw. Piece entries made from words keep their ids as text only.
+
 **Serialized ids** (speed; exact): the cache keeps each piece's ids also as their JSON text
 (``"12,7,301"``), so :meth:`Tokenizer.encode_json` gives a text's ids as that text and their count
 without a Python int per token: a prompt's ``tokens`` field is the comma-join of its pieces' texts
@@ -49,6 +54,7 @@ from typing import Any
 
 from sim.core.errors import ApcsimError
 from workloads.convert.chat_template import ChatTemplate, TemplateRenderError
+from workloads.convert.word_cache import WordCache, words_safe
 
 APPROX = "approx"
 
@@ -74,8 +80,9 @@ CACHE_LIMIT = 1 << 16
 """Pieces the segment cache keeps (emptied when full)."""
 
 
-Encoded = tuple[str, int, list[int]]
-"""A cache entry: the ids' JSON text (no brackets), their count, the ids."""
+Encoded = tuple[str, int, list[int] | None]
+"""A cache entry: the ids' JSON text (no brackets), their count, the ids (None: not kept, read
+from the text when asked)."""
 
 
 def _entry(ids: list[int], text: list[str]) -> Encoded:
@@ -100,6 +107,8 @@ class Tokenizer:
     _special: dict[str, int] = field(default_factory=dict)
     _cache: dict[str, Encoded] = field(default_factory=dict)  # text piece (or added token) -> its ids
     _id_text: list[str] = field(default_factory=list)  # str(i) for every id of the vocabulary
+    words: bool = False  # a word cache under the segment cache, where it is exact (workloads.convert.word_cache)
+    _words: WordCache | None = None
 
     def __post_init__(self) -> None:
         if self._hf is None:  # approx: the ids are bytes
@@ -116,6 +125,8 @@ class Tokenizer:
         alternatives = sorted(self._special, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(re.escape(a) for a in alternatives) + ")")
         self._reset_cache()
+        if self.words:
+            self._words = WordCache(self._hf, self._id_text)
 
     def _reset_cache(self) -> None:
         self._cache.clear()
@@ -131,6 +142,10 @@ class Tokenizer:
         if len(cache) + len(missing) > CACHE_LIMIT:
             self._reset_cache()
             missing = list({part for parts in cuts for part in parts if part and part not in cache})
+        if self._words is not None:
+            for part, text in zip(missing, self._words.encode(missing), strict=True):
+                cache[part] = (text, text.count(",") + 1 if text else 0, None)
+            return cuts
         for part, enc in zip(missing, self._hf.encode_batch_fast(missing, add_special_tokens=False), strict=True):
             cache[part] = _entry(enc.ids, self._id_text)
         return cuts
@@ -148,7 +163,8 @@ class Tokenizer:
             ids: list[int] = []
             for part in parts:
                 if part:
-                    ids += cache[part][2]
+                    text, count, known = cache[part]
+                    ids += known if known is not None else [int(i) for i in text.split(",")] if count else []
             out.append(ids)
         return out
 
@@ -190,9 +206,9 @@ def _template(folder: Path) -> tuple[ChatTemplate | None, str]:
     return template, text
 
 
-def load_tokenizer(spec: str | None) -> Tokenizer:
-    """The tokenizer named by ``--tokenizer`` (see the module docstring). Raises
-    :class:`TokenizerError`."""
+def load_tokenizer(spec: str | None, *, words: bool = True) -> Tokenizer:
+    """The tokenizer named by ``--tokenizer`` (see the module docstring); ``words=False`` keeps the
+    word cache off (the benchmark's and the tests' former path). Raises :class:`TokenizerError`."""
     if spec is None or spec == "":
         raise TokenizerError(NO_TOKENIZER)
     if spec == APPROX:
@@ -222,4 +238,4 @@ def load_tokenizer(spec: str | None) -> Tokenizer:
     name = file.parent.name if path.is_dir() else str(file)
     start_marks = json.dumps([data.get("normalizer"), data.get("pre_tokenizer")])
     safe = not any(m in start_marks for m in ('"Metaspace"', '"Prepend"', '"add_prefix_space": true'))
-    return Tokenizer(name, False, template, digest, hf, safe)
+    return Tokenizer(name, False, template, digest, hf, safe, words=words and words_safe(data))

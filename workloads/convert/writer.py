@@ -36,11 +36,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from workloads.convert.batch import BatchConverter, Item, Outcome, init_worker, run_batch
+from workloads.convert.batch import BatchConverter, Item, Outcome, init_worker, run_batch, tokenizer_for
 from workloads.convert.conversation import TurnMode
 from workloads.convert.formats import read_sharegpt
 from workloads.convert.timestamps import TimestampMode
-from workloads.convert.tokenizer import Tokenizer, load_tokenizer
+from workloads.convert.tokenizer import Tokenizer
 from workloads.errors import SkipLog
 from workloads.trace_format import (
     HEADER_KEY,
@@ -72,7 +72,8 @@ class ConvertOptions:
     progress: bool | None = None
     batch: int = 1024  # records per batch (one tokenizer call; one worker task)
     workers: int | None = 1  # processes converting batches (1: this one; None: auto_workers)
-    reference: bool = False  # the former serialization (TraceRequest + request_to_json): the tests' oracle
+    reference: bool = False  # the former serialization (TraceRequest + request_to_json), no word cache: the oracle
+    words: bool = True  # the tokenizer's word cache where it is exact (workloads.convert.word_cache)
 
 
 @dataclass
@@ -247,7 +248,7 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], opts: Conv
     if not path.is_file():
         raise FileNotFoundError(src)
     if opts.format in TEXT_FORMATS:
-        tok = load_tokenizer(opts.tokenizer)
+        tok = tokenizer_for(opts)
         summary = ConvertSummary(os.fspath(path.name), opts.format, tok.name, tok.fingerprint, tok.approximate,
                                  "epoch", template_uses_clock=bool(tok.template and tok.template.uses_clock))
     else:

@@ -1,0 +1,106 @@
+"""The word cache of ``apcsim convert``'s tokenizer: a text piece that the segment cache has not seen
+(``workloads.convert.tokenizer``) is cut before every space followed by an ASCII letter, and each
+cut part ("word": ``" cache"``, ``" prefix."``) takes its ids from a cache, the library tokenizing
+only the words never seen. Natural language repeats its words, so on new text the library's
+pre-tokenizer regex (most of its time: a few MB per CPU-second) is replaced by one ``re.split``
+and a dict lookup per word.
+
+**Why it is exact.** A Hugging Face tokenizer runs normalizer, pre-tokenizer, model; the model
+(BPE here) tokenizes each pre-token alone, so a text's ids are the concatenation of its
+pre-tokens' ids. The cut is exact when the pre-tokenizer's regex, run on the whole text, ends a
+pre-token at every cut point and runs the same on each part alone. For the regexes recognized here
+-- GPT-2's byte-level one (``ByteLevel(use_regex=True)``) and the cl100k one of Llama 3
+(``Split`` + ``ByteLevel(use_regex=False)``) -- at a cut point ``p`` (``text[p] == " "``,
+``text[p+1]`` a letter):
+
+* no match crosses ``p``: letter, number and symbol runs stop at a space (a symbol run's
+  ``[^\\s...]`` excludes it, cl100k's optional one-character prefix of a word must be followed by a
+  letter, not by the space); the whitespace alternatives stop before ``p``: ``\\s+(?!\\S)`` takes
+  the longest run not followed by a non-space, which ends at ``p`` (ending at ``p+1`` is followed
+  by the letter), the plain ``\\s+`` is tried only when that one fails, and cl100k's
+  ``\\s*[\\r\\n]+`` must end on a newline;
+* the match at ``p`` is the space and the letters after it (`` ?\\p{L}+``, or cl100k's prefixed
+  word), whatever came before; and a part ending at ``p`` scans as in the whole text, the only
+  look-ahead (``(?!\\S)``) seeing a space there and the end of the part alone, neither a non-space.
+
+Only those pre-tokenizer configurations are recognized (exact JSON), with no normalizer (NFC could
+join across a cut) and a model without dropout (random merges); any other tokenizer keeps the
+library's whole-piece path. ``tests/test_convert_words.py`` checks the cut against the library's
+own pre-tokenizer and the ids against the library on random texts (letters, digits, spaces, tabs,
+newlines, accents, contractions, added-token spellings).
+
+Invariants: :meth:`WordCache.encode` is a pure function of its pieces: each result is
+``",".join(map(str, ids))`` of the library's ids for the piece. Imports the ``tokenizers`` object
+it is given, nothing else of the project.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+WORD_CUT = re.compile(r"(?= [A-Za-z])")
+"""Where a piece is cut: before a space followed by an ASCII letter (a letter for every regex)."""
+
+GPT2_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
+"""GPT-2's pre-tokenizer (its regex is the library's built-in one); ``trim_offsets`` does not matter."""
+
+CL100K_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+"""The Split regex of Llama 3's ``tokenizer.json`` (cl100k's pattern)."""
+
+WORDS_LIMIT = 1 << 18
+"""Words the cache keeps (emptied when full)."""
+
+
+def _matches(spec: Any, want: dict[str, Any]) -> bool:
+    return isinstance(spec, dict) and all(spec.get(k) == v for k, v in want.items())
+
+
+def words_safe(data: dict[str, Any]) -> bool:
+    """Whether a parsed ``tokenizer.json`` is one the cut is proved for (see the module docstring)."""
+    model = data.get("model")
+    if data.get("normalizer") is not None or not isinstance(model, dict) or model.get("dropout") is not None:
+        return False
+    pre = data.get("pre_tokenizer")
+    if _matches(pre, GPT2_BYTE_LEVEL):
+        return True
+    steps = pre.get("pretokenizers") if isinstance(pre, dict) and pre.get("type") == "Sequence" else None
+    if not isinstance(steps, list):
+        return False
+    return len(steps) == 2 and _matches(steps[0], {
+        "type": "Split", "pattern": {"Regex": CL100K_REGEX}, "behavior": "Isolated", "invert": False,
+    }) and _matches(steps[1], {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False})
+
+
+class WordCache:
+    """Pieces to their ids' JSON text through a cache of words; ``hf`` is the library's tokenizer,
+    ``id_text[i]`` is ``str(i)``."""
+
+    def __init__(self, hf: Any, id_text: list[str]) -> None:
+        self._hf = hf
+        self._id_text = id_text
+        self._words: dict[str, str] = {"": ""}  # word -> its ids' text, each id followed by a comma
+
+    def _learn(self, words: list[str]) -> None:
+        """Tokenize words not seen yet (one library call)."""
+        text = self._id_text
+        for word, enc in zip(words, self._hf.encode_batch_fast(words, add_special_tokens=False), strict=True):
+            try:
+                self._words[word] = "".join([text[i] + "," for i in enc.ids])
+            except IndexError:  # an id beyond the vocabulary's table (not from a well-formed tokenizer)
+                self._words[word] = "".join([f"{i}," for i in enc.ids])
+
+    def encode(self, pieces: Sequence[str]) -> list[str]:
+        """Each piece's ids as ``",".join(map(str, ids))`` (a lookup but for new words)."""
+        words = self._words
+        cuts = [WORD_CUT.split(p) for p in pieces]
+        new = list({w for parts in cuts for w in parts if w not in words})
+        if len(words) + len(new) > WORDS_LIMIT:
+            words.clear()
+            words[""] = ""
+            new = list({w for parts in cuts for w in parts})
+        if new:
+            self._learn(new)
+        return ["".join([words[w] for w in parts])[:-1] for parts in cuts]
