@@ -1,0 +1,292 @@
+"""Prefill/decode disaggregation: a fleet split into a prefill pool and a decode pool, the KV of each
+prompt moving from its prefill replica to its decode replica over a link.
+
+Mirrors vLLM 0.33.0's P/D path with the NIXL connector (``vllm/distributed/kv_transfer/kv_connector/
+v1/nixl_connector.py`` and the toy proxy's two legs), one request at a time:
+
+1. **prefill leg** -- the router's first choice (``sim.cluster.disagg_router``) gets the request with
+   ``max_tokens = 1`` (the proxy's prefill request): an ordinary engine computes the prompt and
+   samples one token, and finishes the request (FINISHED_LENGTH_CAPPED);
+2. **the prefill side keeps its blocks** -- vLLM's ``NixlConnectorScheduler.request_finished``
+   returns ``delay_free_blocks`` for a request with ``do_remote_decode``: its blocks stay allocated
+   until the decode side has read them (``finished_sending``). Here the prompt's cached full blocks
+   are held (touched, as a request holding them) from the prefill's finish until the transfer
+   lands, then freed, tail first;
+3. **decode side: lookup and allocation** -- the decode replica's connector reports the prompt's
+   tokens not cached locally as remote (``get_num_new_matched_tokens`` returns ``len(prompt) -
+   num_computed_tokens``, an async load), the scheduler allocates their blocks without caching them
+   (``allocate_slots(..., delay_cache_blocks=True)``, here
+   ``UnitaryFullAttentionCoordinator.allocate_for_load``) and the request waits
+   (WAITING_FOR_REMOTE_KVS); a decode pool that cannot hold the blocks yet keeps the request
+   waiting, first come first served, and retries at each of that replica's step ends and landings;
+4. **the transfer** -- the new blocks' bytes (``kv_bytes_per_block`` each) cross the decode replica's
+   link (:class:`~sim.timing.transfer_link.TransferLink`, FIFO: the decode worker reads one
+   request's blocks after the other's, ``latency_s + bytes / bandwidth`` each);
+5. **landing** -- ``finished_recving``: the loaded blocks are cached (``_update_waiting_for_remote_kv``:
+   ``cache_blocks``, BlockStored events on the decode replica) and the request is admitted. Here
+   the holding allocation is released and the request joins the decode replica's next step, whose
+   lookup finds the landed blocks as a prefix hit. Gap, stated: vLLM keeps the allocation and
+   recomputes only the prompt's last token; the lookup here stops at the last full block before it,
+   so the decode recomputes the prompt's partial last block (fewer than ``block_size`` tokens), and
+   blocks evicted between the landing and the admission (a decode pool under pressure) are
+   recomputed (visible as ``decode_hit_tokens`` below ``prompt_tokens - block_size``).
+
+A transfer of zero seconds (an infinite bandwidth, no latency, an idle lane, blocks free at once)
+lands in the instant the prefill finished, without holding the prefill's blocks: then the prefill
+pool sees exactly the engine operations of a plain fleet whose requests have one output token
+(tested: each request's hit tokens equal that replay's, on the same prefill choices).
+
+TTFT runs from the user's arrival to the decode replica's first token (the prefill queue, the
+prefill, the transfer and the decode's admission); TPOT is the decode side's. Every replica steps
+without fast-forward windows (a landing may come at any instant, not only at arrivals).
+Not modelled here (refused by the config): faults, CPU offload tiers, miss attribution, hybrid
+KV groups. Imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sim.cluster.cluster import ClusterReplay, ClusterResult
+from sim.cluster.disagg_router import PDRouter
+from sim.cluster.disagg_summary import merge_legs
+from sim.cluster.replica import ReplicaSpec
+from sim.cluster.router import RouterRequest
+from sim.core.full_attention_coordinator import UnitaryFullAttentionCoordinator
+from sim.core.request import Request
+from sim.core.scheduler import Scheduler
+from sim.replay.intake import trace_int
+from sim.replay.step_runner import Wait
+from sim.timing.transfer_link import TransferLink
+from workloads.trace_format import TraceRequest
+
+PREFILL, WAIT_BLOCKS, IN_TRANSFER, DECODE = 0, 1, 2, 3
+"""A request's P/D phase: its prefill leg running, waiting for decode blocks, its KV on the link,
+and on the decode replica (or served there alone)."""
+
+
+@dataclass(frozen=True)
+class DisaggSpec:
+    """The first ``prefill`` replicas prefill, the next ``decode`` decode; each decode replica reads
+    over its own link of ``link_gb_s`` GB/s (``math.inf``: instantaneous) with ``latency_s`` per
+    transfer; ``bytes_per_block[i]`` is replica ``i``'s KV bytes per block (all layers)."""
+
+    prefill: int
+    decode: int
+    link_gb_s: float
+    latency_s: float = 0.0
+    bytes_per_block: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.prefill < 1 or self.decode < 1:
+            raise ValueError("disaggregation needs at least one prefill and one decode replica")
+        if not self.link_gb_s > 0:
+            raise ValueError(f"link bandwidth must be > 0 GB/s, got {self.link_gb_s}")
+
+
+@dataclass(slots=True)
+class Leg:
+    """One request's P/D record (times in seconds on the clock; NaN until they happen)."""
+
+    rr: RouterRequest
+    prefill: int  # -1: served by the decode replica alone
+    decode: int = -1
+    phase: int = PREFILL
+    prefill_finish: float = math.nan
+    transfer_start: float = math.nan
+    landed: float = math.nan
+    transfer_bytes: int = 0
+    held_prefill: Request | None = None  # the prefill blocks kept for the read (delay_free_blocks)
+    held_decode: Request | None = None  # the decode blocks allocated for the load
+
+
+class PDClusterReplay(ClusterReplay):
+    """A :class:`~sim.cluster.cluster.ClusterReplay` whose replicas form a prefill and a decode pool
+    (see the module docstring); ``router`` routes both pools."""
+
+    def __init__(self, specs: Sequence[ReplicaSpec], router: PDRouter, requests: Iterable[TraceRequest], *,
+                 disagg: DisaggSpec, **kwargs: Any) -> None:
+        n = disagg.prefill + disagg.decode
+        if len(specs) != n:
+            raise ValueError(f"disaggregation of {disagg.prefill} + {disagg.decode} replicas, fleet of {len(specs)}")
+        if kwargs.get("faults") or kwargs.get("attribution", "off") != "off":
+            raise ValueError("a disaggregated fleet takes neither faults nor miss attribution")
+        specs = [replace(s, fast_forward=False) for s in specs]  # landings come at any instant
+        # the engines' own check forbids blocks held outside running requests, which the P/D holds are:
+        # the pool's check and the holder rule with them allowed run here instead (_check_replica)
+        self.check_pd = bool(kwargs.pop("integrity_check", False))
+        super().__init__(specs, router, requests, **kwargs)
+        self.pd = router
+        self.disagg = disagg
+        self.decode_ids = range(disagg.prefill, n)
+        self.links = {d: TransferLink(disagg.link_gb_s, disagg.latency_s) for d in self.decode_ids}
+        self.legs: dict[str, Leg] = {}
+        self._awaiting: dict[int, deque[Leg]] = {d: deque() for d in self.decode_ids}
+        self._open = 0  # prefill legs not yet landed
+        self._routing: str | None = None
+
+    # -- the first leg -------------------------------------------------------------------------
+    def _route(self, rr: RouterRequest, tr: TraceRequest) -> None:
+        if self.pipeline is not None:
+            self.pipeline.deliver_until(self.clock.now)
+        plan = self.pd.plan(rr)  # (route() below hands the cluster this plan's first leg)
+        rid = rr.request_id
+        if plan.prefill is None:  # llm-d's decider: the decode replica serves it alone
+            self.legs[rid] = Leg(rr, -1, plan.decode if plan.decode is not None else -1, DECODE)
+            super()._route(rr, tr)
+            return
+        self.legs[rid] = Leg(rr, plan.prefill)
+        self._open += 1
+        self._routing = rid
+        try:  # the proxy's prefill request: max_tokens = 1
+            super()._route(rr, replace(tr, output_tokens=1))
+        finally:
+            self._routing = None
+
+    def finished(self, replica: int, request_id: str) -> None:
+        leg = self.legs.get(request_id)
+        if leg is None or leg.phase != PREFILL or replica != leg.prefill:
+            super().finished(replica, request_id)
+            return
+        if self._routing == request_id:  # refused at the prefill's intake: the request ends here
+            leg.phase = DECODE
+            self._open -= 1
+            super().finished(replica, request_id)
+            return
+        del self._outstanding[replica][request_id]
+        self.router.on_finish(request_id, replica)
+        now = self.clock.now
+        leg.prefill_finish = now
+        if self.pipeline is not None:
+            self.pipeline.deliver_until(now)
+        leg.decode = self.pd.decode_for(leg.rr).replica
+        leg.phase = WAIT_BLOCKS
+        self._awaiting[leg.decode].append(leg)
+        self._allocate(leg.decode)
+        if leg.phase != DECODE:  # the read is not over in this instant: the prefill keeps the blocks
+            leg.held_prefill = self._hold_prefill(leg)
+
+    # -- decode side ---------------------------------------------------------------------------
+    def _probe(self, leg: Leg, sched: Scheduler, side: str) -> Request:
+        tr = leg.rr.trace
+        return Request(f"{tr.id}\x00pd-{side}", tr.tokens, trace_int(tr, "output_tokens", tr.output_tokens),
+                       cache_salt=tr.salt, lora_name=tr.lora, prompt_logprobs=bool(tr.prompt_logprobs),
+                       hasher=sched.hasher if sched.cache_config.enable_prefix_caching else None)
+
+    def _hold_prefill(self, leg: Leg) -> Request | None:
+        """The prefill's cached prompt blocks, touched by a holder until the transfer lands."""
+        sched = self.replicas[leg.prefill].scheduler
+        kvm = sched.kv_cache_manager
+        holder = self._probe(leg, sched, "prefill")
+        hits, local = kvm.peek_computed_blocks(holder)
+        if not local:
+            return None
+        coord = kvm.coordinator
+        assert isinstance(coord, UnitaryFullAttentionCoordinator)
+        if not coord.allocate_for_load(holder, local, hits, 0, False, 0, False):
+            return None
+        return holder
+
+    def _allocate(self, d: int) -> None:
+        """Start the reads the decode replica ``d`` has blocks for, first come first served."""
+        queue = self._awaiting[d]
+        if not queue:
+            return
+        sched = self.replicas[d].scheduler
+        kvm = sched.kv_cache_manager
+        coord = kvm.coordinator
+        assert isinstance(coord, UnitaryFullAttentionCoordinator)
+        bs = sched.cache_config.block_size
+        while queue:
+            leg = queue[0]
+            probe = self._probe(leg, sched, "decode")
+            hits, local = kvm.peek_computed_blocks(probe)
+            remote = probe.num_tokens - local  # get_num_new_matched_tokens: the prompt not cached here
+            too_big = -(-probe.num_tokens // bs) >= kvm.block_pool.num_gpu_blocks
+            if not too_big and not coord.allocate_for_load(probe, local, hits, remote, False, 0, True):
+                return  # the head waits for blocks (vLLM: the waiting queue's head blocks admission)
+            queue.popleft()
+            now = self.clock.now
+            leg.held_decode = None if too_big else probe
+            leg.transfer_start = now
+            leg.transfer_bytes = (-(-probe.num_tokens // bs) - local // bs) * self.disagg.bytes_per_block[d]
+            done = self.links[d].submit(now, leg.transfer_bytes, load=True)
+            leg.phase = IN_TRANSFER
+            if done <= now:
+                self._land(leg)
+            else:
+                self.clock.start(self._landing(leg, done - now))
+
+    def _landing(self, leg: Leg, wait: float) -> Iterator[Wait]:
+        yield wait
+        self._land(leg)
+
+    def _land(self, leg: Leg) -> None:
+        """``finished_recving``: cache the loaded blocks, release the holds, admit the request."""
+        d = leg.decode
+        now = self.clock.now
+        if leg.held_decode is not None:
+            kvm = self.replicas[d].scheduler.kv_cache_manager
+            kvm.cache_blocks(leg.held_decode, leg.held_decode.num_tokens)
+            kvm.free(leg.held_decode)
+            leg.held_decode = None
+        if leg.held_prefill is not None:
+            self.replicas[leg.prefill].scheduler.kv_cache_manager.free(leg.held_prefill)
+            leg.held_prefill = None
+        leg.landed = now
+        leg.phase = DECODE
+        self._open -= 1
+        rr = leg.rr
+        self._outstanding[d][rr.request_id] = rr
+        self._where[rr.request_id] = d
+        replica = self.replicas[d]
+        if replica.intake.push(replace(rr.trace, arrival=now)):
+            replica.wake()
+        else:
+            self.finished(d, rr.request_id)
+        self._allocate(d)
+        if not self._open:
+            self._check_done()
+
+    # -- cluster hooks -------------------------------------------------------------------------
+    def step_end(self, replica: int, row: tuple[Any, ...]) -> None:
+        super().step_end(replica, row)
+        if replica >= self.disagg.prefill and self._awaiting[replica]:
+            self._allocate(replica)
+        if self.check_pd:
+            self._check_replica(replica)
+
+    def _check_replica(self, replica: int) -> None:
+        """Query: the replica's pool is consistent and every block holder is a running request or a
+        P/D hold of a request between the pools; raises AssertionError."""
+        sched = self.replicas[replica].scheduler
+        kvm = sched.kv_cache_manager
+        kvm.check_integrity()
+        held = {g.held_prefill.request_id for g in self.legs.values() if g.held_prefill is not None}
+        held |= {g.held_decode.request_id for g in self.legs.values() if g.held_decode is not None}
+        allowed = {r.request_id for r in sched.running} | held
+        extra = set(kvm.request_ids()) - allowed
+        assert not extra, f"replica {replica}: blocks held by {sorted(extra)}"
+
+    def _check_done(self) -> None:
+        if not self._open:  # a request in flight between the pools may still reach a decode replica
+            super()._check_done()
+
+    def run(self) -> ClusterResult:
+        result = super().run()
+        if self._open:
+            raise RuntimeError(f"{self._open} requests never reached a decode replica")
+        return result
+
+    def _result(self, wall: float) -> ClusterResult:
+        res = super()._result(wall)
+        kv = {"batches": self.pipeline.num_batches, "events": self.pipeline.num_events} if self.pipeline else {}
+        return merge_legs(res, self.legs, self._where, self._trace, prefill_ids=range(self.disagg.prefill),
+                          router_info=self.router_info, ttft_slo_s=self.ttft_slo_s, kv=kv,
+                          stats=[r.rec.stats for r in self.replicas],
+                          sim_time_s=max(r.end_time for r in self.replicas),
+                          num_evictions=sum(r.total_evictions for r in self.replicas))
