@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -37,7 +37,21 @@ from sim.replay.metrics import as_frame, finalize_requests, summarize
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.cluster.cluster import ClusterResult
-    from sim.cluster.disagg import Leg
+
+
+class Leg(Protocol):
+    """A request's P/D record (``sim.cluster.disagg.Leg``): what the table takes from it."""
+
+    @property
+    def prefill(self) -> int: ...
+    @property
+    def prefill_finish(self) -> float: ...
+    @property
+    def transfer_start(self) -> float: ...
+    @property
+    def landed(self) -> float: ...
+    @property
+    def transfer_bytes(self) -> int: ...
 
 _LEG_COLUMNS = ("prefill_replica", "decode_replica", "decode_hit_tokens", "prefill_finish", "kv_wait_s",
                 "transfer_s", "transfer_bytes", "kv_arrival")
