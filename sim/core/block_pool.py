@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sim.core.block_hash_map import BlockHashToBlockMap
 from sim.core.cache_observer import EVICT_EXPLICIT, EVICT_RESET, EVICT_REUSED
@@ -279,11 +279,15 @@ def emit_stored(
 ) -> None:
     """One ``BlockStored`` for a ``cache_full_blocks`` call (the masked blocks' tokens included);
     shared by this pool and the compiled one (``sim.core.compiled_pool``)."""
-    extra_list = []
-    mm_idx = 0
-    for i in kept:
-        extra, mm_idx = block_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
-        extra_list.append(extra)
+    extra_list: list[tuple[Any, ...] | None]
+    if request.lora_name is None and not request.cache_salt and not request.mm_features:
+        extra_list = [None] * len(kept)  # what block_extra_keys gives every block of such a request
+    else:
+        extra_list = []
+        mm_idx = 0
+        for i in kept:
+            extra, mm_idx = block_extra_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
+            extra_list.append(extra)
     sink(
         BlockStored(
             block_hashes=stored,

@@ -87,6 +87,8 @@ class RequestIntake:
             return []
         self.deliver_due(times[-1])
         arrivals = [r.arrival_time for r in self._pending]
+        if not arrivals:  # (a fleet's replica: nothing arrives inside its windows)
+            return [0] * len(times)
         return [bisect_right(arrivals, t + ARRIVAL_EPS_S) for t in times]
 
     def drained(self) -> bool:
