@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sim.experiment.disagg_config import DisaggregationConfig, check_disaggregation
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # as sim.experiment.config
@@ -190,6 +192,7 @@ class ClusterConfig(_Strict):
     ttft_slo_s: Annotated[float, Field(gt=0)] = 2.0
     seed: int | None = None
     compare: tuple[RouterConfig, ...] = ()  # routers also replayed on the same fleet and stream
+    disaggregation: DisaggregationConfig | None = None  # prefill and decode pools (sim.experiment.disagg_config)
 
     @field_validator("compare", mode="before")
     @classmethod
@@ -234,6 +237,11 @@ class ClusterConfig(_Strict):
         for k, rc in enumerate(self.compare):
             if rc == self.router:
                 raise ValueError(f"compare[{k}] is the primary router ({rc.kind}) again; it is replayed already")
+        return self
+
+    @model_validator(mode="after")
+    def _disaggregation_rules(self) -> ClusterConfig:
+        check_disaggregation(self)
         return self
 
     @model_validator(mode="after")

@@ -40,6 +40,7 @@ from sim.cluster.routers import make_router
 from sim.core.executor import Executor
 from sim.core.scheduler import Scheduler
 from sim.experiment.config import ConfigError, ExperimentConfig, config_from_dict, config_to_dict
+from sim.experiment.disagg_run import disagg_factory
 from sim.experiment.engine_description import EngineDescription, resolve
 from sim.experiment.fleet_memory import FleetMemory, check_fleet_memory, estimate_fleet, request_bound
 from sim.experiment.kv_worker import build_kv_worker
@@ -153,7 +154,9 @@ def replay_cluster(
         sampler = delay_sampler(delay, seed)
     except ValueError as exc:
         raise ConfigError(f"{cfg.source}: cluster.kv_events.delay_s: {exc}") from None
-    replay = ClusterReplay(
+    # cluster.disaggregation: a prefill and a decode pool (sim.experiment.disagg_run), same arguments
+    make = ClusterReplay if cluster.disaggregation is None else disagg_factory(cfg, engines, build_router)
+    replay = make(
         specs, router, workload.requests,
         kv_delay=sampler,
         metrics_interval_s=cluster.metrics_interval_s,

@@ -1,0 +1,67 @@
+"""Building a disaggregated replay (``sim.cluster.disagg``) from a config whose
+``cluster.disaggregation`` is set (``sim.experiment.disagg_config``): one router per pool, the KV
+bytes per block of each replica's model, and the refusals the replay needs (CPU offload tiers,
+hybrid KV groups, miss attribution: one line naming the key). Imports neither simpy nor torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from sim.cluster.disagg import DisaggSpec, PDClusterReplay
+from sim.cluster.disagg_router import PDRouter
+from sim.cluster.replica import ReplicaSpec
+from sim.experiment.config_error import ConfigError
+from workloads.trace_format import TraceRequest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.cluster.router import Router
+    from sim.experiment.config import ExperimentConfig
+    from sim.experiment.engine_description import EngineDescription
+
+
+def disagg_factory(cfg: ExperimentConfig, engines: list[EngineDescription],
+                   build_router: Callable[[ExperimentConfig], tuple[Router, dict[str, Any]]]
+                   ) -> Callable[..., PDClusterReplay]:
+    """A drop-in for ``ClusterReplay(specs, router, requests, **kwargs)`` that builds ``cfg``'s
+    disaggregated replay instead (its own routers: the ``router`` given is not used)."""
+    def make(specs: list[ReplicaSpec], router: Router, requests: Iterable[TraceRequest],
+             **kwargs: Any) -> PDClusterReplay:
+        return disagg_replay(cfg, specs, engines, build_router, requests, **kwargs)
+    return make
+
+
+def disagg_replay(cfg: ExperimentConfig, specs: list[ReplicaSpec], engines: list[EngineDescription],
+                  build_router: Callable[[ExperimentConfig], tuple[Router, dict[str, Any]]],
+                  requests: Iterable[TraceRequest], **kwargs: Any) -> PDClusterReplay:
+    """The disaggregated replay of ``cfg`` (its ``cluster.disaggregation`` set): one router per
+    pool, each built from ``cluster.router`` (the decode pool's seeded with the seed + 1);
+    ``kwargs`` are ``ClusterReplay``'s."""
+    from sim.experiment.cluster_run import replica_configs
+    from sim.experiment.engine_description import model_spec
+
+    cluster = cfg.cluster
+    assert cluster is not None and cluster.disaggregation is not None
+    pd = cluster.disaggregation
+    if any(e.offload is not None for e in engines):
+        raise ConfigError(f"{cfg.source}: cluster.disaggregation: CPU offload tiers (engine.offload) are not "
+                          "modelled in a disaggregated fleet")
+    if any(e.hybrid for e in engines):
+        raise ConfigError(f"{cfg.source}: cluster.disaggregation: one full-attention KV group only")
+    if kwargs.pop("kv_store", None) is not None:
+        raise ConfigError(f"{cfg.source}: cluster.kv_store: a shared store in a disaggregated fleet is not modelled")
+    if cfg.replay.attribution != "off":
+        raise ConfigError(f"{cfg.source}: replay.attribution: a disaggregated fleet is replayed without attribution")
+    prefill, info = build_router(cfg)
+    decode, _ = build_router(cfg)
+    seed = cluster.seed if cluster.seed is not None else cfg.seed
+    decode.rng.seed(seed + 1)
+    n = pd.prefill + pd.decode
+    router = PDRouter(prefill.name, prefill, decode, range(pd.prefill), range(pd.prefill, n), pd.non_cached_tokens)
+    subs = replica_configs(cfg)
+    sizes = {id(s): model_spec(s).kv_bytes_per_block(e.block_size) for s, e in zip(subs, engines)}
+    spec = DisaggSpec(pd.prefill, pd.decode, pd.link_gb_s, pd.latency_s,
+                      tuple(sizes[id(s)] for s in subs))
+    kwargs["router_info"] = {**kwargs.get("router_info", info), "disaggregation": pd.model_dump()}
+    return PDClusterReplay(specs, router, requests, disagg=spec, **kwargs)
