@@ -21,7 +21,8 @@ Results: one request table (``replica`` where the request finished, ``reroutes``
 (``sim.replay.metrics.summarize`` over the combined tables, plus the ``cluster`` block of
 :mod:`sim.cluster.cluster_summary`), and each replica's own tables and summary; with CPU offload
 tiers, the tier's request columns and summary keys, per replica and summed over the fleet
-(:mod:`sim.cluster.cluster_tier`).
+(:mod:`sim.cluster.cluster_tier`); with a KV store the fleet shares (:mod:`sim.cluster.kv_store`), the
+store's keys instead (:mod:`sim.cluster.kv_store_summary`).
 With ``attribution`` (``summary`` or ``full``) every replica's pool is observed by a miss
 attribution with the fleet's cause ``routed_away`` (:mod:`sim.cluster.fleet_attribution`): the
 requests gain the ``miss_<cause>_tokens`` columns, the summaries ``miss_attribution``, and ``full``
@@ -52,6 +53,8 @@ from sim.cluster.cluster_summary import cluster_block
 from sim.cluster.cluster_tier import fleet_tier_summary, replica_tier_summary, tier_row
 from sim.cluster.fleet_attribution import FleetAttributions
 from sim.cluster.kv_event_pipeline import DelaySampler, KVEventPipeline
+from sim.cluster.kv_store import KVStore
+from sim.cluster.kv_store_summary import apply_store
 from sim.cluster.replica import ClusterHooks, Replica, ReplicaSpec, row_metrics, step_end_times, window_metrics
 from sim.cluster.router import ClusterView, ReplicaMetrics, Router, RouterRequest
 from sim.core.prefix_cache_stats import PrefixCacheStats
@@ -104,14 +107,16 @@ class ClusterReplay(ClusterHooks, ClusterView):
         max_window_steps: int = 1 << 16,
         record_events: bool = False,
         attribution: str = "off",
+        kv_store: KVStore | None = None,  # the fleet's shared store (sim.cluster.kv_store): its summary keys
     ) -> None:
+        self.kv_store = kv_store
         if not specs:
             raise ValueError("a cluster needs at least one replica")
         if attribution not in ("off", "summary", "full"):
             raise ValueError(f"attribution must be off, summary or full, got {attribution!r}")
         # miss attribution (sim.cluster.fleet_attribution): an observer on every incarnation's pool
-        self.attributions = None if attribution == "off" else FleetAttributions([s.facts for s in specs],
-                                                                                full=attribution == "full")
+        self.attributions = None if attribution == "off" else FleetAttributions(
+            [s.facts for s in specs], full=attribution == "full", store=kv_store is not None)
         if self.attributions is not None:
             specs = [replace(s, build_scheduler=self.attributions.wrap(i, s.build_scheduler))
                      for i, s in enumerate(specs)]
@@ -382,5 +387,8 @@ class ClusterReplay(ClusterHooks, ClusterView):
             row.update(tier_row(tier))
         recorded = self.pipeline.recorded if self.pipeline is not None and self.pipeline.recorded else []
         blocks = pd.concat(block_frames, ignore_index=True) if block_frames else None
-        return ClusterResult(requests, steps, stats, summary, wall, events=[(s, e) for _, s, e in recorded],
-                             blocks=blocks, replicas=per, event_replicas=[r for r, _, _ in recorded])
+        result = ClusterResult(requests, steps, stats, summary, wall, events=[(s, e) for _, s, e in recorded],
+                               blocks=blocks, replicas=per, event_replicas=[r for r, _, _ in recorded])
+        if self.kv_store is not None:
+            apply_store(result, per, self.kv_store)
+        return result

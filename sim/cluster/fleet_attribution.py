@@ -19,7 +19,8 @@ Tables: a replica's ``requests`` gain the ``miss_<cause>_tokens`` columns (``mis
 among them) of its own records; with a fault, the records of the incarnation that admitted the
 request last (a request re-routed away is classified again where it lands; one that never reached
 its first admission has zeros). The fleet summary sums the replicas' records (``miss_attribution``,
-``miss_attribution_isolation``, with a CPU tier ``miss_attribution_hits``); ``full`` concatenates
+``miss_attribution_isolation``, with a CPU tier ``miss_attribution_hits``; with a shared KV store,
+whose loads are the hit source ``remote_hit``, not a miss: ``store``); ``full`` concatenates
 the replicas' ``blocks.parquet`` rows with a ``replica`` column.
 
 Invariants: reads pools, changes nothing (the replay's decisions are those of a run without it);
@@ -35,7 +36,7 @@ from sim.cluster.router import ReplicaFacts
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.replay.attribution_fleet import FleetAttribution
-from sim.replay.attribution_records import AttributionRecords
+from sim.replay.attribution_records import CPU_HIT, REMOTE_HIT, AttributionRecords
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -56,8 +57,9 @@ def _hashing(f: ReplicaFacts) -> tuple[Any, ...]:
 class FleetAttributions:
     """The attributions of a fleet's replicas (see the module docstring)."""
 
-    def __init__(self, facts: Sequence[ReplicaFacts], *, full: bool) -> None:
+    def __init__(self, facts: Sequence[ReplicaFacts], *, full: bool, store: bool = False) -> None:
         self.full = full
+        self.ext_hit = REMOTE_HIT if store else CPU_HIT  # a shared store's loads are remote hits
         self.hashing = [_hashing(f) for f in facts]
         self.incarnations: list[list[FleetAttribution]] = [[] for _ in facts]
 
@@ -66,7 +68,7 @@ class FleetAttributions:
 
         def build_observed() -> Scheduler:
             sched = build()
-            att = FleetAttribution(sched, full=self.full)
+            att = FleetAttribution(sched, full=self.full, ext_hit=self.ext_hit)
             sched.kv_cache_manager.block_pool.observer = att
             self.incarnations[index].append(att)
             return sched
@@ -102,7 +104,8 @@ class FleetAttributions:
         that classified a request winning (a replica's faults)."""
         tiered = next((a.records for a in incs if a.records.tier), None)
         base = tiered if tiered is not None else incs[0].records
-        merged = AttributionRecords(self.full, base.hash_block_size, base.blocks_per_chunk, fleet=True)
+        merged = AttributionRecords(self.full, base.hash_block_size, base.blocks_per_chunk, fleet=True,
+                                    ext_hit=self.ext_hit)
         owner: dict[str, int] = {}
         for n, a in enumerate(incs):
             a.flight.flush()
@@ -123,14 +126,15 @@ class FleetAttributions:
         ids = [str(x) for x in requests["request_id"]]
         incs = self.incarnations[index]
         merged = (self._merged(incs, set(ids)) if incs  # a replica never started: nothing admitted
-                  else AttributionRecords(self.full, 1, None, fleet=True))
+                  else AttributionRecords(self.full, 1, None, fleet=True, ext_hit=self.ext_hit))
         return requests.assign(**merged.request_columns(ids)), merged.blocks_table(), merged
 
     @staticmethod
     def fleet_summary(records: Sequence[AttributionRecords]) -> dict[str, Any]:
         """The fleet's ``miss_attribution`` keys: the replicas' records summed."""
         tiered = next((r for r in records if r.tier), records[0])
-        total = AttributionRecords(False, tiered.hash_block_size, tiered.blocks_per_chunk, fleet=True)
+        total = AttributionRecords(False, tiered.hash_block_size, tiered.blocks_per_chunk, fleet=True,
+                                   ext_hit=tiered.ext_hit)
         for r in records:
             total.counts.update(r.counts)
             total.hits.update(r.hits)

@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sim.cluster.prefix_index import KVEventIndex, mask_of
+from sim.core.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,3 +148,30 @@ def _bits(mask: int) -> list[int]:
         out.append(low.bit_length() - 1)
         mask ^= low
     return out
+
+
+class StoreIndex:
+    """A fleet's shared KV store as a router sees it from the store's KV events (medium
+    ``"STORAGE"``, ``sim.cluster.kv_store``): one set of block hashes for the whole fleet, whichever
+    replica published the event (the store has one residency; its events leave through whichever
+    replica ends a step next). A ``BlockStored`` adds its hashes, a ``BlockRemoved`` drops them."""
+
+    def __init__(self) -> None:
+        self.held: set[int] = set()
+
+    def on_events(self, events: Iterable[KVCacheEvent], medium: str) -> None:
+        """Changes state: apply the events of ``medium`` among ``events``, in order."""
+        for ev in events:
+            if isinstance(ev, BlockStored) and ev.medium == medium:
+                self.held.update(ev.block_hashes)
+            elif isinstance(ev, BlockRemoved) and ev.medium == medium:
+                self.held.difference_update(ev.block_hashes)
+
+    def run_from(self, hashes: Sequence[int], start: int) -> int:
+        """Query: how many of ``hashes`` from ``start`` on the store holds consecutively (the run a
+        replica's connector would load after its GPU hit of ``start`` blocks)."""
+        held = self.held
+        k = start
+        while k < len(hashes) and hashes[k] in held:
+            k += 1
+        return k - start

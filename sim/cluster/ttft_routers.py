@@ -8,17 +8,21 @@ prefix (the Conductor keeps the global cache metadata: here the KV events), ``T_
 model of prefill time fitted offline (here the replica's latency model, pricing the uncached
 tokens in chunks of the engine's token budget) and ``T_queue`` the sum of the estimated prefill
 times of the requests queued at the instance (routed there, no first token yet). The request
-goes to the least TTFT (ties at random). The global variant's KV-cache transfer between instances
-and the SLO-based rejection are not modelled. With CPU offload tiers (vLLM 0.33.0's ``medium="CPU"``
-events), a block in an instance's CPU tier counts as cached like one on its GPU: the Conductor's
-cache metadata covers each instance's DRAM KV cache, where Mooncake keeps its KVCache (paper
-section 3); the prefix is the run held on either medium (``sim.cluster.tier_index.ANY``), its
-load time not priced.
+goes to the least TTFT (ties at random). The global variant (KV fetched from the pool beyond the
+instance) is ``sim.cluster.global_router``; the SLO-based rejection is not modelled. With CPU
+offload tiers (vLLM 0.33.0's ``medium="CPU"`` events), a block in an instance's CPU tier counts as
+cached like one on its GPU: the Conductor's cache metadata covers each instance's DRAM KV cache,
+where Mooncake keeps its KVCache (paper section 3); the prefix is the run held on either medium
+(``sim.cluster.tier_index.ANY``), its load time not priced.
 
 ``oracle`` uses what no real router has (the declared exception): each replica's exact cached
 prefix (a stat-free lookup in its KV manager) and exact prefill backlog (waiting and running
 requests' uncomputed prompt tokens), priced by the same latency model; the least estimated TTFT
-wins. It is the upper bound the real routers are compared with.
+wins. It is the upper bound the real routers are compared with. With a store the fleet shares
+(``sim.cluster.kv_store``), it also reads the store itself: the blocks it holds ready right after a
+replica's GPU hit are cached tokens, priced with the replica's store link (:func:`store_load_time`).
+The global scope of the Conductor, which prices the store from its events, is
+``sim.cluster.global_router``.
 
 Imports neither simpy nor torch.
 """
@@ -27,12 +31,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sim.cluster.kv_store import StoreSpec
 from sim.cluster.kv_view import EventCacheView
 from sim.cluster.router import ClusterView, Decision, ReplicaFacts, Router, RouterRequest, argbest
 from sim.cluster.tier_index import ANY
 from sim.core.executor import StepShape
 from sim.core.hashing import BlockHasher, make_block_hasher
 from sim.core.kv_events import KVCacheEvent
+from sim.core.offload.manager import LookupResult
+from sim.core.request import Request
+from sim.core.scheduler import Scheduler
 
 
 def prefill_time(facts: ReplicaFacts, new_tokens: int, cached_tokens: int) -> float:
@@ -63,6 +71,7 @@ class MooncakeRouter(Router):
     name = "mooncake"
     needs_kv_events = True
     keeps_cache_view = True
+    store: StoreSpec | None = None  # the fleet's shared store (read by the global scope only)
 
     def attach(self, view: ClusterView) -> None:
         super().attach(view)
@@ -113,6 +122,7 @@ class MooncakeRouter(Router):
 class OracleRouter(Router):
     name = "oracle"
     keeps_cache_view = True
+    store: StoreSpec | None = None  # the fleet's shared store: its exact residency and link are priced too
 
     def attach(self, view: ClusterView) -> None:
         super().attach(view)
@@ -142,11 +152,38 @@ class OracleRouter(Router):
             if probe is None:
                 probe = probes[id(hasher)] = request.probe(hasher)
             _, hit = sched.kv_cache_manager.peek_computed_blocks(probe)  # type: ignore[arg-type]
+            loaded = 0 if self.store is None else store_run(sched, probe, hit)  # type: ignore[arg-type]
             backlog = sum(r.num_tokens for r in sched.waiting) + sum(
                 max(r.num_prompt_tokens - r.num_computed_tokens, 0) for r in sched.running
             ) + self.view.pending_tokens(i)
             f = self.view.facts[i]
+            transfer = 0.0 if self.store is None else store_load_time(self.store, loaded)
+            hit += loaded * f.block_size
             hits[i] = hit
-            ttft[i] = backlog_time(f, backlog) + prefill_time(f, request.prompt_len - hit, hit)
+            ttft[i] = backlog_time(f, backlog) + transfer + prefill_time(f, request.prompt_len - hit, hit)
         choice = argbest(ttft, self, lowest=True)
         return Decision(choice, hits[choice])
+
+
+def store_load_time(store: StoreSpec, num_blocks: int) -> float:
+    """Seconds a load of ``num_blocks`` blocks takes on an idle store link (0 for none)."""
+    if num_blocks <= 0:
+        return 0.0
+    return store.latency_s + num_blocks * store.kv_bytes_per_block / (store.read_gb_s * 1e9)
+
+
+def store_run(sched: Scheduler, probe: Request, hit: int) -> int:
+    """Query: the blocks of ``probe``'s prompt the fleet's store holds ready right after a GPU hit of
+    ``hit`` tokens, reached through ``sched``'s connector (the oracle's exact store lookup; the key of
+    a one-block chunk is the block's hash), capped as the GPU hit is, at the prompt less one token."""
+    tier = sched.tier
+    if tier is None:
+        return 0
+    bs = sched.cache_config.block_size
+    manager = tier.connector.manager
+    hashes = probe.block_hashes
+    cap = (probe.num_prompt_tokens - 1) // bs
+    k = hit // bs
+    while k < cap and k < len(hashes) and manager.lookup(hashes[k]) is LookupResult.HIT:
+        k += 1
+    return k - hit // bs

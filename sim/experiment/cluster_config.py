@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sim.experiment.disagg_config import DisaggregationConfig, check_disaggregation
+from sim.experiment.store_config import KVStoreConfig, check_store_cluster
 
 
 class _Strict(BaseModel):
@@ -114,6 +115,7 @@ class SGLangRouterConfig(_Strict):
 
 class MooncakeRouterConfig(_Strict):
     kind: Literal["mooncake"]
+    scope: Literal["local", "global"] = "local"  # global: the Conductor's store-aware policy (cluster.kv_store)
 
 
 class OracleRouterConfig(_Strict):
@@ -193,6 +195,7 @@ class ClusterConfig(_Strict):
     seed: int | None = None
     compare: tuple[RouterConfig, ...] = ()  # routers also replayed on the same fleet and stream
     disaggregation: DisaggregationConfig | None = None  # prefill and decode pools (sim.experiment.disagg_config)
+    kv_store: KVStoreConfig | None = None  # a KV store the fleet shares (sim.experiment.store_config)
 
     @field_validator("compare", mode="before")
     @classmethod
@@ -237,6 +240,11 @@ class ClusterConfig(_Strict):
         for k, rc in enumerate(self.compare):
             if rc == self.router:
                 raise ValueError(f"compare[{k}] is the primary router ({rc.kind}) again; it is replayed already")
+        return self
+
+    @model_validator(mode="after")
+    def _store_rules(self) -> ClusterConfig:
+        check_store_cluster(self.kv_store, self.faults, [self.router, *self.compare])
         return self
 
     @model_validator(mode="after")

@@ -33,12 +33,16 @@ from typing import Any
 import pandas as pd
 
 from sim.cluster.cluster import ClusterReplay, ClusterResult, Fault
+from sim.cluster.global_router import GlobalMooncakeRouter
 from sim.cluster.kv_event_pipeline import delay_sampler
+from sim.cluster.kv_store import KVStore
 from sim.cluster.replica import ReplicaSpec
 from sim.cluster.router import ReplicaFacts, Router
 from sim.cluster.routers import make_router
+from sim.cluster.ttft_routers import MooncakeRouter, OracleRouter
 from sim.core.executor import Executor
 from sim.core.scheduler import Scheduler
+from sim.experiment.cluster_store import build_store, store_engine
 from sim.experiment.config import ConfigError, ExperimentConfig, config_from_dict, config_to_dict
 from sim.experiment.disagg_run import disagg_factory
 from sim.experiment.engine_description import EngineDescription, resolve
@@ -95,6 +99,10 @@ def build_router(cfg: ExperimentConfig) -> tuple[Router, dict[str, Any]]:
         t = params.pop("tier_weights")
         params.update(gpu_weight=t["gpu"], cpu_weight=t["cpu"])
     seed = cfg.cluster.seed if cfg.cluster.seed is not None else cfg.seed
+    if rc.kind == "mooncake":  # scope: local (the registry's) or global (sim.cluster.global_router)
+        if params.pop("scope") == "global":
+            return GlobalMooncakeRouter(seed, **params), info
+        del info["scope"]  # (the local policy's description is what it was before scopes)
     return make_router(rc.kind, seed, **params), info
 
 
@@ -102,28 +110,32 @@ def replica_specs(
     cfg: ExperimentConfig,
     executor_factory: Callable[[ExperimentConfig, Scheduler], Executor],
     build_latency: Callable[[ExperimentConfig], LatencyModel],
+    store: KVStore | None = None,
 ) -> tuple[list[ReplicaSpec], list[EngineDescription]]:
-    """The replicas' build recipes and resolved engines (resolved once per distinct config)."""
+    """The replicas' build recipes and resolved engines (resolved once per distinct config); with a
+    ``store`` (``sim.experiment.cluster_store``), every engine's connector uses it."""
     specs: list[ReplicaSpec] = []
     engines: list[EngineDescription] = []
     cache: dict[int, tuple[EngineDescription, LatencyModel]] = {}
     for i, sub in enumerate(replica_configs(cfg)):
         if id(sub) not in cache:
-            cache[id(sub)] = (resolve(sub), build_latency(sub))
+            cache[id(sub)] = (store_engine(resolve(sub), store), build_latency(sub))
         engine, latency = cache[id(sub)]
         facts = ReplicaFacts(engine.block_size, engine.num_gpu_blocks,
                              engine.scheduler_config.max_num_batched_tokens, engine.hash_algo, engine.hash_seed,
                              latency, engine.num_hash_lookahead_tokens, engine.profile.tagged_extra_keys,
-                             engine.offload is not None)
+                             engine.offload is not None and store is None)  # (a store is no replica's CPU tier)
 
         def scheduler(engine: EngineDescription = engine) -> Scheduler:
-            return Scheduler(engine.scheduler_config, engine.cache_config, engine.block_hasher())
+            sched = Scheduler(engine.scheduler_config, engine.cache_config, engine.block_hasher())
+            return sched if store is None else store.attach(sched)
 
         def executor(sched: Scheduler, sub: ExperimentConfig = sub) -> Executor:
             return executor_factory(sub, sched)
 
         def kv_worker(engine: EngineDescription = engine) -> LinkKVWorker | None:
-            return build_kv_worker(engine)  # each incarnation's own link and worker
+            # each incarnation's own link and worker (to the store, with one)
+            return build_kv_worker(engine) if store is None else store.build_worker()
 
         specs.append(ReplicaSpec(f"replica-{i}", facts, scheduler, executor, sub.replay.fast_forward,
                                  sub.replay.on_invalid_request == "reject", kv_worker))
@@ -144,8 +156,11 @@ def replay_cluster(
     resolved = {id(sub): resolve(sub) for sub in {id(sub): sub for sub in subs}.values()}  # once per group
     memory = check_fleet_memory(cfg.source, [resolved[id(sub)] for sub in subs],  # before anything is built
                                 max_built=request_bound(cfg))
-    specs, engines = replica_specs(cfg, executor_factory, build_latency)
+    store = build_store(cfg, [resolved[id(sub)] for sub in subs])  # None: no store (or of 0 capacity)
+    specs, engines = replica_specs(cfg, executor_factory, build_latency, store)
     router, info = build_router(cfg)
+    if store is not None and isinstance(router, MooncakeRouter | OracleRouter):
+        router.store = store.spec  # the global scope and the oracle price the store's hits
     workload = build_workload(cfg, engines[0])
     ev = cluster.kv_events
     seed = ev.seed if ev.seed is not None else cfg.seed + 1
@@ -165,6 +180,7 @@ def replay_cluster(
         router_info=info,
         record_events=cfg.replay.record_events,
         attribution=cfg.replay.attribution,
+        kv_store=store,
         **replay_kwargs,
     )
     result = replay.run()

@@ -39,7 +39,7 @@ from sim.core.kv_cache_block import BlockKey
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.replay.attribution import MissAttribution
-from sim.replay.attribution_records import EAGLE, ROUTED_AWAY, UNREACHABLE, AttributionRecords, BlockRow
+from sim.replay.attribution_records import CPU_HIT, EAGLE, ROUTED_AWAY, UNREACHABLE, AttributionRecords, BlockRow
 from sim.replay.attribution_tier import CpuBlock
 
 NOWHERE = (0, -1)
@@ -49,9 +49,10 @@ NOWHERE = (0, -1)
 class FleetAttribution(MissAttribution):
     """A replica's miss attribution, with ``routed_away`` (see the module docstring)."""
 
-    def __init__(self, scheduler: Scheduler, *, full: bool = False) -> None:
+    def __init__(self, scheduler: Scheduler, *, full: bool = False, ext_hit: str = CPU_HIT) -> None:
         super().__init__(scheduler, full=full)
-        self.records = AttributionRecords(full, self.hash_block_size, self.records.blocks_per_chunk, fleet=True)
+        self.records = AttributionRecords(full, self.hash_block_size, self.records.blocks_per_chunk, fleet=True,
+                                          ext_hit=ext_hit)  # (REMOTE_HIT: the tier is a fleet's shared store)
         self.routed: dict[str, tuple[int, int]] = {}  # request -> (blocks resident elsewhere, on which replica)
         self._away = NOWHERE  # the request being classified
 

@@ -10,7 +10,9 @@ With a CPU offload tier (:mod:`sim.replay.attribution_tier`) the tokens a first 
 from the tier are a hit source, not a miss: ``summary.json`` gets ``miss_attribution_hits``
 (``gpu_hit`` and ``cpu_hit`` tokens, beside the causes), ``miss_attribution`` and ``requests.*`` the
 cause ``cpu_partial_chunk``, and ``blocks.parquet`` the rows ``cpu_hit`` and the columns
-``cpu_chunk`` and ``cpu_state``; none of it without a tier (untiered tables are unchanged).
+``cpu_chunk`` and ``cpu_state``; none of it without a tier (untiered tables are unchanged). A
+fleet's shared KV store is its replicas' tier (``sim.cluster.kv_store``): its loads are the hit source
+``remote_hit`` (``miss_attribution_hits``, ``blocks.parquet``) instead of ``cpu_hit``.
 
 In a cluster replay (:mod:`sim.replay.attribution_fleet`) each replica's records add the cause
 ``routed_away`` (``miss_routed_away_tokens``, ``miss_attribution.routed_away``) and the
@@ -45,6 +47,9 @@ the CPU tier's own cause and the fleet's (``sim.replay.attribution_fleet``: it i
 scheduler block, for all of a block's group blocks alike, so it never competes by code)."""
 CPU_HIT = "cpu_hit"
 """The ``cause`` of a ``blocks.parquet`` row the admission loaded from the CPU tier (a hit)."""
+REMOTE_HIT = "remote_hit"
+"""The same for a fleet's shared KV store (``sim.cluster.kv_store``: the store is the replicas' tier),
+and its key in ``miss_attribution_hits`` (``cpu_hit`` for a CPU tier)."""
 
 CAUSES = ("skip", "last_token", "partial_block", "eagle", "isolation", "in_flight", "evicted", "unreachable", "cold")
 """The causes of ``summary.json``'s ``miss_attribution``, in precedence order; they add up to the
@@ -110,12 +115,13 @@ class AttributionRecords:
     """Counts per request (and, ``full``, block rows), filled as requests are first admitted."""
 
     def __init__(self, full: bool, hash_block_size: int, blocks_per_chunk: int | None = None, *,
-                 fleet: bool = False) -> None:
+                 fleet: bool = False, ext_hit: str = CPU_HIT) -> None:
         self.full = full
         self.hash_block_size = hash_block_size  # of the chains handed to add_request
         self.blocks_per_chunk = blocks_per_chunk  # the CPU tier's chunk (None: no tier)
         self.tier = blocks_per_chunk is not None
         self.fleet = fleet  # a cluster replay's replica: the routed_away column and cause
+        self.ext_hit = ext_hit  # the tier's hit source: CPU_HIT, or REMOTE_HIT for a fleet's shared store
         self.columns = block_columns(self.tier, fleet)
         self.details = self.columns[8:]
         self.counts: dict[str, list[int]] = {}
@@ -184,7 +190,8 @@ class AttributionRecords:
             elif j < first:
                 out.append((rid, j, start, end, 0, key_hex(j), True, "hit", *empty))
             elif j < loaded:
-                out.append((rid, j, start, end, 0, key_hex(j), True, CPU_HIT, *empty[:-2], j // bpc, "loaded"))
+                out.append((rid, j, start, end, 0, key_hex(j), True, self.ext_hit, *empty[:-2], j // bpc,
+                            "loaded"))
             elif j >= cap:
                 out.append((rid, j, start, end, 0, key_hex(j), False, "last_token", *empty))
             else:
@@ -228,7 +235,7 @@ class AttributionRecords:
         out: dict[str, Any] = {"miss_attribution": by_cause, "miss_attribution_isolation": iso}
         if self.tier:
             out["miss_attribution_hits"] = {"gpu_hit": sum(h for h, _ in self.hits.values()),
-                                            "cpu_hit": sum(e for _, e in self.hits.values())}
+                                            self.ext_hit: sum(e for _, e in self.hits.values())}
         return out
 
     def blocks_table(self) -> pd.DataFrame | None:

@@ -65,13 +65,15 @@ class ChunkPayload:
 class OffloadingEventsTracker:
     """Raw manager events -> KV events (see the module docstring). Methods change state."""
 
-    __slots__ = ("block_size", "blocks_per_chunk", "self_describing", "payloads")
+    __slots__ = ("block_size", "blocks_per_chunk", "self_describing", "payloads", "medium")
 
-    def __init__(self, block_size: int, blocks_per_chunk: int, self_describing: bool) -> None:
+    def __init__(self, block_size: int, blocks_per_chunk: int, self_describing: bool,
+                 medium: str = MEDIUM_CPU) -> None:
         self.block_size = block_size
         self.blocks_per_chunk = blocks_per_chunk
         self.self_describing = self_describing
         self.payloads: dict[OffloadKey, ChunkPayload] = {}
+        self.medium = medium  # the events' medium: "CPU", or a fleet's shared store's (sim.cluster.kv_store)
 
     def _payload(self, st: RequestOffloadState, chunk_idx: int) -> ChunkPayload:
         req = st.req
@@ -127,7 +129,7 @@ class OffloadingEventsTracker:
                         p.resident = False
                 if self.self_describing:
                     removed_keys.extend(keys)
-                out.append(BlockRemoved(block_hashes=hashes, medium=MEDIUM_CPU, group_idx=0))
+                out.append(BlockRemoved(block_hashes=hashes, medium=self.medium, group_idx=0))
                 continue
             for key in keys:
                 p = payloads.get(key)
@@ -137,7 +139,7 @@ class OffloadingEventsTracker:
                     token_ids=p.token_ids,
                     block_size=self.block_size,
                     lora_id=p.lora_id,
-                    medium=MEDIUM_CPU,
+                    medium=self.medium,
                     lora_name=p.lora_name,
                     group_idx=0,
                     kv_cache_spec_kind=FULL_ATTENTION,
@@ -158,7 +160,7 @@ class OffloadingEventsTracker:
             token_ids=[],
             block_size=0,
             lora_id=None,
-            medium=MEDIUM_CPU,
+            medium=self.medium,
             lora_name=None,
             group_idx=0,
             kv_cache_spec_kind=FULL_ATTENTION if self.self_describing else None,

@@ -168,11 +168,13 @@ class OffloadTier:
         """The engine's KV events are on: the manager records its raw events and the connector
         snapshots payloads from now on (vLLM ``enable_events`` / ``OffloadingEventsTracker``)."""
         conn = self.connector
-        self.kv_events = OffloadingEventsTracker(
-            conn.block_size, conn.blocks_per_chunk, conn.config.self_describing_kv_events
-        )
-        conn.events_tracker = self.kv_events
-        conn.manager.events = []
+        if conn.events_tracker is None:  # (a fleet's shared store comes with its own: sim.cluster.kv_store)
+            conn.events_tracker = OffloadingEventsTracker(
+                conn.block_size, conn.blocks_per_chunk, conn.config.self_describing_kv_events
+            )
+        self.kv_events = conn.events_tracker
+        if conn.manager.events is None:  # (a shared manager's list is started once, by its first replica)
+            conn.manager.events = []
 
     def _publish_kv_events(self) -> None:
         """End of ``update_from_output``: the tier's events since the last call go to the pool's
