@@ -171,3 +171,22 @@ def test_a_store_of_gib_holds_whole_pages_of_blocks() -> None:
     assert store is not None
     per = -(-store.spec.kv_bytes_per_block // 4096) * 4096
     assert store.spec.num_blocks == 2**30 // per
+
+
+def test_one_replica_with_an_empty_store_equals_the_single_engine_with_attribution_on() -> None:
+    """``replicas: 1``, attribution ``full``: an empty store changes nothing, and the replica replays
+    the single engine (its ``routed_away`` column and ``resident_on`` all empty)."""
+    from sim.replay.attribution_records import FLEET_MISS_COLUMN
+
+    single = _run(_cfg(None, replay={"attribution": "full"}))
+    for router in ("round_robin", "mooncake"):
+        fleet = {"replicas": 1, "router": router}
+        plain = _run(_cfg(fleet, replay={"attribution": "full"}))
+        one = _run(_cfg({**fleet, "kv_store": {"capacity_blocks": 0}}, replay={"attribution": "full"}))
+        pd.testing.assert_frame_equal(plain.requests, one.requests)
+        pd.testing.assert_frame_equal(plain.blocks, one.blocks)
+        assert plain.summary == one.summary
+        r0 = one.replicas[0]
+        assert (r0.requests[FLEET_MISS_COLUMN] == 0).all() and r0.blocks["resident_on"].isna().all()
+        pd.testing.assert_frame_equal(single.requests, r0.requests.drop(columns=[FLEET_MISS_COLUMN]))
+        pd.testing.assert_frame_equal(single.blocks, r0.blocks.drop(columns=["resident_on"]))
