@@ -1,7 +1,10 @@
 """``apcsim size CONFIG --slo ttft_p99=2s [--routers a,b] [--max-replicas N] [--set k=v] [--out DIR]``:
-the smallest replica count per router meeting the SLO (``sim.experiment.sizing``), printed as a
-table and written with its config and provenance to ``<out>/sizing.json`` (default
-``<output_dir>/<name>/sizing/``).
+the smallest replica count per router meeting the SLO (``sim.experiment.sizing``; several SLOs
+joined by commas, ``--slo ttft_p90=2s,tpot_p90=50ms``, must all hold), printed as a table and
+written with its config and provenance to ``<out>/sizing.json`` (default
+``<output_dir>/<name>/sizing/``). A config with ``cluster.disaggregation`` is sized per pool: the
+prefill and decode replica counts with the fewest replicas in all (``sim.experiment.sizing_pd``;
+``--max-replicas`` caps each pool).
 
 Everything is checked before the first replay: the numbers (``--max-replicas`` from 1 to
 :data:`MAX_REPLICAS`), one ``--slo``, each of ``--routers`` (named in its error), and ``--out``
@@ -29,13 +32,15 @@ def _cmd_size(args: argparse.Namespace) -> int:
     from sim.experiment.results import run_metadata, write_json
     from sim.experiment.results_access import writable_folder
     from sim.experiment.run import replay_experiment
-    from sim.experiment.sizing import check_routers, parse_slo, size_router
+    from sim.experiment.sizing import check_routers, parse_slos, size_router
+    from sim.experiment.sizing_pd import PDSizing, size_pools
 
     cfg = load_config(args.config, list(args.set))
     if len(args.slo) > 1:  # one SLO per sizing: a second --slo is refused, not silently kept instead
-        raise ConfigError(f"--slo given {len(args.slo)} times ({', '.join(args.slo)}); apcsim size searches for "
-                          "one SLO: run it once per SLO")
-    slo = parse_slo(args.slo[0])
+        raise ConfigError(f"--slo given {len(args.slo)} times ({', '.join(args.slo)}); give every SLO in one "
+                          "--slo, joined by commas (ttft_p90=2s,tpot_p90=50ms)")
+    slos = parse_slos(args.slo[0])
+    pools = cfg.cluster is not None and cfg.cluster.disaggregation is not None
     routers = [r for r in args.routers.split(",") if r] if args.routers else [
         cfg.cluster.router.kind if cfg.cluster is not None else "round_robin"]
     check_routers(cfg, routers)  # before the first replay, naming --routers
@@ -47,19 +52,29 @@ def _cmd_size(args: argparse.Namespace) -> int:
         result, _ = replay_experiment(c, progress=False)
         return result.summary
 
-    def show(router: str, n: int, value: float, met: bool) -> None:
-        print(f"  {router}: {n} replicas -> {slo.metric} = {value:.3f} s ({'meets' if met else 'misses'} "
-              f"{slo.limit_s:g} s)", flush=True)
+    def show(label: str, values: dict[str, float], met: bool) -> None:
+        shown = ", ".join(f"{k} = {v:.3f} s" for k, v in values.items())
+        print(f"  {label} -> {shown} ({'meets' if met else 'misses'} {goal})", flush=True)
 
-    results = [size_router(cfg, r, slo, max_replicas=args.max_replicas, replay=replay, on_probe=show)
-               for r in routers]
-    print(f"\nsmallest replica count with {slo.metric} <= {slo.limit_s:g} s:")
+    goal = " and ".join(f"{s.metric} <= {s.limit_s:g} s" for s in slos)
+    sized = size_pools if pools else size_router
+    results = [sized(cfg, r, slos, max_replicas=args.max_replicas, replay=replay, on_probe=show) for r in routers]
+    print(f"\nsmallest {'prefill + decode' if pools else 'replica'} count with {goal}:")
+    rows = []
     for s in results:
-        print(f"  {s.router:<20} {s.replicas if s.replicas is not None else f'> {args.max_replicas}'}"
-              f"  ({len(s.probes)} replays)")
+        row = {"router": s.router, "replicas": s.replicas, "probes": s.probes}
+        count = str(s.replicas)
+        if isinstance(s, PDSizing):
+            row.update(prefill=s.prefill, decode=s.decode)
+            count = f"{s.prefill} + {s.decode}"
+        if s.replicas is None:
+            count = f"> {args.max_replicas}{' per pool' if pools else ''}"
+        print(f"  {s.router:<20} {count}  ({len(s.probes)} replays)")
+        rows.append(row)
+    first = {"metric": slos[0].metric, "limit_s": slos[0].limit_s}  # (the one-SLO form sizing.json had)
     write_json(out / "sizing.json", {
-        "slo": {"metric": slo.metric, "limit_s": slo.limit_s}, "max_replicas": args.max_replicas,
-        "routers": [{"router": s.router, "replicas": s.replicas, "probes": s.probes} for s in results],
+        "slo": first, "slos": [{"metric": s.metric, "limit_s": s.limit_s} for s in slos],
+        "max_replicas": args.max_replicas, "routers": rows,
         "config": config_to_dict(cfg), "inputs": inputs, "meta": run_metadata(0.0),
     })
     print(f"wrote {out / 'sizing.json'}")
@@ -67,10 +82,12 @@ def _cmd_size(args: argparse.Namespace) -> int:
 
 
 def add_size_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("size", help="smallest replica count per router meeting a latency SLO (bisection)")
+    p = sub.add_parser("size", help="smallest replica count per router meeting latency SLOs (bisection; per pool "
+                       "for a disaggregated fleet)")
     p.add_argument("config", help="experiment YAML file (its cluster section, if any, is the starting point)")
     p.add_argument("--slo", required=True, action="append",
-                   help="e.g. ttft_p99=2s, ttft_p50<=500ms, e2e_p90=30s (one SLO per run)")
+                   help="e.g. ttft_p99=2s, ttft_p50<=500ms, e2e_p90=30s; several joined by commas, all to be met: "
+                        "ttft_p90=2s,tpot_p90=50ms")
     p.add_argument("--routers", default=None,
                    help="comma-separated router kinds (llm_d:approximate for a prefix mode); default: the config's")
     p.add_argument("--max-replicas", type=int_at_least(1, maximum=MAX_REPLICAS), default=64,

@@ -52,6 +52,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.cluster.cluster import ClusterReplay, ClusterResult
+from sim.cluster.disagg_hold import HoldWorker
 from sim.cluster.disagg_router import PDRouter
 from sim.cluster.disagg_summary import merge_legs
 from sim.cluster.replica import ReplicaSpec
@@ -59,6 +60,7 @@ from sim.cluster.router import RouterRequest
 from sim.core.full_attention_coordinator import UnitaryFullAttentionCoordinator
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
+from sim.replay.errors import ReplayError
 from sim.replay.intake import trace_int
 from sim.replay.step_runner import Wait
 from sim.timing.transfer_link import TransferLink
@@ -126,6 +128,9 @@ class PDClusterReplay(ClusterReplay):
         self.links = {d: TransferLink(disagg.link_gb_s, disagg.latency_s) for d in self.decode_ids}
         self.legs: dict[str, Leg] = {}
         self._awaiting: dict[int, deque[Leg]] = {d: deque() for d in self.decode_ids}
+        self._admitting: dict[int, list[Leg]] = {d: [] for d in self.decode_ids}  # landed, blocks still held
+        self.holds = [HoldWorker() for _ in range(n)]
+        self._empty = {d: (-1.0, 0) for d in self.decode_ids}  # (time, count) of empty steps there
         self._open = 0  # prefill legs not yet landed
         self._routing: str | None = None
 
@@ -150,6 +155,8 @@ class PDClusterReplay(ClusterReplay):
     def finished(self, replica: int, request_id: str) -> None:
         leg = self.legs.get(request_id)
         if leg is None or leg.phase != PREFILL or replica != leg.prefill:
+            if leg is not None and leg.held_decode is not None:  # finished before a step saw it admitted
+                self._release_decode(leg)
             super().finished(replica, request_id)
             return
         if self._routing == request_id:  # refused at the prefill's intake: the request ends here
@@ -167,30 +174,54 @@ class PDClusterReplay(ClusterReplay):
         leg.phase = WAIT_BLOCKS
         self._awaiting[leg.decode].append(leg)
         self._allocate(leg.decode)
-        if leg.phase != DECODE:  # the read is not over in this instant: the prefill keeps the blocks
-            leg.held_prefill = self._hold_prefill(leg)
 
-    # -- decode side ---------------------------------------------------------------------------
+    # -- holds ---------------------------------------------------------------------------------
     def _probe(self, leg: Leg, sched: Scheduler, side: str) -> Request:
+        """A holder of ``leg``'s prompt blocks on one side (hashed as that replica hashes)."""
         tr = leg.rr.trace
         return Request(f"{tr.id}\x00pd-{side}", tr.tokens, trace_int(tr, "output_tokens", tr.output_tokens),
                        cache_salt=tr.salt, lora_name=tr.lora, prompt_logprobs=bool(tr.prompt_logprobs),
                        hasher=sched.hasher if sched.cache_config.enable_prefix_caching else None)
 
+    def _hold(self, replica: int, request_id: str, until: float) -> None:
+        """The replica holds blocks for a transfer landing at ``until``: its engine waits for it
+        rather than stall (``sim.cluster.disagg_hold``)."""
+        worker = self.holds[replica]
+        worker.until[request_id] = until
+        self._set_worker(replica, worker)
+
+    def _unhold(self, replica: int, request_id: str) -> None:
+        worker = self.holds[replica]
+        if worker.until.pop(request_id, None) is not None and not worker.until:
+            self._set_worker(replica, None)
+
+    def _set_worker(self, replica: int, worker: HoldWorker | None) -> None:
+        # the step runner of the replica's engine (built: it holds blocks); a replica without holds
+        # has no worker, as a plain replica without a CPU tier
+        runner = self.replicas[replica]._runner
+        assert runner is not None
+        runner.kv_worker = worker
+
     def _hold_prefill(self, leg: Leg) -> Request | None:
-        """The prefill's cached prompt blocks, touched by a holder until the transfer lands."""
+        """delay_free_blocks: the prefill's cached prompt blocks, touched by a holder until the read
+        lands (None: nothing of the prompt is cached there any more)."""
         sched = self.replicas[leg.prefill].scheduler
         kvm = sched.kv_cache_manager
         holder = self._probe(leg, sched, "prefill")
         hits, local = kvm.peek_computed_blocks(holder)
-        if not local:
-            return None
         coord = kvm.coordinator
         assert isinstance(coord, UnitaryFullAttentionCoordinator)
-        if not coord.allocate_for_load(holder, local, hits, 0, False, 0, False):
+        if not local or not coord.allocate_for_load(holder, local, hits, 0, False, 0, False):
             return None
         return holder
 
+    def _release_decode(self, leg: Leg) -> None:
+        assert leg.held_decode is not None
+        self.replicas[leg.decode].scheduler.kv_cache_manager.free(leg.held_decode)
+        leg.held_decode = None
+        self._unhold(leg.decode, leg.rr.request_id)
+
+    # -- decode side ---------------------------------------------------------------------------
     def _allocate(self, d: int) -> None:
         """Start the reads the decode replica ``d`` has blocks for, first come first served."""
         queue = self._awaiting[d]
@@ -206,7 +237,7 @@ class PDClusterReplay(ClusterReplay):
             probe = self._probe(leg, sched, "decode")
             hits, local = kvm.peek_computed_blocks(probe)
             remote = probe.num_tokens - local  # get_num_new_matched_tokens: the prompt not cached here
-            too_big = -(-probe.num_tokens // bs) >= kvm.block_pool.num_gpu_blocks
+            too_big = -(-probe.num_tokens // bs) >= kvm.block_pool.num_gpu_blocks  # (its intake refuses it)
             if not too_big and not coord.allocate_for_load(probe, local, hits, remote, False, 0, True):
                 return  # the head waits for blocks (vLLM: the waiting queue's head blocks admission)
             queue.popleft()
@@ -216,53 +247,93 @@ class PDClusterReplay(ClusterReplay):
             leg.transfer_bytes = (-(-probe.num_tokens // bs) - local // bs) * self.disagg.bytes_per_block[d]
             done = self.links[d].submit(now, leg.transfer_bytes, load=True)
             leg.phase = IN_TRANSFER
-            if done <= now:
+            if done <= now:  # no time on the link: nothing is held across it
                 self._land(leg)
-            else:
-                self.clock.start(self._landing(leg, done - now))
+                continue
+            leg.held_prefill = self._hold_prefill(leg)
+            if leg.held_prefill is not None:
+                self._hold(leg.prefill, leg.rr.request_id, done)
+            if leg.held_decode is not None:
+                self._hold(d, leg.rr.request_id, done)
+            self.clock.start(self._landing(leg, done - now))
 
     def _landing(self, leg: Leg, wait: float) -> Iterator[Wait]:
         yield wait
         self._land(leg)
 
     def _land(self, leg: Leg) -> None:
-        """``finished_recving``: cache the loaded blocks, release the holds, admit the request."""
+        """``finished_recving``: cache the loaded blocks (still held, until the decode step that
+        admits the request), release the prefill's, hand the request to the decode replica."""
         d = leg.decode
-        now = self.clock.now
-        if leg.held_decode is not None:
-            kvm = self.replicas[d].scheduler.kv_cache_manager
-            kvm.cache_blocks(leg.held_decode, leg.held_decode.num_tokens)
-            kvm.free(leg.held_decode)
-            leg.held_decode = None
+        rid = leg.rr.request_id
+        if leg.held_decode is not None:  # (its hold stays pending until a step admits the request)
+            self.replicas[d].scheduler.kv_cache_manager.cache_blocks(leg.held_decode, leg.held_decode.num_tokens)
+            self._admitting[d].append(leg)
         if leg.held_prefill is not None:
             self.replicas[leg.prefill].scheduler.kv_cache_manager.free(leg.held_prefill)
             leg.held_prefill = None
-        leg.landed = now
+            self._unhold(leg.prefill, rid)
+        leg.landed = self.clock.now
         leg.phase = DECODE
         self._open -= 1
         rr = leg.rr
-        self._outstanding[d][rr.request_id] = rr
-        self._where[rr.request_id] = d
+        self._outstanding[d][rid] = rr
+        self._where[rid] = d
         replica = self.replicas[d]
-        if replica.intake.push(replace(rr.trace, arrival=now)):
+        if replica.intake.push(replace(rr.trace, arrival=leg.landed)):
             replica.wake()
         else:
-            self.finished(d, rr.request_id)
-        self._allocate(d)
+            self.finished(d, rid)
         if not self._open:
             self._check_done()
 
     # -- cluster hooks -------------------------------------------------------------------------
     def step_end(self, replica: int, row: tuple[Any, ...]) -> None:
         super().step_end(replica, row)
-        if replica >= self.disagg.prefill and self._awaiting[replica]:
-            self._allocate(replica)
+        if replica >= self.disagg.prefill:
+            self._admitted(replica, row)
+            if self._awaiting[replica]:
+                self._allocate(replica)
         if self.check_pd:
             self._check_replica(replica)
 
+    def _admitted(self, d: int, row: tuple[Any, ...]) -> None:
+        """After a step of ``d``: release the holds of the loads whose request it admitted (the
+        request holds the blocks now), and put the landed requests that still wait first in the
+        waiting queue, in landing order -- vLLM's ``Scheduler.schedule`` takes ``kv_holding_waiting``
+        before ``waiting`` while it has requests, so a loaded request is never stuck behind one
+        that needs blocks it holds."""
+        landed = self._admitting[d]
+        if not landed:
+            return
+        sched = self.replicas[d].scheduler
+        keep: list[Leg] = []
+        for leg in landed:
+            if leg.held_decode is None:
+                continue  # (finished and released already)
+            r = sched.requests.get(leg.rr.request_id)
+            if r is not None and r.num_computed_tokens > 0:
+                self._release_decode(leg)
+            else:
+                keep.append(leg)
+        self._admitting[d] = keep
+        ids = {leg.rr.request_id for leg in keep}
+        queued = [r for r in sched.waiting if r.request_id in ids]
+        if queued and sched.waiting.peek().request_id not in ids:
+            sched.waiting.remove_where(lambda r: r.request_id in ids)
+            for r in reversed(queued):
+                sched.waiting.prepend(r)
+        if row[3] == 0 and row[2] == 0.0 and queued:  # an empty step although loaded requests wait
+            t, n = self._empty[d]
+            self._empty[d] = (row[1], n + 1 if t == row[1] else 1)
+            if self._empty[d][1] > 3:
+                raise ReplayError(f"decode replica {d} at t={row[1]:.6f}s: {len(queued)} loaded requests hold "
+                                  f"their blocks and none can be admitted; the pool is too small for the reads "
+                                  f"in flight (more decode replicas or blocks)")
+
     def _check_replica(self, replica: int) -> None:
         """Query: the replica's pool is consistent and every block holder is a running request or a
-        P/D hold of a request between the pools; raises AssertionError."""
+        P/D hold; raises AssertionError."""
         sched = self.replicas[replica].scheduler
         kvm = sched.kv_cache_manager
         kvm.check_integrity()

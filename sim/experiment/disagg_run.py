@@ -13,12 +13,12 @@ from sim.cluster.disagg import DisaggSpec, PDClusterReplay
 from sim.cluster.disagg_router import PDRouter
 from sim.cluster.replica import ReplicaSpec
 from sim.experiment.config_error import ConfigError
+from sim.experiment.engine_description import EngineDescription, model_spec
 from workloads.trace_format import TraceRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.cluster.router import Router
     from sim.experiment.config import ExperimentConfig
-    from sim.experiment.engine_description import EngineDescription
 
 
 def disagg_factory(cfg: ExperimentConfig, engines: list[EngineDescription],
@@ -38,9 +38,6 @@ def disagg_replay(cfg: ExperimentConfig, specs: list[ReplicaSpec], engines: list
     """The disaggregated replay of ``cfg`` (its ``cluster.disaggregation`` set): one router per
     pool, each built from ``cluster.router`` (the decode pool's seeded with the seed + 1);
     ``kwargs`` are ``ClusterReplay``'s."""
-    from sim.experiment.cluster_run import replica_configs
-    from sim.experiment.engine_description import model_spec
-
     cluster = cfg.cluster
     assert cluster is not None and cluster.disaggregation is not None
     pd = cluster.disaggregation
@@ -59,9 +56,8 @@ def disagg_replay(cfg: ExperimentConfig, specs: list[ReplicaSpec], engines: list
     decode.rng.seed(seed + 1)
     n = pd.prefill + pd.decode
     router = PDRouter(prefill.name, prefill, decode, range(pd.prefill), range(pd.prefill, n), pd.non_cached_tokens)
-    subs = replica_configs(cfg)
-    sizes = {id(s): model_spec(s).kv_bytes_per_block(e.block_size) for s, e in zip(subs, engines)}
+    model = model_spec(cfg)  # one model for the fleet (a replica group overrides gpu and engine keys only)
     spec = DisaggSpec(pd.prefill, pd.decode, pd.link_gb_s, pd.latency_s,
-                      tuple(sizes[id(s)] for s in subs))
+                      tuple(model.kv_bytes_per_block(e.block_size) for e in engines))
     kwargs["router_info"] = {**kwargs.get("router_info", info), "disaggregation": pd.model_dump()}
     return PDClusterReplay(specs, router, requests, disagg=spec, **kwargs)
