@@ -8,6 +8,10 @@ for Llama-3-8B on an H100, roofline latency). Each run is a fresh process, so it
     python benchmarks/bench_cluster.py [--routers dynamo llm_d] [--replicas 16] [--limit N] [--no-single]
         [--case fleet|idle|scale] [--out DIR]
 
+A router name ending in ``+pd`` (``dynamo+pd``) replays the same fleet disaggregated: half the
+replicas prefill, half decode, 50 GB/s per decode replica's link (``cluster.disaggregation``), the
+cost of disaggregation beside the plain fleet's row.
+
 Cases (issue 38), each printing its targets met or missed:
 
 * ``fleet`` (the default): the setting above;
@@ -48,11 +52,15 @@ def _one(router: str, replicas: int, limit: int | None, rate_scale: float = 1.0)
     if rate_scale != 1.0:
         data["workload"]["arrival"] = {"kind": "trace", "rate_scale": rate_scale}
     if router != "single":
-        kind, _, prefix = router.partition(":")
+        name, pd, _ = router.partition("+pd")
+        kind, _, prefix = name.partition(":")
         rc: dict = {"kind": kind}
         if prefix:
             rc["prefix"] = prefix
         data["cluster"] = {"replicas": replicas, "router": rc}
+        if pd:  # half prefill, half decode (sim.cluster.disagg)
+            data["cluster"]["disaggregation"] = {"prefill": replicas // 2, "decode": replicas - replicas // 2,
+                                                 "link_gb_s": 50.0}
     cfg = config_from_dict(data)
     t0, c0 = time.perf_counter(), time.process_time()
     res, _ = replay_experiment(cfg, progress=False)
