@@ -144,7 +144,40 @@ cdef class CompiledKVEventIndex:
     def store(self, int replica, hashes):
         """Changes state: ``BlockStored``."""
         cdef uint64_t bit = (<uint64_t>1) << self._check(replica)
-        cdef list hs = hashes if type(hashes) is list else list(hashes)
+        self._store(replica, bit, hashes if type(hashes) is list else list(hashes))
+
+    def remove(self, int replica, hashes):
+        """Changes state: ``BlockRemoved``."""
+        cdef uint64_t bit = (<uint64_t>1) << self._check(replica)
+        self._remove(replica, bit, hashes if type(hashes) is list else list(hashes))
+
+    def apply(self, int replica, list events, Py_ssize_t start, stored_type, removed_type, gpu_medium):
+        """Changes state: ``store`` or ``remove`` each event's hashes, in order from ``start``, while
+        the event is a ``stored_type`` or ``removed_type`` on ``gpu_medium`` (or None); returns the
+        index of the first event left to the caller (``len(events)``: all applied). A batch's
+        events are dispatched here in C, where a Python loop cost a call per event."""
+        cdef uint64_t bit = (<uint64_t>1) << self._check(replica)
+        cdef Py_ssize_t i, n = PyList_GET_SIZE(events)
+        cdef object ev, medium, hs
+        for i in range(start, n):
+            ev = <object>PyList_GET_ITEM(events, i)
+            if type(ev) is removed_type:
+                medium = ev.medium
+                if medium is not None and medium is not gpu_medium and medium != gpu_medium:
+                    return i
+                hs = ev.block_hashes
+                self._remove(replica, bit, hs if type(hs) is list else list(hs))
+            elif type(ev) is stored_type:
+                medium = ev.medium
+                if medium is not None and medium is not gpu_medium and medium != gpu_medium:
+                    return i
+                hs = ev.block_hashes
+                self._store(replica, bit, hs if type(hs) is list else list(hs))
+            else:
+                return i
+        return n
+
+    cdef int _store(self, int replica, uint64_t bit, list hs) except -1:
         cdef Py_ssize_t i, n = PyList_GET_SIZE(hs), added = 0
         cdef Slot* s
         for i in range(n):
@@ -153,11 +186,9 @@ cdef class CompiledKVEventIndex:
                 s.mask |= bit
                 added += 1
         self._entries[replica] += added
+        return 0
 
-    def remove(self, int replica, hashes):
-        """Changes state: ``BlockRemoved``."""
-        cdef uint64_t bit = (<uint64_t>1) << self._check(replica)
-        cdef list hs = hashes if type(hashes) is list else list(hashes)
+    cdef int _remove(self, int replica, uint64_t bit, list hs) except -1:
         cdef Py_ssize_t i, j, n = PyList_GET_SIZE(hs), removed = 0
         cdef Slot* s
         for i in range(n):
@@ -168,6 +199,7 @@ cdef class CompiledKVEventIndex:
                     self._drop_bit(s, bit)
                     removed += 1
         self._entries[replica] -= removed
+        return 0
 
     def clear(self, int replica):
         """Changes state: ``AllBlocksCleared`` or the replica left the pool."""

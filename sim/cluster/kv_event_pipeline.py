@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import deque
+from bisect import bisect_right
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +59,50 @@ def delay_sampler(spec: dict[str, Any] | float, seed: int) -> DelaySampler:
     raise ValueError(f"unknown delay distribution {dist!r}")
 
 
+class _Collected:
+    """One replica's events not yet batched: their step tags and the events, in emission order,
+    read from ``start`` (the front is dropped in bulk once it is most of the lists). ``sorted``:
+    the tags never decrease (an untiered engine's: ``step_index`` only grows), so a step's cut is a
+    bisection; a tiered engine's tier events are tagged one step back (``sim.core.offload.tier``),
+    so its cut is found by walking, as a queue's front would be taken."""
+
+    __slots__ = ("steps", "events", "start", "sorted")
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.events: list[KVCacheEvent] = []
+        self.start = 0
+        self.sorted = True
+
+    def take(self, step: int) -> list[KVCacheEvent] | None:
+        """Changes state: the events from the front up to the first tagged after ``step`` (None:
+        none). Cost: a bisection and a slice, not a Python step per event."""
+        steps, start = self.steps, self.start
+        n = len(steps)
+        if start == n or steps[start] > step:
+            return None
+        if self.sorted:
+            cut = bisect_right(steps, step, start)
+        else:
+            cut = start + 1
+            while cut < n and steps[cut] <= step:
+                cut += 1
+        batch = self.events[start:cut]
+        if cut == n:
+            del steps[:], self.events[:]  # (the same lists: the sinks hold their append methods)
+            self.start = 0
+        elif cut > 4096 and 2 * cut > n:
+            del steps[:cut], self.events[:cut]
+            self.start = 0
+        else:
+            self.start = cut
+        return batch
+
+    def clear(self) -> None:
+        del self.steps[:], self.events[:]
+        self.start = 0
+
+
 class KVEventPipeline:
     """Collectors, batches in flight and their delivery (see the module docstring)."""
 
@@ -66,7 +110,7 @@ class KVEventPipeline:
                  deliver: Callable[[int, list[KVCacheEvent]], None], record: bool = False) -> None:
         self.delay = delay
         self._deliver = deliver
-        self._collected: list[deque[tuple[int, KVCacheEvent]]] = [deque() for _ in range(num_replicas)]
+        self._collected = [_Collected() for _ in range(num_replicas)]
         self._last_due = [0.0] * num_replicas
         self._epoch = [0] * num_replicas
         self._in_flight: list[tuple[float, int, int, int, list[KVCacheEvent]]] = []
@@ -77,26 +121,31 @@ class KVEventPipeline:
 
     def sink(self, replica: int, scheduler: Any) -> EventSink:
         """The event sink of a replica's block pool (events tagged with ``scheduler.step_index``)."""
-        append = self._collected[replica].append
+        c = self._collected[replica]
+        if getattr(scheduler, "tier", None) is not None:
+            c.sorted = False  # (kept for the rest of the run: a later incarnation has the same tier)
+        tag, keep = c.steps.append, c.events.append
         recorded = self.recorded
         if recorded is None:
-            return lambda event: append((scheduler.step_index, event))
+            def collect(event: KVCacheEvent) -> None:
+                tag(scheduler.step_index)
+                keep(event)
 
-        def collect(event: KVCacheEvent) -> None:
+            return collect
+
+        def collect_recorded(event: KVCacheEvent) -> None:
             step = scheduler.step_index
-            append((step, event))
+            tag(step)
+            keep(event)
             recorded.append((replica, step, event))
 
-        return collect
+        return collect_recorded
 
     def publish(self, replica: int, step: int, end: float) -> None:
         """Changes state: the replica finished step ``step`` at ``end``: batch what it emitted."""
-        collected = self._collected[replica]
-        if not collected or collected[0][0] > step:
+        batch = self._collected[replica].take(step)
+        if batch is None:
             return
-        batch = []
-        while collected and collected[0][0] <= step:
-            batch.append(collected.popleft()[1])
         due = max(end + self.delay(), self._last_due[replica])
         self._last_due[replica] = due
         self._seq += 1
@@ -105,11 +154,26 @@ class KVEventPipeline:
     def publish_rows(self, replica: int, steps: list[int], ends: list[float]) -> None:
         """Changes state: :meth:`publish` for each of a window's steps, in step order (the events
         were all collected before: the window's engine work is done when its rows are recorded)."""
-        collected = self._collected[replica]
+        c = self._collected[replica]
+        n = len(steps)
+        if len(ends) != n:
+            raise ValueError(f"{n} steps but {len(ends)} ends")
+        if n and steps[-1] - steps[0] == n - 1:
+            # a window's rows (consecutive step indexes): the row that publishes the front event
+            # is found from its tag, the first row whose step reaches it -- a Python step per
+            # batch, not per row; the rows skipped publish nothing, as in the loop below
+            first = steps[0]
+            while c.start < len(c.steps):
+                j = c.steps[c.start] - first
+                if j >= n:
+                    return
+                j = max(j, 0)
+                self.publish(replica, steps[j], ends[j])
+            return
         for step, end in zip(steps, ends, strict=True):
-            if not collected:
+            if c.start == len(c.steps):
                 return  # no event left to batch: the later steps publish nothing
-            if collected[0][0] <= step:
+            if c.steps[c.start] <= step:
                 self.publish(replica, step, end)
 
     def deliver_until(self, now: float) -> None:

@@ -33,6 +33,7 @@ class EventCacheView:
         self.index: EventIndex = self.tiers.gpu if self.tiers is not None else make_kv_event_index(len(facts))
         self._hashers: dict[tuple[str, int, int | str, int, bool, bool], BlockHasher] = {}
         self.group_of = [self._hasher(f) for f in facts]
+        self._apply = getattr(self.index, "apply", None)  # the compiled index's batch dispatch
 
     def _hasher(self, f: ReplicaFacts) -> BlockHasher:
         # a probe is hashed from token 0, so the resumed-scan rule does not matter (True)
@@ -43,23 +44,37 @@ class EventCacheView:
         return h
 
     def on_events(self, replica: int, events: Sequence[KVCacheEvent]) -> None:
-        """Changes state: apply one batch of a replica's events in order."""
+        """Changes state: apply one batch of a replica's events in order. The compiled index
+        applies runs of GPU stores and removals itself (``CompiledKVEventIndex.apply``: the same
+        calls, dispatched in C); every other event goes through :meth:`_apply_one`."""
+        apply = self._apply
+        if apply is None or type(events) is not list:
+            for ev in events:
+                self._apply_one(replica, ev)
+            return
+        n = len(events)
+        i = apply(replica, events, 0, BlockStored, BlockRemoved, MEDIUM_GPU)
+        while i < n:
+            self._apply_one(replica, events[i])
+            i = apply(replica, events, i + 1, BlockStored, BlockRemoved, MEDIUM_GPU)
+
+    def _apply_one(self, replica: int, ev: KVCacheEvent) -> None:
+        """Changes state: apply one event (the Python dispatch; the oracle of ``apply``)."""
         idx = self.index
-        for ev in events:
-            kind = type(ev)
-            if kind is BlockRemoved:
-                if ev.medium == MEDIUM_GPU or ev.medium is None:  # type: ignore[union-attr]
-                    idx.remove(replica, ev.block_hashes)  # type: ignore[union-attr]
-                elif self.tiers is not None:
-                    self.tiers.cpu.remove(replica, ev.block_hashes)  # type: ignore[union-attr]
-            elif kind is BlockStored:
-                if ev.medium == MEDIUM_GPU or ev.medium is None:  # type: ignore[union-attr]
-                    idx.store(replica, ev.block_hashes)  # type: ignore[union-attr]
-                elif self.tiers is not None:
-                    self.tiers.on_cpu_store(replica, ev.block_hashes, ev.parent_block_hash,  # type: ignore[union-attr]
-                                            len(ev.token_ids) > 0)  # type: ignore[union-attr]
-            elif kind is AllBlocksCleared:
-                self.clear(replica)
+        kind = type(ev)
+        if kind is BlockRemoved:
+            if ev.medium == MEDIUM_GPU or ev.medium is None:  # type: ignore[union-attr]
+                idx.remove(replica, ev.block_hashes)  # type: ignore[union-attr]
+            elif self.tiers is not None:
+                self.tiers.cpu.remove(replica, ev.block_hashes)  # type: ignore[union-attr]
+        elif kind is BlockStored:
+            if ev.medium == MEDIUM_GPU or ev.medium is None:  # type: ignore[union-attr]
+                idx.store(replica, ev.block_hashes)  # type: ignore[union-attr]
+            elif self.tiers is not None:
+                self.tiers.on_cpu_store(replica, ev.block_hashes, ev.parent_block_hash,  # type: ignore[union-attr]
+                                        len(ev.token_ids) > 0)  # type: ignore[union-attr]
+        elif kind is AllBlocksCleared:
+            self.clear(replica)
 
     def clear(self, replica: int) -> None:
         """Changes state: forget the replica (it went down, or reset its cache: every medium)."""
