@@ -13,9 +13,13 @@ Two generated logs (fixed seeds; see the writers below):
   about 850 B a line.
 
 The tokenizer is the tests' (a byte-level BPE of 600 ids trained at run time on generated text, and
-a Llama-3-style chat template: ``tests/convert_tokenizer.py``). ``--path both`` converts each log
-with the former serialization (``ConvertOptions(reference=True)``: ids as lists and arrays, one
-``request_to_json`` per request) and the current one, alternated, same bytes (checked here).
+a Llama-3-style chat template: ``tests/convert_tokenizer.py``). Three paths, alternated in one run
+and writing the same bytes (checked here): ``reference``, the former serialization
+(``ConvertOptions(reference=True)``: ids as lists and arrays, one ``request_to_json`` per request);
+``fast``, the serialized segment cache without the word cache (``words=False``: the library
+tokenizes every new piece whole); ``words``, the current default (new pieces cut into words, the
+library tokenizing only new words: ``workloads.convert.word_cache``). ``--path all`` runs the
+three, ``--path both`` ``fast`` and ``words``.
 Prints per run the lines, requests, tokens, wall and CPU seconds (``getrusage``: this process, the
 tokenizer's threads and ``--workers`` processes, so that other programs' load on a shared box does
 not count), lines/s wall and lines per CPU-second, whether the target is met on this machine, and
@@ -24,7 +28,7 @@ also the converting process's own CPU per line (``us_per_line_main``: reading, o
 which no worker shares -- the rate cannot pass one line per that time, however many cores).
 
     python benchmarks/bench_convert.py [--lines 100000] [--log sessions|independent|both]
-        [--path fast|reference|both] [--repeat N] [--workers N] [--keep DIR] [--out DIR]
+        [--path reference|fast|words|both|all] [--repeat N] [--workers N] [--keep DIR] [--out DIR]
 
 ``--out DIR`` keeps the figures as a results folder, replaced whole (``bench_results``):
 ``runs.json``, ``rows.json``, ``table.md`` and ``meta.json`` (commit, versions, CPU, load averages,
@@ -152,14 +156,20 @@ def _cpu_s() -> tuple[float, float]:
     return mine, mine + kids.ru_utime + kids.ru_stime
 
 
-def _run(log: Path, out: Path, model: Path, turns: str, reference: bool, workers: int) -> dict[str, Any]:
+PATHS: dict[str, dict[str, Any]] = {
+    "reference": {"reference": True}, "fast": {"words": False}, "words": {"words": True}}
+"""The options of each path (see the module docstring)."""
+PATH_SETS = {"both": ["fast", "words"], "all": ["reference", "fast", "words"]}
+
+
+def _run(log: Path, out: Path, model: Path, turns: str, path: str, workers: int) -> dict[str, Any]:
     wall, (main, cpu) = time.perf_counter(), _cpu_s()
     s = convert(log, out, ConvertOptions(format="openai", tokenizer=str(model), turns=turns,  # type: ignore[arg-type]
-                                         progress=False, workers=workers, reference=reference))
+                                         progress=False, workers=workers, **PATHS[path]))
     end = _cpu_s()
     wall, main, cpu = time.perf_counter() - wall, end[0] - main, end[1] - cpu
     lines = s.records + s.rejected_lines
-    return {"path": "reference" if reference else "fast", "lines": lines, "requests": s.requests,
+    return {"path": path, "lines": lines, "requests": s.requests,
             "prompt_tokens": s.prompt_tokens, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
             "lines_per_s": round(lines / wall), "lines_per_cpu_s": round(lines / cpu),
             "us_per_line_cpu": round(cpu / lines * 1e6, 1), "us_per_line_main": round(main / lines * 1e6, 1),
@@ -170,7 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=100_000)
     ap.add_argument("--log", choices=("sessions", "independent", "both"), default="sessions")
-    ap.add_argument("--path", choices=("fast", "reference", "both"), default="both")
+    ap.add_argument("--path", choices=(*PATHS, *PATH_SETS), default="all")
     ap.add_argument("--repeat", type=int, default=1, help="alternated runs of each path (the best CPU time kept)")
     ap.add_argument("--workers", type=int, default=1, help="convert --workers (processes)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the logs, model folder and outputs here")
@@ -182,7 +192,7 @@ def main() -> None:
 def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
     compile_bytecode()
     logs = ["sessions", "independent"] if args.log == "both" else [args.log]
-    paths = [True, False] if args.path == "both" else [args.path == "reference"]
+    paths = PATH_SETS.get(args.path, [args.path])
     runs: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -196,9 +206,9 @@ def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
             size = log.stat().st_size / 1e6
             best: dict[str, dict[str, Any]] = {}
             for _ in range(args.repeat):
-                for reference in paths:
+                for path in paths:
                     row = {"log": name, "turns": turns, "mb": round(size, 1), "workers": args.workers,
-                           **_run(log, where / f"{name}.out.jsonl", model, turns, reference, args.workers)}
+                           **_run(log, where / f"{name}.out.jsonl", model, turns, path, args.workers)}
                     runs.append(row)
                     print(json.dumps(row), flush=True)
                     if row["path"] not in best or row["cpu_s"] < best[row["path"]]["cpu_s"]:

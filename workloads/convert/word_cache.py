@@ -2,8 +2,8 @@
 (``workloads.convert.tokenizer``) is cut before every space followed by an ASCII letter, and each
 cut part ("word": ``" cache"``, ``" prefix."``) takes its ids from a cache, the library tokenizing
 only the words never seen. Natural language repeats its words, so on new text the library's
-pre-tokenizer regex (most of its time: a few MB per CPU-second) is replaced by one ``re.split``
-and a dict lookup per word.
+pre-tokenizer regex (most of its time: a few MB per CPU-second) is replaced by one ``str.split``
+(``re.split`` when some space is not followed by a letter) and a dict lookup per word.
 
 **Why it is exact.** A Hugging Face tokenizer runs normalizer, pre-tokenizer, model; the model
 (BPE here) tokenizes each pre-token alone, so a text's ids are the concatenation of its
@@ -40,8 +40,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-WORD_CUT = re.compile(r"(?= [A-Za-z])")
-"""Where a piece is cut: before a space followed by an ASCII letter (a letter for every regex)."""
+CUT = re.compile(r" (?=[A-Za-z])")
+"""A cut point: a space followed by an ASCII letter (a letter for every regex); the space starts the
+word after it."""
+NOT_CUT = re.compile(r" (?![A-Za-z])")
+"""A space that is no cut point."""
 
 GPT2_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
 """GPT-2's pre-tokenizer (its regex is the library's built-in one); ``trim_offsets`` does not matter."""
@@ -74,6 +77,12 @@ def words_safe(data: dict[str, Any]) -> bool:
     }) and _matches(steps[1], {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False})
 
 
+def split_words(piece: str) -> list[str]:
+    """``piece`` cut at its cut points: its first word, then every later word without the space it
+    starts with (``str.split(" ")`` when every space is a cut point: twice the speed of the regex)."""
+    return piece.split(" ") if NOT_CUT.search(piece) is None else CUT.split(piece)
+
+
 class WordCache:
     """Pieces to their ids' JSON text through a cache of words; ``hf`` is the library's tokenizer,
     ``id_text[i]`` is ``str(i)``."""
@@ -81,26 +90,32 @@ class WordCache:
     def __init__(self, hf: Any, id_text: list[str]) -> None:
         self._hf = hf
         self._id_text = id_text
-        self._words: dict[str, str] = {"": ""}  # word -> its ids' text, each id followed by a comma
+        # a word -> its ids' text, each id followed by a comma: a piece's first word, and the later
+        # words keyed without the space they start with
+        self._first: dict[str, str] = {}
+        self._later: dict[str, str] = {}
 
-    def _learn(self, words: list[str]) -> None:
+    def _learn(self, first: list[str], later: list[str]) -> None:
         """Tokenize words not seen yet (one library call)."""
         text = self._id_text
-        for word, enc in zip(words, self._hf.encode_batch_fast(words, add_special_tokens=False), strict=True):
-            try:
-                self._words[word] = "".join([text[i] + "," for i in enc.ids])
-            except IndexError:  # an id beyond the vocabulary's table (not from a well-formed tokenizer)
-                self._words[word] = "".join([f"{i}," for i in enc.ids])
+        encs = self._hf.encode_batch_fast(first + [" " + w for w in later], add_special_tokens=False)
+        for words, table, at in ((first, self._first, 0), (later, self._later, len(first))):
+            for word, enc in zip(words, encs[at:at + len(words)], strict=True):
+                try:
+                    table[word] = "".join([text[i] + "," for i in enc.ids])
+                except IndexError:  # an id beyond the vocabulary's table (not from a well-formed tokenizer)
+                    table[word] = "".join([f"{i}," for i in enc.ids])
 
     def encode(self, pieces: Sequence[str]) -> list[str]:
         """Each piece's ids as ``",".join(map(str, ids))`` (a lookup but for new words)."""
-        words = self._words
-        cuts = [WORD_CUT.split(p) for p in pieces]
-        new = list({w for parts in cuts for w in parts if w not in words})
-        if len(words) + len(new) > WORDS_LIMIT:
-            words.clear()
-            words[""] = ""
-            new = list({w for parts in cuts for w in parts})
-        if new:
-            self._learn(new)
-        return ["".join([words[w] for w in parts])[:-1] for parts in cuts]
+        first, later = self._first, self._later
+        cuts = [split_words(p) for p in pieces]
+        new_first = list({c[0] for c in cuts if c[0] not in first})
+        new_later = list({w for c in cuts for w in c[1:] if w not in later})
+        if len(first) + len(later) + len(new_first) + len(new_later) > WORDS_LIMIT:
+            first.clear()
+            later.clear()
+            new_first, new_later = list({c[0] for c in cuts}), list({w for c in cuts for w in c[1:]})
+        if new_first or new_later:
+            self._learn(new_first, new_later)
+        return [(first[c[0]] + "".join([later[w] for w in c[1:]]))[:-1] for c in cuts]
