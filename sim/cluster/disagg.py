@@ -1,38 +1,41 @@
 """Prefill/decode disaggregation: a fleet split into a prefill pool and a decode pool, the KV of each
 prompt moving from its prefill replica to its decode replica over a link.
 
-Mirrors vLLM 0.33.0's P/D path with the NIXL connector (``vllm/distributed/kv_transfer/kv_connector/
-v1/nixl_connector.py`` and the toy proxy's two legs), one request at a time:
+Mirrors vLLM 0.33.0's P/D path with the NIXL connector in pull mode (``vllm/distributed/kv_transfer/
+kv_connector/v1/nixl/pull_scheduler.py``, ``NixlPullConnectorScheduler``) behind a proxy's two
+legs, one request at a time:
 
 1. **prefill leg** -- the router's first choice (``sim.cluster.disagg_router``) gets the request with
    ``max_tokens = 1`` (the proxy's prefill request): an ordinary engine computes the prompt and
    samples one token, and finishes the request (FINISHED_LENGTH_CAPPED);
-2. **the prefill side keeps its blocks** -- vLLM's ``NixlConnectorScheduler.request_finished``
-   returns ``delay_free_blocks`` for a request with ``do_remote_decode``: its blocks stay allocated
-   until the decode side has read them (``finished_sending``). Here the prompt's cached full blocks
-   are held (touched, as a request holding them) from the prefill's finish until the transfer
-   lands, then freed, tail first;
-3. **decode side: lookup and allocation** -- the decode replica's connector reports the prompt's
-   tokens not cached locally as remote (``get_num_new_matched_tokens`` returns ``len(prompt) -
-   num_computed_tokens``, an async load), the scheduler allocates their blocks without caching them
-   (``allocate_slots(..., delay_cache_blocks=True)``, here
-   ``UnitaryFullAttentionCoordinator.allocate_for_load``) and the request waits
-   (WAITING_FOR_REMOTE_KVS); a decode pool that cannot hold the blocks yet keeps the request
-   waiting, first come first served, and retries at each of that replica's step ends and landings;
+2. **the prefill keeps its blocks** -- ``request_finished`` returns ``delay_free_blocks`` for a
+   request with ``do_remote_decode``: its blocks stay allocated until the decode side has read them
+   (``finished_sending``; or a lease expires). Here the prompt's cached full blocks are held
+   (touched by a holder) from the read's start to its landing, then freed, tail first. Gap, stated:
+   while the decode replica has no blocks for the read yet, vLLM holds them too and here they are
+   only cached (a held pool that the engine cannot see would stall it with no read in flight);
+3. **decode side: lookup and allocation** -- ``get_num_new_matched_tokens`` reports the prompt's
+   tokens not cached locally as remote (``len(prompt) - num_computed_tokens``, an async load), the
+   scheduler allocates their blocks without caching them (``allocate_slots(...,
+   delay_cache_blocks=True)``, here ``UnitaryFullAttentionCoordinator.allocate_for_load``) and the
+   request waits (WAITING_FOR_REMOTE_KVS); a decode pool that cannot hold the blocks yet keeps the
+   request waiting, first come first served, retried at each of that replica's step ends;
 4. **the transfer** -- the new blocks' bytes (``kv_bytes_per_block`` each) cross the decode replica's
    link (:class:`~sim.timing.transfer_link.TransferLink`, FIFO: the decode worker reads one
-   request's blocks after the other's, ``latency_s + bytes / bandwidth`` each);
+   request's blocks after the other's, ``latency_s + bytes / bandwidth`` each). While blocks are held
+   for a read, the replica's engine waits for its landing instead of stalling
+   (``sim.cluster.disagg_hold``);
 5. **landing** -- ``finished_recving``: the loaded blocks are cached (``_update_waiting_for_remote_kv``:
-   ``cache_blocks``, BlockStored events on the decode replica) and the request is admitted. Here
-   the holding allocation is released and the request joins the decode replica's next step, whose
-   lookup finds the landed blocks as a prefix hit. Gap, stated: vLLM keeps the allocation and
+   ``cache_blocks``, BlockStored events on the decode replica) and stay held until the step that
+   admits the request; the request joins the decode replica's intake and is put first in its waiting
+   queue (``Scheduler.schedule`` in ``vllm/v1/core/sched/scheduler.py`` takes ``kv_holding_waiting``
+   before ``waiting``). Its lookup finds the landed blocks as a prefix hit. Gap, stated: vLLM
    recomputes only the prompt's last token; the lookup here stops at the last full block before it,
-   so the decode recomputes the prompt's partial last block (fewer than ``block_size`` tokens), and
-   blocks evicted between the landing and the admission (a decode pool under pressure) are
-   recomputed (visible as ``decode_hit_tokens`` below ``prompt_tokens - block_size``).
+   so the decode recomputes the prompt's partial last block (at most ``block_size`` tokens,
+   ``decode_hit_tokens`` in the results).
 
-A transfer of zero seconds (an infinite bandwidth, no latency, an idle lane, blocks free at once)
-lands in the instant the prefill finished, without holding the prefill's blocks: then the prefill
+A transfer of zero seconds (an infinite bandwidth, no latency, an idle lane, decode blocks free at
+once) lands in the instant the prefill finished, without holding the prefill's blocks: then the prefill
 pool sees exactly the engine operations of a plain fleet whose requests have one output token
 (tested: each request's hit tokens equal that replay's, on the same prefill choices).
 
