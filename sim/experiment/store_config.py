@@ -32,7 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class KVStoreConfig(BaseModel):
-    """``cluster.kv_store`` (see the module docstring)."""
+    """``cluster.kv_store``: a KV store the whole fleet shares (sim.cluster.kv_store). Every replica
+    stores the full prompt blocks it computed to it and loads from it, after its own GPU prefix
+    cache, the blocks it holds next (vLLM 0.33.0's connector protocol, as the CPU tier: the request
+    waits for the load, the waiting steps compute nothing). Size in ``capacity_gib`` (of the model's
+    KV) or ``capacity_blocks`` (0: no store); ``policy`` lru (default) or arc; each replica's own link
+    to it: ``read_gb_s`` (loads), ``write_gb_s`` (stores), ``latency_s`` per transfer; ``writers``
+    all, or prefill (the replicas with a prefill role: all of them without roles)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
