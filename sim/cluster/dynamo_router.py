@@ -38,6 +38,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.cluster.active_blocks import ActiveBlocks
 from sim.cluster.kv_view import EventCacheView
 from sim.cluster.router import ClusterView, Decision, Router, RouterRequest, argbest
 from sim.cluster.tier_index import DYNAMO
@@ -69,7 +70,7 @@ class DynamoRouter(Router):
         n = view.num_replicas
         self.events = EventCacheView(view.facts, DYNAMO)
         self._active: dict[str, _Active] = {}
-        self._block_refs: list[dict[int, int]] = [{} for _ in range(n)]
+        self._blocks = ActiveBlocks(n)  # active prompt blocks per worker (sim.cluster.active_blocks)
         self._prefill_tokens = [0] * n
 
     def route(self, request: RouterRequest) -> Decision:
@@ -84,29 +85,25 @@ class DynamoRouter(Router):
             host = {w: m.host for w, m in matches.items() if m.host}
         isl = request.prompt_len
         logits: dict[int, float] = {}
-        sets: dict[int, set[int]] = {}
+        active: dict[int, dict[int, int]] = {}  # per hasher: the prompt's blocks active per worker
         for w in up:
             bs = self.view.facts[w].block_size
             hasher = self.events.group_of[w]
-            hs = sets.get(id(hasher))
-            if hs is None:
-                hs = sets[id(hasher)] = set(request.hashes(hasher))
-            refs = self._block_refs[w]
+            held = active.get(id(hasher))
+            if held is None:
+                held = active[id(hasher)] = self._blocks.overlaps(set(request.hashes(hasher)))
             overlap = overlaps.get(w, 0)
             raw_prefill = (self._prefill_tokens[w] + isl) / bs
             credit = self.overlap_credit * overlap
             if host:
                 credit += self.host_cache_hit_weight * host.get(w, 0)
             prefill = self.prefill_load_scale * max(raw_prefill - credit, 0.0)
-            # the prompt's blocks not already active there (the partial last block always is new);
-            # `&` with the keys view walks the smaller side, where `hs - keys` walked every key
-            new_blocks = -(-isl // bs) - len(refs.keys() & hs)
-            logits[w] = prefill + len(refs) + new_blocks
+            # the prompt's blocks not already active there (the partial last block always is new)
+            new_blocks = -(-isl // bs) - held.get(w, 0)
+            logits[w] = prefill + self._blocks.num_active(w) + new_blocks
         choice = self._pick(logits)
         hashes = request.hashes(self.events.group_of[choice])
-        refs = self._block_refs[choice]
-        for h in hashes:
-            refs[h] = refs.get(h, 0) + 1
+        self._blocks.acquire(choice, hashes)
         bs = self.view.facts[choice].block_size
         uncached = max(isl - overlaps.get(choice, 0) * bs, 0)
         self._active[request.request_id] = _Active(choice, hashes, uncached)
@@ -142,13 +139,7 @@ class DynamoRouter(Router):
         if a is None:
             return
         self._prefill_tokens[a.replica] -= a.prefill_tokens
-        refs = self._block_refs[a.replica]
-        for h in a.hashes:
-            c = refs[h] - 1
-            if c:
-                refs[h] = c
-            else:
-                del refs[h]
+        self._blocks.release(a.replica, a.hashes)
 
     def on_kv_events(self, replica: int, events: Sequence[KVCacheEvent]) -> None:
         self.events.on_events(replica, events)
@@ -157,5 +148,5 @@ class DynamoRouter(Router):
         self.events.clear(replica)
         for rid in [rid for rid, a in self._active.items() if a.replica == replica]:
             del self._active[rid]
-        self._block_refs[replica].clear()
+        self._blocks.clear(replica)
         self._prefill_tokens[replica] = 0

@@ -1,0 +1,50 @@
+"""Dynamo's active blocks per worker (``sim.cluster.active_blocks``): the one-pass overlap of a
+prompt against every worker equals the per-worker set intersection it replaced, and the counts
+follow acquire, release and clear, on random request streams."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.cluster.active_blocks import ActiveBlocks
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), workers=st.sampled_from([1, 3, 70]))
+def test_overlaps_equal_the_per_worker_intersection(seed: int, workers: int) -> None:
+    rng = random.Random(seed)
+    blocks = ActiveBlocks(workers)
+    oracle: list[dict[int, int]] = [{} for _ in range(workers)]
+    active: list[tuple[int, list[int]]] = []
+    for _ in range(60):
+        op = rng.random()
+        if op < 0.5:  # route a request: its prompt's hashes (a shared prefix, then its own)
+            w = rng.randrange(workers)
+            hashes = list(range(rng.randrange(0, 6))) + [rng.randrange(6, 40) for _ in range(rng.randrange(0, 5))]
+            blocks.acquire(w, hashes)
+            for h in hashes:
+                oracle[w][h] = oracle[w].get(h, 0) + 1
+            active.append((w, hashes))
+        elif op < 0.85 and active:  # a response ends
+            w, hashes = active.pop(rng.randrange(len(active)))
+            blocks.release(w, hashes)
+            for h in hashes:
+                oracle[w][h] -= 1
+                if not oracle[w][h]:
+                    del oracle[w][h]
+        elif op >= 0.85:  # a worker leaves the pool: its requests are gone
+            w = rng.randrange(workers)
+            blocks.clear(w)
+            oracle[w].clear()
+            active = [(x, hs) for x, hs in active if x != w]
+        probe = {rng.randrange(40) for _ in range(rng.randrange(0, 12))}
+        got = blocks.overlaps(probe)
+        for w in range(workers):
+            assert got.get(w, 0) == len(oracle[w].keys() & probe)
+            assert blocks.num_active(w) == len(oracle[w])
+            assert blocks.refs[w] == oracle[w]
+        assert 0 not in got.values()
+        assert all(blocks.holders.values())
