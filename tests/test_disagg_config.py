@@ -67,3 +67,14 @@ def test_config_run_has_pd_columns_and_block() -> None:
     assert (rq["transfer_bytes"] % (2 << 20) == 0).all() and (rq["transfer_bytes"] > 0).all()
     assert (rq["transfer_bytes"] <= -(-rq["prompt_tokens"] // 16) * (2 << 20)).all()
     assert [r["router"] for r in cl["comparison"]] == ["dynamo", "round_robin"]
+
+
+def test_printed_summary_has_the_pools_line() -> None:
+    from sim.cli.summary import render
+
+    res, _ = replay_experiment(config_from_dict(_data()), progress=False)
+    text = render(res.summary, name="pd", folder="out", wall_time_s=1.0)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("pools ")]
+    tr = res.summary["cluster"]["disaggregation"]["transfers"]
+    assert line.startswith("pools       2 prefill (busy ") and " + 2 decode (busy " in line
+    assert f"; {tr['count']} KV reads, " in line

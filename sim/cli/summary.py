@@ -257,6 +257,14 @@ def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
     lines.append(f"throughput  {sig(s.get('throughput_requests_per_s'))} requests/s, "
                  f"{sig(s.get('throughput_output_tokens_per_s'))} output tokens/s "
                  f"(mean batch {sig(s.get('mean_batch_size'))} requests)")
+    pools = (s.get("cluster") or {}).get("disaggregation")
+    if pools:  # cluster.disaggregation (sim.cluster.disagg_summary): load by pool and the KV reads
+        pre, dec, tr = pools["prefill"], pools["decode"], pools["transfers"]
+        reads = (f"{exact(tr['count'])} KV reads, {sig(tr['bytes'] / 1e9)} GB, mean {seconds(tr['transfer_s_mean'])}, "
+                 f"wait for decode blocks p90 {seconds(tr['kv_wait_s_p90'])}")
+        lines.append(f"pools       {pre['replicas']} prefill (busy {seconds(pre['busy_s'])}, "
+                     f"{count(pre['computed_tokens'])} prompt tokens computed) + {dec['replicas']} decode "
+                     f"(busy {seconds(dec['busy_s'])}); {reads}")
     wrap = textwrap.TextWrapper(width=width, initial_indent="diagnosis   ", subsequent_indent=" " * 12)
     if "cluster" in s:  # the one-engine diagnosis reads pool bounds; a fleet's names its routing
         line = _routing(s)
