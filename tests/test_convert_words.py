@@ -98,10 +98,12 @@ def test_word_cache_across_resets(monkeypatch: pytest.MonkeyPatch):
     """A full word cache is emptied and refilled: the same ids."""
     monkeypatch.setattr(word_cache, "WORDS_LIMIT", 6)
     tok = load_tokenizer(str(shared_model_folder()))
-    texts = [f"the cache {i} hit prefix token {i * 7}" for i in range(20)]
-    assert tok.encode_json(texts) == tok.encode_json(texts) == [
-        (",".join(map(str, ids)), len(ids)) for ids in tok.encode_batch(texts, cached=False)]
-    assert tok._words is not None and len(tok._words._first) + len(tok._words._later) <= 6 + 8
+    texts = [f"the cache {i} hit prefix token {i * 7}" for i in range(20)]  # 5 words each
+    for chunk in [texts[k:k + 2] for k in range(0, 20, 2)] + [texts[::-1]]:
+        assert tok.encode_json(chunk) == [(",".join(map(str, ids)), len(ids))
+                                          for ids in tok.encode_batch(chunk, cached=False)]
+        if len(chunk) == 2:  # emptied when full (43 words in all), then refilled with one call's words
+            assert tok._words is not None and len(tok._words._first) + len(tok._words._later) <= 6 + 5 * 2
 
 
 def _config(folder: Path, change) -> dict:

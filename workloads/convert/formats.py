@@ -85,6 +85,9 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             raise FieldProblem(f"messages[{i}]", f"expected an object, got {type(msg).__name__}")
         if "role" not in msg:
             raise FieldProblem(f"messages[{i}].role", "missing (every message needs a role)")
+        if type(msg["role"]) is str and msg["role"] in ROLES and type(msg.get("content")) is str:
+            out.append(msg)  # already as the template reads it: the record's own object, not a copy
+            continue
         role = _ROLE_ALIASES.get(msg["role"], msg["role"])
         if role not in ROLES:
             raise FieldProblem(f"messages[{i}].role", f"unknown role {msg['role']!r} (known: system, user, "

@@ -109,13 +109,23 @@ class WordCache:
     def encode(self, pieces: Sequence[str]) -> list[str]:
         """Each piece's ids as ``",".join(map(str, ids))`` (a lookup but for new words)."""
         first, later = self._first, self._later
-        cuts = [split_words(p) for p in pieces]
-        new_first = list({c[0] for c in cuts if c[0] not in first})
-        new_later = list({w for c in cuts for w in c[1:] if w not in later})
+        out: list[str] = []
+        new: list[tuple[int, list[str]]] = []  # the pieces with a word not seen yet
+        for c in map(split_words, pieces):
+            try:
+                out.append((first[c[0]] + "".join([later[w] for w in c[1:]]))[:-1])
+            except KeyError:
+                new.append((len(out), c))
+                out.append("")
+        if not new:
+            return out
+        new_first = list({c[0] for _, c in new if c[0] not in first})
+        new_later = list({w for _, c in new for w in c[1:] if w not in later})
         if len(first) + len(later) + len(new_first) + len(new_later) > WORDS_LIMIT:
             first.clear()
             later.clear()
-            new_first, new_later = list({c[0] for c in cuts}), list({w for c in cuts for w in c[1:]})
-        if new_first or new_later:
-            self._learn(new_first, new_later)
-        return [(first[c[0]] + "".join([later[w] for w in c[1:]]))[:-1] for c in cuts]
+            new_first, new_later = list({c[0] for _, c in new}), list({w for _, c in new for w in c[1:]})
+        self._learn(new_first, new_later)
+        for k, c in new:
+            out[k] = (first[c[0]] + "".join([later[w] for w in c[1:]]))[:-1]
+        return out
