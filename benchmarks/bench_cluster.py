@@ -10,7 +10,9 @@ for Llama-3-8B on an H100, roofline latency). Each run is a fresh process, so it
 
 A router name ending in ``+pd`` (``dynamo+pd``) replays the same fleet disaggregated: half the
 replicas prefill, half decode, 50 GB/s per decode replica's link (``cluster.disaggregation``), the
-cost of disaggregation beside the plain fleet's row.
+cost of disaggregation beside the plain fleet's row. One ending in ``+store`` (``mooncake+store``)
+gives the fleet a shared KV store (``cluster.kv_store``: 1 TiB, LRU, 25 GB/s each way per replica),
+the cost of the store beside the plain fleet's row.
 
 Cases (issue 38), each printing its targets met or missed:
 
@@ -53,11 +55,14 @@ def _one(router: str, replicas: int, limit: int | None, rate_scale: float = 1.0)
         data["workload"]["arrival"] = {"kind": "trace", "rate_scale": rate_scale}
     if router != "single":
         name, pd, _ = router.partition("+pd")
+        name, store, _ = name.partition("+store")
         kind, _, prefix = name.partition(":")
         rc: dict = {"kind": kind}
         if prefix:
             rc["prefix"] = prefix
         data["cluster"] = {"replicas": replicas, "router": rc}
+        if store:  # a KV store the fleet shares (sim.cluster.kv_store)
+            data["cluster"]["kv_store"] = {"capacity_gib": 1024, "read_gb_s": 25.0, "write_gb_s": 25.0}
         if pd:  # half prefill, half decode (sim.cluster.disagg)
             data["cluster"]["disaggregation"] = {"prefill": replicas // 2, "decode": replicas - replicas // 2,
                                                  "link_gb_s": 50.0}
