@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cluster.prefix_index import KVEventIndex, make_kv_event_index
+from sim.cluster.prefix_index import KVEventIndex, ShardedKVEventIndex, make_kv_event_index
 
 compiled_index = pytest.importorskip("sim.cluster.compiled_index", reason="the Cython extension is not built")
 CompiledKVEventIndex = compiled_index.CompiledKVEventIndex
@@ -76,5 +76,46 @@ def test_replica_numbers_are_checked_and_large_fleets_get_the_python_index() -> 
     with pytest.raises(ValueError, match="0 to 64 replicas"):
         CompiledKVEventIndex(65)
     assert type(make_kv_event_index(64)) is CompiledKVEventIndex
-    assert type(make_kv_event_index(65)) is KVEventIndex
+    assert type(make_kv_event_index(65)) is ShardedKVEventIndex
+    assert [type(t) for t in make_kv_event_index(130).shards] == [CompiledKVEventIndex] * 3  # type: ignore[attr-defined]
     assert type(make_kv_event_index(4, compiled=False)) is KVEventIndex
+
+
+WIDE_N = 150  # three tables: 64, 64 and 22 replicas
+
+
+@st.composite
+def wide_calls(draw: st.DrawFn) -> list[tuple]:
+    out = []
+    replicas = st.integers(0, WIDE_N - 1)
+    for _ in range(draw(st.integers(1, 60))):
+        kind = draw(st.sampled_from(["store", "store", "remove", "clear", "match"]))
+        if kind == "clear":
+            out.append((kind, draw(replicas)))
+        elif kind == "match":
+            out.append((kind, draw(st.lists(HASHES, max_size=12)), draw(st.lists(replicas, max_size=40))))
+        else:
+            out.append((kind, draw(replicas), draw(st.lists(HASHES, max_size=30))))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(wide_calls())
+def test_the_sharded_index_answers_as_the_python_one(seq: list[tuple]) -> None:
+    """More than 64 replicas: compiled tables of 64 each, matches merged in the oracle's order."""
+    py = KVEventIndex(WIDE_N)
+    c = ShardedKVEventIndex(WIDE_N, lambda n: CompiledKVEventIndex(n, initial_slots=8))
+    for call in seq:
+        if call[0] == "match":
+            got, want = c.match(call[1], call[2]), py.match(call[1], call[2])
+            assert got == want and list(got.items()) == list(want.items())
+        else:
+            getattr(py, call[0])(*call[1:])
+            getattr(c, call[0])(*call[1:])
+    assert [c.num_entries(r) for r in range(WIDE_N)] == [py.num_entries(r) for r in range(WIDE_N)]
+    everyone = list(range(WIDE_N))
+    assert [list(c.match([h], everyone).items()) for h in UNIVERSE] == [list(py.match([h], everyone).items())
+                                                                         for h in UNIVERSE]
+    for bad in (-1, WIDE_N):
+        with pytest.raises(IndexError):
+            c.store(bad, [1])

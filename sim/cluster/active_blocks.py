@@ -44,14 +44,18 @@ class ActiveBlocks:
 
     def release(self, worker: int, hashes: Iterable[int]) -> None:
         """Changes state: a request with these prompt hashes ended on ``worker`` (acquired before)."""
-        refs, bit = self.refs[worker], 1 << worker
+        refs, holders, keep = self.refs[worker], self.holders, ~(1 << worker)
         for h in hashes:
             c = refs[h] - 1
             if c:
                 refs[h] = c
             else:
                 del refs[h]
-                self._drop(h, bit)
+                m = holders[h] & keep  # (_drop, inlined: a call per released block was a third of this)
+                if m:
+                    holders[h] = m
+                else:
+                    del holders[h]
 
     def clear(self, worker: int) -> None:
         """Changes state: ``worker`` holds nothing (it left the pool)."""

@@ -17,7 +17,8 @@ chained, so a map from hash to replicas is the radix tree: one hash names its wh
 
 Cost: O(blocks matched + replicas) per match, O(1) per event hash. :func:`make_kv_event_index`
 gives a compiled twin of :class:`KVEventIndex` (``sim.cluster.compiled_index``: same answers, its
-state in C) where it is built and the fleet has at most 64 replicas, else this one. Imports nothing but
+state in C) where it is built -- sharded by 64 replicas above that (:class:`ShardedKVEventIndex`) --
+else this one. Imports nothing but
 stdlib (and that optional extension).
 """
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 _Compiled: Callable[[int], EventIndex] | None
 try:
@@ -86,11 +87,67 @@ class EventIndex(Protocol):
 
 
 def make_kv_event_index(num_replicas: int, *, compiled: bool = True) -> EventIndex:
-    """The compiled index when ``compiled``, built and ``num_replicas <= 64`` (one bit each), else
-    :class:`KVEventIndex`; both give the same answers (a property test drives them side by side)."""
-    if compiled and _Compiled is not None and num_replicas <= 64:
-        return _Compiled(num_replicas)
+    """The compiled index when ``compiled`` and built -- one table for up to 64 replicas (one bit
+    each), a :class:`ShardedKVEventIndex` of such tables above -- else :class:`KVEventIndex`; all
+    give the same answers (property tests drive them side by side)."""
+    if compiled and _Compiled is not None:
+        return _Compiled(num_replicas) if num_replicas <= _SHARD else ShardedKVEventIndex(num_replicas, _Compiled)
     return KVEventIndex(num_replicas)
+
+
+_SHARD = 64  # replicas per compiled table (one bit each in a 64-bit mask)
+
+
+class ShardedKVEventIndex:
+    """A fleet of more than 64 replicas on compiled tables of 64 each: replica ``r`` is replica
+    ``r % 64`` of table ``r // 64``. A replica's leading-hash count does not depend on the others,
+    so a match is each table's match of its candidates, merged in the order the single index gives
+    (the run's length, then the replica). Python's index made a 256-bit int per stored hash."""
+
+    def __init__(self, num_replicas: int, table: Callable[[int], EventIndex]) -> None:
+        self.num_replicas = num_replicas
+        self.shards = [table(min(_SHARD, num_replicas - lo)) for lo in range(0, num_replicas, _SHARD)]
+
+    def _at(self, replica: int) -> tuple[Any, int]:
+        """The table of ``replica`` and its number there (IndexError outside the fleet)."""
+        if replica < 0 or replica >= self.num_replicas:
+            raise IndexError(f"replica {replica} out of range 0..{self.num_replicas - 1}")
+        return self.shards[replica // _SHARD], replica % _SHARD
+
+    def store(self, replica: int, hashes: Iterable[int]) -> None:
+        shard, r = self._at(replica)
+        shard.store(r, hashes)
+
+    def remove(self, replica: int, hashes: Iterable[int]) -> None:
+        shard, r = self._at(replica)
+        shard.remove(r, hashes)
+
+    def apply(self, replica: int, events: list[object], start: int, stored_type: type, removed_type: type,
+              gpu_medium: str) -> int:
+        """The table's ``CompiledKVEventIndex.apply`` for ``replica`` (see ``sim.cluster.kv_view``)."""
+        shard, r = self._at(replica)
+        return int(shard.apply(r, events, start, stored_type, removed_type, gpu_medium))
+
+    def clear(self, replica: int) -> None:
+        shard, r = self._at(replica)
+        shard.clear(r)
+
+    def match(self, hashes: Sequence[int], candidates: Iterable[int]) -> dict[int, int]:
+        by_shard: dict[int, list[int]] = {}
+        for replica in candidates:
+            self._at(replica)
+            by_shard.setdefault(replica // _SHARD, []).append(replica % _SHARD)
+        hs = hashes if type(hashes) is list else list(hashes)
+        found: list[tuple[int, int]] = []
+        for k, members in by_shard.items():
+            lo = k * _SHARD
+            found.extend((n, lo + r) for r, n in self.shards[k].match(hs, members).items())
+        found.sort()
+        return {r: n for n, r in found}
+
+    def num_entries(self, replica: int) -> int:
+        shard, r = self._at(replica)
+        return int(shard.num_entries(r))
 
 
 class KVEventIndex:
