@@ -6,7 +6,7 @@ the same trace (``benchmarks/bench_mooncake.py``'s setting: block 16, the pool v
 for Llama-3-8B on an H100, roofline latency). Each run is a fresh process, so its peak RSS is its own.
 
     python benchmarks/bench_cluster.py [--routers dynamo llm_d] [--replicas 16] [--limit N] [--no-single]
-        [--case fleet|idle|scale] [--out DIR]
+        [--case fleet|ratio|idle|scale] [--repeat N] [--tree DIR] [--out DIR]
 
 A router name ending in ``+pd`` (``dynamo+pd``) replays the same fleet disaggregated: half the
 replicas prefill, half decode, 50 GB/s per decode replica's link (``cluster.disaggregation``), the
@@ -16,13 +16,18 @@ the cost of the store beside the plain fleet's row.
 
 Cases (issue 38), each printing its targets met or missed:
 
-* ``fleet`` (the default): the setting above;
+* ``fleet`` (the default): the setting above; target (item 2): under 15 s of CPU per router;
+* ``ratio``: the first 2,000 requests on 16 replicas beside the single engine on the same requests;
+  target (item 2): each router's CPU under 2x the single engine's (medians of ``--repeat`` runs);
 * ``idle``: 1,000 replicas serving the first 60 requests (``--replicas``/``--limit`` override), no
   single-engine run; target: under 500 MB peak RSS and under 5 s of wall time (a replica that gets
   no request builds no engine: ``sim.cluster.replica``);
 * ``scale``: 256 replicas on the trace sped up 16x (``workload.arrival.rate_scale: 16``); target:
   under 120 s of wall time and 4 GB peak RSS.
 
+``--repeat N`` runs every setting N times, alternating; ``--tree DIR`` also times another checkout
+(its packages on ``PYTHONPATH``, e.g. a clone at an older commit built the same way), alternating
+with this one, so the two sit side by side in the same minutes (rows tagged ``tree``).
 ``--out DIR`` also keeps the figures as a results folder, replaced whole (``bench_results``):
 ``rows.json`` (every run), ``table.md`` and ``meta.json`` (commit, versions, CPU model, load
 averages, the arguments).
@@ -32,15 +37,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from bench_results import BenchFolder, compile_bytecode, run_with_folder
+from bench_results import ROOT, BenchFolder, compile_bytecode, run_with_folder
 
 CASES = {  # replicas, limit, rate scale, targets (wall seconds, peak RSS MiB)
     "fleet": (16, None, 1.0, None),
+    "ratio": (16, 2000, 1.0, None),
     "idle": (1000, 60, 1.0, (5.0, 500 * 1e6 / 2**20)),
     "scale": (256, None, 16.0, (120.0, 4 * 1e9 / 2**20)),
 }
@@ -74,7 +83,7 @@ def _one(router: str, replicas: int, limit: int | None, rate_scale: float = 1.0)
     kv = s.get("cluster", {}).get("kv_events", {})
     return {
         "router": router, "replicas": replicas if router != "single" else 1, "requests": s["num_requests"],
-        "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "sim_s_per_wall_s": round(s["sim_time_s"] / wall, 1),
+        "wall_s": round(wall, 1), "cpu_s": round(cpu, 2), "sim_s_per_wall_s": round(s["sim_time_s"] / wall, 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "token_hit_rate": round(s["token_hit_rate"], 4), "ttft_p50_s": round(s["ttft_p50_s"], 3),
         "steps": s["num_steps"], "kv_events": kv.get("events", 0), "rate_scale": rate_scale,
@@ -89,6 +98,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="first N requests only (default: the case's)")
     ap.add_argument("--no-single", action="store_true", help="skip the single-engine reference run")
     ap.add_argument("--out", default=None, help="also keep the figures as this results folder (replaced whole)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of every setting, alternating")
+    ap.add_argument("--tree", default=None, help="also time this checkout's packages, alternating")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--rate-scale", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -103,37 +114,66 @@ def main() -> None:
 
 
 def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
-    compile_bytecode()
+    trees = [("this", ROOT)] + ([("tree", Path(args.tree).resolve())] if args.tree else [])
+    for _, root in trees:
+        compile_bytecode(root)
     runs = ([] if args.no_single or args.case == "idle" else ["single"]) + args.routers
     rows = []
-    for r in runs:
-        cmd = [sys.executable, __file__, "--child", r, "--replicas", str(args.replicas), "--case", args.case,
-               "--rate-scale", str(args.rate_scale)]
-        if args.limit:
-            cmd += ["--limit", str(args.limit)]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        rows.append(json.loads(out.strip().splitlines()[-1]))
-        print(json.dumps(rows[-1]), flush=True)
-    single = next((r for r in rows if r["router"] == "single"), None)
+    for rep in range(args.repeat):
+        for label, root in trees:
+            for r in runs:
+                cmd = [sys.executable, __file__, "--child", r, "--replicas", str(args.replicas), "--case", args.case,
+                       "--rate-scale", str(args.rate_scale)]
+                if args.limit:
+                    cmd += ["--limit", str(args.limit)]
+                env = {**os.environ, "PYTHONPATH": str(root)}
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+                rows.append({"tree": label, "run": rep, **json.loads(out.strip().splitlines()[-1])})
+                print(json.dumps(rows[-1]), flush=True)
+    single = {label: statistics.median(r["cpu_s"] for r in rows if r["tree"] == label and r["router"] == "single")
+              for label, _ in trees if "single" in runs}
     for r in rows:
-        r["cpu_over_single"] = round(r["cpu_s"] / single["cpu_s"], 2) if single else None
-    keys = ["router", "replicas", "wall_s", "cpu_s", "sim_s_per_wall_s", "peak_rss_mib", "token_hit_rate",
-            "ttft_p50_s", "steps", "kv_events", "cpu_over_single"]
+        r["cpu_over_single"] = round(r["cpu_s"] / single[r["tree"]], 2) if r["tree"] in single else None
+    keys = ["tree", "run", "router", "replicas", "wall_s", "cpu_s", "sim_s_per_wall_s", "peak_rss_mib",
+            "token_hit_rate", "ttft_p50_s", "steps", "kv_events", "cpu_over_single"]
     table = "| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n"
     table += "".join("| " + " | ".join(str(r[k]) for k in keys) + " |\n" for r in rows)
-    targets = CASES[args.case][3]
-    if targets is not None:
-        wall_t, rss_t = targets
-        table += "\n" + "".join(
-            f"{r['router']}, {r['replicas']} replicas: {r['wall_s']} s wall, {r['peak_rss_mib']} MiB peak RSS (target: "
-            f"under {wall_t:g} s and {rss_t:.0f} MiB: "
-            f"{'met' if r['wall_s'] < wall_t and r['peak_rss_mib'] < rss_t else 'missed'})\n"
-            for r in rows if r["router"] != "single")
+    table += "\n" + _verdicts(args, trees, runs, rows, single)
     print("\n" + table, end="")
     if folder is not None:
         meta = {"benchmark": "bench_cluster", "case": args.case, "routers": args.routers, "replicas": args.replicas,
-                "limit": args.limit, "rate_scale": args.rate_scale, "single": runs[0] == "single"}
+                "limit": args.limit, "rate_scale": args.rate_scale, "single": runs[0] == "single",
+                "repeat": args.repeat, "tree": args.tree}
         print(f"results folder: {folder.write({'rows.json': rows, 'table.md': table}, meta)}")
+
+
+def _verdicts(args: argparse.Namespace, trees: list[tuple[str, Path]], runs: list[str], rows: list[dict],
+              single: dict[str, float]) -> str:
+    """One line per tree and router: its medians, and the case's targets met or missed."""
+    lines = []
+    targets = CASES[args.case][3]
+    for label, _ in trees:
+        for router in runs:
+            mine = [r for r in rows if r["tree"] == label and r["router"] == router]
+            cpu = statistics.median(r["cpu_s"] for r in mine)
+            wall = statistics.median(r["wall_s"] for r in mine)
+            rss = max(r["peak_rss_mib"] for r in mine)
+            line = (f"{label}: {router}, {mine[0]['replicas']} replicas: median {cpu:.2f} s CPU, {wall:.1f} s wall, "
+                    f"peak RSS {rss} MiB over {len(mine)} run(s)")
+            if router != "single":
+                if label in single:
+                    ratio = cpu / single[label]
+                    line += f"; {ratio:.2f}x the single engine's {single[label]:.2f} s"
+                    if args.case == "ratio":
+                        line += f" (target under 2x: {'met' if ratio < 2.0 else 'missed'})"
+                if args.case == "fleet" and args.limit is None:
+                    line += f" (target under 15 s of CPU: {'met' if cpu < 15.0 else 'missed'})"
+                if targets is not None:
+                    wall_t, rss_t = targets
+                    ok = wall < wall_t and rss < rss_t
+                    line += f" (target under {wall_t:g} s and {rss_t:.0f} MiB: {'met' if ok else 'missed'})"
+            lines.append(line + "\n")
+    return "".join(lines)
 
 
 if __name__ == "__main__":
