@@ -132,6 +132,12 @@ def test_request_columns_name_both_legs() -> None:
     assert block["prefill"]["computed_tokens"] == int((rq["prompt_tokens"] - rq["hit_tokens"]).sum())
     roles = [r["role"] for r in res.summary["cluster"]["replicas"]]
     assert roles == ["prefill"] * 2 + ["decode"] * 3
+    steps = res.steps
+    for role, ids in (("prefill", [0, 1]), ("decode", [2, 3, 4])):
+        mine = steps[steps["replica"].isin(ids)]
+        assert block[role]["busy_s"] == pytest.approx(float(mine["duration"].sum()))
+        worked = mine.loc[mine["scheduled_tokens"] > 0, "duration"]
+        assert block[role]["compute_s"] == pytest.approx(float(worked.sum()))
 
 
 def test_decode_waits_for_blocks_first_come_first_served() -> None:

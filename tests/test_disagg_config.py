@@ -76,5 +76,5 @@ def test_printed_summary_has_the_pools_line() -> None:
     text = render(res.summary, name="pd", folder="out", wall_time_s=1.0)
     (line,) = [ln for ln in text.splitlines() if ln.startswith("pools ")]
     tr = res.summary["cluster"]["disaggregation"]["transfers"]
-    assert line.startswith("pools       2 prefill (busy ") and " + 2 decode (busy " in line
+    assert line.startswith("pools       2 prefill (compute ") and " + 2 decode (compute " in line
     assert f"; {tr['count']} KV reads, " in line

@@ -262,9 +262,9 @@ def render(s: Mapping[str, Any], *, name: str, folder: str, wall_time_s: float,
         pre, dec, tr = pools["prefill"], pools["decode"], pools["transfers"]
         reads = (f"{exact(tr['count'])} KV reads, {sig(tr['bytes'] / 1e9)} GB, mean {seconds(tr['transfer_s_mean'])}, "
                  f"wait for decode blocks p90 {seconds(tr['kv_wait_s_p90'])}")
-        lines.append(f"pools       {pre['replicas']} prefill (busy {seconds(pre['busy_s'])}, "
+        lines.append(f"pools       {pre['replicas']} prefill (compute {seconds(pre['compute_s'])}, "
                      f"{count(pre['computed_tokens'])} prompt tokens computed) + {dec['replicas']} decode "
-                     f"(busy {seconds(dec['busy_s'])}); {reads}")
+                     f"(compute {seconds(dec['compute_s'])}); {reads}")
     wrap = textwrap.TextWrapper(width=width, initial_indent="diagnosis   ", subsequent_indent=" " * 12)
     if "cluster" in s:  # the one-engine diagnosis reads pool bounds; a fleet's names its routing
         line = _routing(s)

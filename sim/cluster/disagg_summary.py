@@ -18,7 +18,8 @@ A request refused at the prefill's intake keeps its one row. ``summary`` is the 
 these rows and every step; its prefix-cache counters are the prefill pool's (the decode pool's
 lookups find the KV that was just sent). ``cluster.replicas`` keeps one row per replica over the
 legs it served, with its ``role``; ``cluster.disaggregation`` splits the load (requests, prompt
-tokens computed, output tokens, busy time, steps) by pool and sums the transfers (count, bytes,
+tokens computed, output tokens, busy time, compute time -- busy without the empty steps spent
+waiting for a read -- steps) by pool and sums the transfers (count, bytes,
 seconds, wait for blocks: mean and p90). Imports neither simpy nor torch.
 """
 
@@ -107,7 +108,7 @@ def merge_legs(res: ClusterResult, legs: Mapping[str, Leg], where: Mapping[str, 
     block["replicas"] = rows
     busy = [r["busy_s"] for r in rows if r["role"] == "prefill"], [r["busy_s"] for r in rows if r["role"] == "decode"]
     block["load_imbalance_busy"] = max(_imbalance(busy[0]), _imbalance(busy[1]))
-    block["disaggregation"] = pd_block(out, rows, len(prefill_ids))
+    block["disaggregation"] = pd_block(out, rows, res.steps)
     summary["cluster"] = block
     res.summary = summary
     return res
@@ -118,8 +119,12 @@ def _imbalance(values: list[float]) -> float:
     return max(values) / mean if mean > 0 else math.nan
 
 
-def pd_block(requests: pd.DataFrame, rows: Sequence[Mapping[str, Any]], num_prefill: int) -> dict[str, Any]:
-    """``cluster.disaggregation``: load by pool and the transfers (see the module docstring)."""
+def pd_block(requests: pd.DataFrame, rows: Sequence[Mapping[str, Any]], steps: pd.DataFrame) -> dict[str, Any]:
+    """``cluster.disaggregation``: load by pool and the transfers (see the module docstring).
+    ``compute_s`` sums the steps that scheduled tokens; ``busy_s`` also counts the empty steps an
+    engine spent waiting for a read to land (``sim.cluster.disagg_hold``)."""
+    worked: dict[Any, float] = (steps[steps["scheduled_tokens"] > 0].groupby("replica")["duration"].sum().to_dict()
+                                if len(steps) else {})
     sides: dict[str, Any] = {}
     for role in ("prefill", "decode"):
         mine = [r for r in rows if r["role"] == role]
@@ -128,6 +133,7 @@ def pd_block(requests: pd.DataFrame, rows: Sequence[Mapping[str, Any]], num_pref
             "requests": int(sum(r["num_requests"] for r in mine)),
             "prompt_tokens": int(sum(r["prompt_tokens"] for r in mine)),
             "busy_s": float(sum(r["busy_s"] for r in mine)),
+            "compute_s": float(sum(float(worked.get(r["replica"], 0.0)) for r in mine)),
             "num_steps": int(sum(r["num_steps"] for r in mine)),
             "load_imbalance_busy": _imbalance([r["busy_s"] for r in mine]),
         }
