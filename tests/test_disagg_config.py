@@ -78,3 +78,13 @@ def test_printed_summary_has_the_pools_line() -> None:
     tr = res.summary["cluster"]["disaggregation"]["transfers"]
     assert line.startswith("pools       2 prefill (compute ") and " + 2 decode (compute " in line
     assert f"; {tr['count']} KV reads, " in line
+
+
+def test_replicas_default_to_the_two_pools() -> None:
+    data = _data()
+    del data["cluster"]["replicas"]
+    cfg = config_from_dict(data)
+    assert cfg.cluster is not None and cfg.cluster.replicas == 4
+    data["cluster"]["replicas"] = 3  # given: it must match
+    with pytest.raises(ConfigError, match=r"prefill \+ decode \(2 \+ 2\) must be the fleet's 3 replicas"):
+        config_from_dict(data)

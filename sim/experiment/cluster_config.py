@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sim.experiment.disagg_config import DisaggregationConfig, check_disaggregation
+from sim.experiment.disagg_config import DisaggregationConfig, check_disaggregation, replicas_from_pools
 from sim.experiment.store_config import KVStoreConfig, check_store_cluster
 
 
@@ -223,6 +223,11 @@ class ClusterConfig(_Strict):
         if isinstance(value, list) and not value:
             raise ValueError("a cluster needs at least one replica group")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replicas_from_pools(cls, data: Any) -> Any:
+        return replicas_from_pools(data)  # disaggregation without replicas: the two pools' sum
 
     @model_validator(mode="before")
     @classmethod

@@ -2,10 +2,11 @@
 (``sim.cluster.disagg``).
 
 Keys: ``prefill`` and ``decode`` replica counts (the fleet's first ``prefill`` replicas prefill;
-their sum must be ``cluster.replicas``), ``link_gb_s`` (each decode replica's read bandwidth, GB/s,
-> 0), ``latency_s`` (per transfer, >= 0) and ``non_cached_tokens`` (llm-d's prefix-based P/D
-decider: with ``llm_d``, a prompt whose part not cached on its decode replica is shorter is served
-by the decode replica alone; 0, llm-d's default, always disaggregates).
+their sum must be ``cluster.replicas``, which it is when ``cluster.replicas`` is not given),
+``link_gb_s`` (each decode replica's read bandwidth, GB/s, > 0), ``latency_s`` (per transfer,
+>= 0) and ``non_cached_tokens`` (llm-d's prefix-based P/D decider: with ``llm_d``, a prompt whose
+part not cached on its decode replica is shorter is served by the decode replica alone; 0,
+llm-d's default, always disaggregates).
 
 Refused, each in one line naming the key: 0 prefill or 0 decode replicas, a bandwidth <= 0, counts
 that are not the fleet's, a router without a P/D rule (``cluster.router``; the ones with one:
@@ -33,6 +34,17 @@ class DisaggregationConfig(BaseModel):
     link_gb_s: Annotated[float, Field(gt=0)]
     latency_s: Annotated[float, Field(ge=0)] = 0.0
     non_cached_tokens: Annotated[int, Field(ge=0)] = 0
+
+
+def replicas_from_pools(data: Any) -> Any:
+    """A ``cluster:`` mapping with ``disaggregation`` and no ``replicas``: the fleet is its two pools
+    (``replicas`` = ``prefill + decode``); anything else unchanged (the model checks it)."""
+    if not isinstance(data, dict) or "replicas" in data or not isinstance(data.get("disaggregation"), dict):
+        return data
+    pools = [data["disaggregation"].get(k) for k in ("prefill", "decode")]
+    if all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pools):
+        return {**data, "replicas": pools[0] + pools[1]}
+    return data
 
 
 def check_disaggregation(cluster: Any) -> None:
