@@ -253,3 +253,12 @@ def test_every_format_example_of_the_docs_page_converts(tmp_path):
         src.write_text(block)
         s = convert(src, tmp_path / f"{fmt}.out.jsonl", ConvertOptions(format=fmt, tokenizer="approx"))
         assert s.records == (2 if fmt == "sharegpt" else 3) and s.rejected_lines == 0
+
+
+def test_a_repeated_record_id_is_named_apart(tmp_path, model):
+    """Two records with one id: the second request keeps its place, named ``id#index`` (its index
+    among the spooled requests), escapes kept."""
+    recs = [{"id": 'c"1', "messages": [{"role": "user", "content": f"q{i}"}], "usage": {"completion_tokens": 2},
+             "created": 100 + i} for i in range(3)]
+    reqs, _ = _convert(_jsonl(tmp_path / "r.jsonl", recs), model)
+    assert [r.id for r in reqs] == ['c"1', 'c"1#1', 'c"1#2']
