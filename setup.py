@@ -4,12 +4,13 @@ Two kinds, both built by ``pip install -e .`` with the system C compiler, both o
 build fails the install still succeeds and the same code runs interpreted (same results, slower).
 
 * **Cython** (``.pyx`` sources): ``sim/core/compiled_pool.pyx`` (the compiled block pool),
-  ``sim/core/compiled_hash.pyx`` (the fast hash chain over runs), ``workloads/trace_scan.pyx``
+  ``sim/core/compiled_hash.pyx`` (the fast hash chain over runs), ``sim/core/offload/chunk_table.pyx``
+  (the CPU tier's LRU chunk table), ``workloads/trace_scan.pyx``
   (the trace line scanner), ``workloads/bounds_scan.pyx`` (the policy loops of the offline
   references) and ``sim/cluster/compiled_index.pyx`` (the routers' KV-event index). Without them
   ``sim.core.pool_impl`` says once that it falls back to the Python pool, the hash uses its numpy
   code, traces the stdlib ``json`` path, the offline references their Python loops and the
-  routers the Python index.
+  routers the Python index, and the CPU tier the Python manager.
 * **mypyc** (``sim.core.native_build.ENGINE_MODULES``): the engine's per-step modules -- the request, scheduler, KV
   manager and coordinator, the executor interface and the replay's step loop and decode window --
   compiled from their own typed ``.py`` source, which stays the code that runs without the build.
@@ -36,6 +37,7 @@ _MODULES = {
     "workloads.trace_scan": "workloads/trace_scan.pyx",
     "workloads.bounds_scan": "workloads/bounds_scan.pyx",
     "sim.cluster.compiled_index": "sim/cluster/compiled_index.pyx",
+    "sim.core.offload.chunk_table": "sim/core/offload/chunk_table.pyx",
 }
 
 

@@ -149,9 +149,10 @@ def test_lookup_stops_at_first_missing_chunk() -> None:
     st = con.state("x")
     st.update_offload_keys(1, 16)
     keys = st.keys
-    out = con.manager.prepare_store([keys[0], keys[2]], st.ctx)
-    assert out is not None
-    con.manager.complete_store(out.keys_to_store)
+    for i in (0, 2):  # (an offer names the index of its first key: the compiled tier reads it)
+        out = con.manager.prepare_store([keys[i]], st.ctx, i)
+        assert out is not None
+        con.manager.complete_store(out.keys_to_store)
     assert con.manager.lookup(keys[1]) is LookupResult.MISS
     assert con.get_num_new_matched_tokens(r, 0) == (16, True)
     assert con.get_num_new_matched_tokens(r, 32) == (16, True)  # from chunk 2: k2 then k3 missing

@@ -37,9 +37,15 @@ from typing import TYPE_CHECKING
 from sim.core.kv_cache_block import KVCacheBlock
 from sim.core.kv_cache_spec import cdiv
 from sim.core.offload.events import OffloadingEventsTracker
-from sim.core.offload.manager import CPUOffloadingManager, LookupResult
+from sim.core.offload.manager_impl import OffloadingManager, make_offloading_manager
 from sim.core.offload.policy import OffloadKey, ReqContext
-from sim.core.offload.request_state import ConnectorStats, JobStatus, RequestOffloadState
+from sim.core.offload.request_state import (
+    ConnectorStats,
+    JobStatus,
+    RequestOffloadState,
+    StepAllocations,
+    stored_indices,
+)
 from sim.core.request import PREEMPTED, Request
 from sim.core.transfer_job import KVConnectorMetadata, KVConnectorOutput, TransferJob
 
@@ -51,14 +57,17 @@ if TYPE_CHECKING:  # pragma: no cover
 class OffloadingConnectorScheduler:
     """The connector (see the module docstring). Methods change state unless they say Query."""
 
-    def __init__(self, config: OffloadConfig, block_size: int) -> None:
+    def __init__(self, config: OffloadConfig, block_size: int, manager_impl: str = "compiled") -> None:
         self.config = config
         self.block_size = block_size
         self.blocks_per_chunk = config.blocks_per_chunk
         self.tokens_per_chunk = block_size * config.blocks_per_chunk
         self.hashes_per_chunk = config.blocks_per_chunk  # the hash block size is the block size
         self.offload_prompt_only = config.offload_prompt_only
-        self.manager = CPUOffloadingManager(config.num_cpu_chunks, config.policy, config.store_threshold)
+        # (manager_impl: sim.core.offload.manager_impl -- the compiled LRU table or the Python manager)
+        self.manager: OffloadingManager = make_offloading_manager(
+            config.num_cpu_chunks, config.policy, config.store_threshold, self.tokens_per_chunk, manager_impl
+        )
         self.req_status: dict[str, RequestOffloadState] = {}
         self.jobs: dict[int, JobStatus] = {}
         self._job_counter = 0
@@ -68,7 +77,7 @@ class OffloadingConnectorScheduler:
         self.block_id_to_pending_jobs: dict[int, set[int]] = {}
         self._batch_load_jobs: list[TransferJob] = []
         self._batch_jobs_to_flush: set[int] = set()
-        self._batch_allocated_block_ids: set[int] = set()
+        self._batch_allocated = StepAllocations()  # vLLM _current_batch_allocated_block_ids
         self._finished_order: list[str] = []  # requests finished since the last step, in free order
         self.stats = ConnectorStats()
         # vLLM OffloadingEventsTracker (sim.core.offload.events): set by OffloadTier when the
@@ -84,7 +93,9 @@ class OffloadingConnectorScheduler:
     # -- requests -----------------------------------------------------------------------------
     def on_new_request(self, request: Request) -> None:
         """Start tracking a request (``Scheduler.add_request``)."""
-        self.req_status[request.request_id] = RequestOffloadState(request, ReqContext(request.request_id))
+        self.req_status[request.request_id] = RequestOffloadState(
+            request, ReqContext(request.request_id), track_positions=self.manager.needs_positions()
+        )  # (read per request: a fleet's shared store may swap the manager in after construction)
 
     def state(self, request_id: str) -> RequestOffloadState:
         """Query: a tracked request's state."""
@@ -156,15 +167,8 @@ class OffloadingConnectorScheduler:
             return 0
         num_chunks = min(cdiv(max_hit, tpc), len(keys))
         start = local // tpc
-        count = 0
-        pending = False
-        lookup = self.manager.lookup
-        for key in keys[start:num_chunks]:
-            res = lookup(key)
-            if res is LookupResult.MISS:
-                break
-            count += 1
-            pending |= res is LookupResult.HIT_PENDING
+        # (without KV events a pending chunk decides: the count past it is not needed)
+        count, pending = self.manager.lookup_run(keys, start, num_chunks, self.events_tracker is None)
         if count == 0:
             return 0
         if self.events_tracker is not None:  # vLLM record_lookup of every counted chunk
@@ -188,9 +192,7 @@ class OffloadingConnectorScheduler:
     ) -> None:
         """The request was allocated ``blocks`` (all of them); with ``num_external_tokens`` > 0,
         start its load (vLLM ``update_state_after_alloc``)."""
-        allocated = self._batch_allocated_block_ids
-        allocated.update([b.block_id for b in blocks])
-        allocated.discard(0)  # (the null block: never the request's own)
+        self._batch_allocated.add_blocks(blocks)
         if num_external_tokens == 0:
             return
         st = self.req_status[request.request_id]
@@ -205,7 +207,7 @@ class OffloadingConnectorScheduler:
         num_chunks = cdiv(num_cached, self.tokens_per_chunk)
         keys = st.keys[load_start // self.blocks_per_chunk : num_chunks] if num_pending_blocks else []
         st.next_stored_chunk_idx = num_chunks  # CHUNK_LEVEL policy: hits are not offered again
-        self.manager.prepare_load(keys, st.ctx)
+        self.manager.prepare_load(keys, st.ctx, load_start // self.blocks_per_chunk)
         job_id = self._new_job_id()
         self._batch_load_jobs.append(TransferJob(job_id, request.request_id, "load", num_pending_blocks))
         assert not st.transfer_jobs, "a load is only issued with no job in flight"
@@ -221,7 +223,7 @@ class OffloadingConnectorScheduler:
     def build_connector_meta(self, output: SchedulerOutput) -> KVConnectorMetadata:
         """The step's loads, stores and flushes (see the module docstring, step 3)."""
         hpc, tpc = self.hashes_per_chunk, self.tokens_per_chunk
-        allocated = self._batch_allocated_block_ids
+        allocated = self._batch_allocated
         status = self.req_status
         prompt_only = self.offload_prompt_only
         store_jobs: list[TransferJob] = []
@@ -237,13 +239,12 @@ class OffloadingConnectorScheduler:
             if s.new_blocks:
                 ids = [b.block_id for b in s.new_blocks]
                 st.block_ids.extend(ids)
-                allocated.update(ids)
+                allocated.add_ids(ids)
             n_after = s.num_computed_before + s.num_new_tokens
             prompt = req.num_prompt_tokens
             if prompt_only and n_after >= prompt and st.next_stored_chunk_idx * tpc > prompt - tpc:
                 continue  # a decode whose prompt is all offered: build_store_job's fast path
             self.build_store_job(st, n_after, store_jobs)
-        allocated.discard(0)  # (the null block is never allocated to a request)
         load_ids = {j.job_id for j in self._batch_load_jobs}
         flush = self._batch_jobs_to_flush
         for r in output.preempted:  # their in-flight jobs must land before the blocks are reused
@@ -251,8 +252,8 @@ class OffloadingConnectorScheduler:
             if st_p is not None:
                 flush.update(st_p.transfer_jobs - load_ids)
         pending = self.block_id_to_pending_jobs
-        if pending and not pending.keys().isdisjoint(allocated):
-            for bid in allocated:
+        if pending and not pending.keys().isdisjoint(allocated.ids()):
+            for bid in allocated.ids():
                 if bid in pending:
                     flush.update(pending[bid])
         # NOTE: vLLM iterates the finished_req_ids *set* (an order that depends on str hashing);
@@ -273,7 +274,7 @@ class OffloadingConnectorScheduler:
         self._commit_finished()
         self._batch_load_jobs = []
         self._batch_jobs_to_flush = set()
-        self._batch_allocated_block_ids = set()
+        self._batch_allocated = StepAllocations()
         self.step += 1
         return meta
 
@@ -324,7 +325,7 @@ class OffloadingConnectorScheduler:
         if num_chunks <= start:  # (vLLM's advance_stored_idx would change nothing)
             return
         new_keys = st.keys[start:num_chunks]
-        result = self.manager.prepare_store(new_keys, st.ctx)
+        result = self.manager.prepare_store(new_keys, st.ctx, start)
         if result is None:
             self.stats.allocation_failures += 1
             return
@@ -334,20 +335,18 @@ class OffloadingConnectorScheduler:
         if self.events_tracker is not None:  # vLLM record_store in _build_store_jobs
             self.events_tracker.record_store(st, start, new_keys, result.keys_to_store)
         bids = st.block_ids
+        everything = len(result.keys_to_store) == len(new_keys)  # (the usual case)
+        chunk_ids = [] if everything and late_sources is None else stored_indices(new_keys, result.keys_to_store, start)
+        src = []
         if late_sources is not None:
-            to_store = set(result.keys_to_store)
-            chunk_ids = [i for i, key in enumerate(new_keys, start) if key in to_store]
-            src = []
-        elif len(result.keys_to_store) == len(new_keys):  # every offered chunk is stored (the usual case)
+            pass
+        elif everything:
             src = bids[start * bpc : num_chunks * bpc]
-            if 0 in src:
-                src = [b for b in src if b != 0]
         else:
-            to_store = set(result.keys_to_store)
-            src = []
-            for idx, key in enumerate(new_keys, start):
-                if key in to_store:
-                    src.extend(b for b in bids[idx * bpc : (idx + 1) * bpc] if b != 0)
+            for i in chunk_ids:
+                src.extend(bids[i * bpc : (i + 1) * bpc])
+        if 0 in src:  # (the null block is no source)
+            src = [b for b in src if b != 0]
         st.next_stored_chunk_idx = max(st.next_stored_chunk_idx, num_chunks)
         job_id = self._new_job_id()
         st.transfer_jobs.add(job_id)
@@ -360,9 +359,10 @@ class OffloadingConnectorScheduler:
         self.stats.store_jobs += 1
         self.stats.blocks_stored += num_blocks
         if finished:  # its blocks are free now: watch them for re-allocation
+            allocated = self._batch_allocated.ids()
             for bid in src:
                 self.block_id_to_pending_jobs.setdefault(bid, set()).add(job_id)
-                if bid in self._batch_allocated_block_ids:
+                if bid in allocated:
                     self._batch_jobs_to_flush.add(job_id)
 
     # -- worker output ------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import enum
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sim.core.offload.arc import ARCCachePolicy
 from sim.core.offload.lru import LRUCachePolicy
@@ -56,11 +57,12 @@ class RequestCacheAccess:
 @dataclass(slots=True)
 class PrepareStoreOutput:
     """What ``prepare_store`` decided: the keys to copy (in offer order) and the keys it evicted;
-    ``chunks``: the chunks allocated for ``keys_to_store``, beside them (for ``complete_store``)."""
+    ``chunks``: the chunks allocated for ``keys_to_store``, beside them (for ``complete_store``):
+    ``ChunkStatus`` records here, chunk ids in the compiled tier (``chunk_table.pyx``)."""
 
     keys_to_store: list[OffloadKey]
     evicted_keys: list[OffloadKey]
-    chunks: list[ChunkStatus] = field(default_factory=list)
+    chunks: list[Any] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -195,8 +197,31 @@ class CPUOffloadingManager:
             return LookupResult.MISS
         return LookupResult.HIT if chunk.is_ready else LookupResult.HIT_PENDING
 
-    def prepare_load(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> None:
-        """Pin ready chunks for a load (they must all be resident and ready)."""
+    def needs_positions(self) -> bool:
+        """Query: yes -- the policies read a key's position from ``ReqContext.key_positions``."""
+        return True
+
+    def lookup_run(self, keys: list[OffloadKey], start: int, stop: int, stop_at_pending: bool) -> tuple[int, bool]:
+        """Query: ``(count, pending)``: the resident keys from ``keys[start]`` on, up to ``stop``,
+        before the first absent one, and whether one of them is pending (with ``stop_at_pending``
+        the count stops at the first pending one)."""
+        count = 0
+        pending = False
+        get = self.policy.get
+        for key in keys[start:stop]:
+            chunk = get(key)
+            if chunk is None:
+                break
+            count += 1
+            if chunk.ref_cnt < 0:
+                pending = True
+                if stop_at_pending:
+                    break
+        return count, pending
+
+    def prepare_load(self, keys: Sequence[OffloadKey], ctx: ReqContext, first: int = -1) -> None:
+        """Pin ready chunks for a load (they must all be resident and ready); ``first``: the index
+        of ``keys[0]`` in the request's keys (read by the compiled tier only)."""
         for key in keys:
             chunk = self.policy.get(key)
             assert chunk is not None and chunk.is_ready, f"chunk {key!r} is not loadable"
@@ -233,9 +258,10 @@ class CPUOffloadingManager:
         state.keys.extend(keys)
         return True
 
-    def prepare_store(self, keys: Sequence[OffloadKey], ctx: ReqContext) -> PrepareStoreOutput | None:
+    def prepare_store(self, keys: Sequence[OffloadKey], ctx: ReqContext, first: int = -1) -> PrepareStoreOutput | None:
         """Allocate chunks for the absent keys of an offer (see the module docstring); None when
-        they cannot all be allocated (then no chunk was allocated or evicted)."""
+        they cannot all be allocated (then no chunk was allocated or evicted). ``first``: as in
+        ``prepare_load``."""
         if self.counts is None and keys:
             state = self._access(ctx)
             if self._fresh_offer(keys, state):

@@ -7,14 +7,17 @@ Invariants: ``keys[i]`` is the hash of the request's GPU block ``(i + 1) * block
 request's GPU block table as the scheduler reported it (cleared at every lookup, whole on admission,
 extended by each step's new blocks); ``next_stored_chunk_idx`` only grows between lookups; at any
 time ``transfer_jobs`` holds either one load or any number of stores. Imports nothing from the
-project beyond ``sim.core.request`` and this package.
+project beyond ``sim.core.request``, ``sim.core.kv_cache_block`` and this package.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from sim.core.offload.policy import ChunkStatus, OffloadKey, ReqContext
+from sim.core.kv_cache_block import KVCacheBlock
+from sim.core.offload.policy import OffloadKey, ReqContext
 from sim.core.request import FINISHED_ABORTED, Request
 
 
@@ -41,7 +44,7 @@ class JobStatus:
     keys: list[OffloadKey]
     is_store: bool
     source_block_ids: list[int] = field(default_factory=list)
-    chunks: list[ChunkStatus] = field(default_factory=list)
+    chunks: list[Any] = field(default_factory=list)  # the manager's records of them (opaque here)
 
 
 @dataclass(slots=True)
@@ -59,6 +62,9 @@ class RequestOffloadState:
     load_step: int = -1  # the schedule() step that started the last load
     transfer_jobs: set[int] = field(default_factory=set)
     finished_signaled: bool = False
+    # the Python manager's policies read each key's position from ctx.key_positions; the compiled
+    # tier takes a key's index instead (chunk_table.pyx), so the dict is not built for it
+    track_positions: bool = True
 
     def update_offload_keys(self, hashes_per_chunk: int, tokens_per_chunk: int) -> None:
         """Extend ``keys`` with the request's newly full chunks (vLLM ``update_offload_keys``)."""
@@ -67,6 +73,9 @@ class RequestOffloadState:
         hashes = self.req.block_hashes
         if len(hashes) < hashes_per_chunk * (n + 1):
             return  # no new full chunk (the usual decode step)
+        if not self.track_positions:
+            keys.extend(hashes[hashes_per_chunk * (n + 1) - 1 :: hashes_per_chunk])
+            return
         positions = self.ctx.key_positions
         end = n * tokens_per_chunk
         for i in range(hashes_per_chunk * (n + 1) - 1, len(hashes), hashes_per_chunk):
@@ -97,3 +106,51 @@ class RequestOffloadState:
         if prompt_only:
             n = min(n, req.num_prompt_tokens)
         return self.storable_chunks(n, tokens_per_chunk, blocks_per_chunk)
+
+
+def stored_indices(offered: list[OffloadKey], stored: list[OffloadKey], start: int) -> list[int]:
+    """Query: the chunk indices of the ``stored`` keys of an offer of ``offered`` (the request's keys
+    from index ``start``); ``stored`` is a subsequence of ``offered`` in its order (``prepare_store``
+    keeps the offer's order) and a request's keys are distinct, so one walk pairs them."""
+    out: list[int] = []
+    j, n = 0, len(stored)
+    for i, key in enumerate(offered):
+        if j < n and key == stored[j]:
+            out.append(start + i)
+            j += 1
+    assert j == n, "the stored keys are not a subsequence of the offer"
+    return out
+
+
+class StepAllocations:
+    """The block ids allocated in one step (vLLM's ``_current_batch_allocated_block_ids``): the
+    lists the step hands over, made a set only when read -- only a finished request's store in
+    flight reads it (its source blocks are watched for re-allocation), so most steps never do."""
+
+    def __init__(self) -> None:
+        self._ids: list[list[int]] = []
+        self._blocks: list[list[KVCacheBlock]] = []
+        self._set: set[int] | None = None
+
+    def add_ids(self, ids: list[int]) -> None:
+        """Note ``ids`` as allocated in this step."""
+        self._ids.append(ids)
+        self._set = None
+
+    def add_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Note ``blocks`` (copied: the caller's list may change) as allocated in this step."""
+        self._blocks.append(list(blocks))
+        self._set = None
+
+    def ids(self) -> set[int]:
+        """Query: every id noted, the null block (0) left out."""
+        out = self._set
+        if out is None:
+            out = set()
+            for part in self._ids:
+                out.update(part)
+            for blocks in self._blocks:
+                out.update([b.block_id for b in blocks])
+            out.discard(0)
+            self._set = out
+        return out

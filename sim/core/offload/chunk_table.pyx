@@ -1,0 +1,345 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The compiled CPU tier under LRU (mirrors vLLM 0.33.0's ``CPUOffloadingManager``,
+``v1/kv_offload/cpu/manager.py``, with its ``LRUCachePolicy``, ``cpu/policies/lru.py``, and no
+``store_threshold``): the same calls, chunk ids, victims and counters as
+:class:`sim.core.offload.manager.CPUOffloadingManager` over ``LRUCachePolicy`` -- its oracle
+(``tests/test_offload_chunk_table.py`` drives both with the same random calls) -- with the chunks'
+state in C arrays indexed by chunk id instead of one Python object per chunk.
+
+* a chunk slot holds its key (a list by chunk id), ``ref_cnt`` (-1 being stored, 0 evictable,
+  > 0 pinned by loads) and its LRU rank ``(major, minor)``; an open-addressing table (linear
+  probing, at most half full, deletion by backward shift) maps a key's hash to its chunk id, a hit
+  confirmed by comparing the key itself (the same object, usually);
+* eviction takes the smallest ranks among the evictable, unprotected chunks, as vLLM's lazy
+  min-heap pops them: here a C binary heap of ``(major, minor, chunk id, version)`` where only an
+  entry whose version is its chunk's latest push counts (a rank change or a new readiness pushes
+  again; stale entries are skipped when popped, the heap is rebuilt when they outnumber the live);
+* ranks are vLLM's numbers: a request's rank at its first access, ``(rank, -position)`` for the
+  chunks it inserts or touches first (a touch only raises a rank), fresh ``(next_rank + 1, 0)``
+  per resident key at its finish, tail first and head last;
+* a request's access record is the chunk indices it observed (first time only): its keys are
+  slices of the connector's key list, so each call names the index of its first key (``first``)
+  and a key's position is ``(index + 1) * tokens_per_chunk``; a request's keys are distinct (each
+  hashes its whole prefix), and the finish re-ranks its observed keys by descending index, which
+  is vLLM's ``reversed(order_request_keys(...))``;
+* freed chunk ids are reused last-freed first, after the never-used ones (``_free_list.pop()``).
+
+Built by setuptools (``pip install -e .``); :mod:`sim.core.offload.manager_impl` uses the Python
+manager when this module is not built. Imports neither simpy nor torch.
+"""
+
+cimport cython
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.ref cimport PyObject
+from libc.stdint cimport int32_t, int64_t
+from libc.string cimport memmove
+from libc.stdlib cimport free, malloc, qsort, realloc
+
+from sim.core.offload.manager import LookupResult, ManagerStats, PrepareStoreOutput
+from sim.core.offload.policy import ChunkStatus
+
+
+_MISS, _HIT, _PENDING = LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING
+
+
+cdef struct Entry:
+    int64_t major
+    int64_t minor
+    int32_t slot
+    int32_t version
+
+
+cdef inline bint _less(const Entry* a, const Entry* b) noexcept nogil:
+    return a.major < b.major or (a.major == b.major and a.minor < b.minor)
+
+
+cdef int _compare(const void* a, const void* b) noexcept nogil:
+    return -1 if _less(<const Entry*>a, <const Entry*>b) else (1 if _less(<const Entry*>b, <const Entry*>a) else 0)
+
+
+cdef class _Access:
+    """One request's access record: ``seen[i]`` is its key at chunk index ``i`` once observed
+    (None before), ``rank`` its LRU rank (0: none yet), ``finished`` once committed."""
+
+    cdef list seen
+    cdef int64_t rank
+    cdef bint finished
+
+    def __cinit__(self) -> None:
+        self.seen = []
+        self.rank = 0
+        self.finished = False
+
+
+cdef class _TableCore:
+    """The C state of the LRU tier and its primitive operations (the heap, the access records);
+    :class:`LRUChunkTable` (``chunk_table_ops.pxi``) builds the manager's calls on them."""
+
+    cdef readonly int num_chunks
+    cdef readonly int num_allocated
+    cdef readonly long num_evictable
+    cdef readonly long num_write_pending
+    cdef int64_t tokens_per_chunk
+    cdef int64_t next_rank
+    cdef int32_t* tbl_slot  # the key table: chunk id per entry (-1: empty)
+    cdef Py_hash_t* tbl_hash  # the hash of that entry's key
+    cdef size_t tbl_mask
+    cdef list slot_keys  # chunk id -> key (None: free)
+    cdef list ids  # the chunk ids as Python ints, made once
+    cdef int32_t* ref_cnt
+    cdef int64_t* major
+    cdef int64_t* minor
+    cdef int32_t* version
+    cdef char* protected
+    cdef int32_t* free_stack
+    cdef int num_free_stack
+    cdef Entry* heap
+    cdef Py_ssize_t heap_size, heap_cap
+    cdef Entry* fifo  # [fifo_head, fifo_tail): entries in ascending rank, pushed in that order
+    cdef Py_ssize_t fifo_head, fifo_tail, fifo_cap
+    cdef int32_t* buf  # scratch: a call's chunk ids
+    cdef Py_ssize_t buf_cap
+    cdef long chunks_stored, chunks_evicted, chunks_loaded, allocations
+    cdef public object events  # (removed, keys) raw events while KV events are on, else None
+
+    def __cinit__(self, int num_chunks, int tokens_per_chunk) -> None:
+        if num_chunks < 1:
+            raise ValueError(f"the CPU tier needs at least one chunk, got {num_chunks}")
+        self.num_chunks = num_chunks
+        self.tokens_per_chunk = tokens_per_chunk
+        cdef size_t size = 16
+        while size < 2 * <size_t>num_chunks:
+            size *= 2
+        self.tbl_mask = size - 1
+        self.tbl_slot = <int32_t*>malloc(size * sizeof(int32_t))
+        self.tbl_hash = <Py_hash_t*>malloc(size * sizeof(Py_hash_t))
+        self.slot_keys = [None] * num_chunks
+        self.ids = list(range(num_chunks))
+        self.ref_cnt = <int32_t*>malloc(num_chunks * sizeof(int32_t))
+        self.major = <int64_t*>malloc(num_chunks * sizeof(int64_t))
+        self.minor = <int64_t*>malloc(num_chunks * sizeof(int64_t))
+        self.version = <int32_t*>malloc(num_chunks * sizeof(int32_t))
+        self.protected = <char*>malloc(num_chunks)
+        self.free_stack = <int32_t*>malloc(num_chunks * sizeof(int32_t))
+        self.heap_cap = 1024
+        self.heap = <Entry*>malloc(self.heap_cap * sizeof(Entry))
+        self.fifo_cap = 1024
+        self.fifo = <Entry*>malloc(self.fifo_cap * sizeof(Entry))
+        self.buf_cap = 1024
+        self.buf = <int32_t*>malloc(self.buf_cap * sizeof(int32_t))
+        if not (self.ref_cnt and self.major and self.minor and self.version and self.protected
+                and self.free_stack and self.heap and self.fifo and self.buf and self.tbl_slot and self.tbl_hash):
+            raise MemoryError()
+        cdef size_t i
+        for i in range(size):
+            self.tbl_slot[i] = -1
+        for i in range(num_chunks):
+            self.version[i] = 0
+            self.protected[i] = 0
+        self.events = None
+
+    def __dealloc__(self) -> None:
+        free(self.ref_cnt); free(self.major); free(self.minor); free(self.version)
+        free(self.protected); free(self.free_stack); free(self.heap); free(self.fifo); free(self.buf)
+        free(self.tbl_slot); free(self.tbl_hash)
+
+    # -- the entries: a FIFO of ascending ranks and a heap of the rest ------------------------
+    # A finish gives fresh ranks, larger than every rank before: they are appended to the FIFO,
+    # already in order, and popped from its head; the other entries (a running request's rank,
+    # a load's unpin) go to the heap. The smaller of the two heads is the next candidate.
+    cdef void _push_entry(self, Entry e) except *:
+        cdef Py_ssize_t i, parent
+        if self.heap_size == self.heap_cap:
+            self.heap_cap *= 2
+            self.heap = <Entry*>realloc(self.heap, self.heap_cap * sizeof(Entry))
+            if not self.heap:
+                raise MemoryError()
+        i = self.heap_size
+        self.heap_size += 1
+        while i > 0:
+            parent = (i - 1) >> 1
+            if not _less(&e, &self.heap[parent]):
+                break
+            self.heap[i] = self.heap[parent]
+            i = parent
+        self.heap[i] = e
+
+    cdef Entry _pop_entry(self):
+        cdef Entry top = self.heap[0]
+        cdef Entry last
+        cdef Py_ssize_t i = 0, child, n
+        self.heap_size -= 1
+        n = self.heap_size
+        if n:
+            last = self.heap[n]
+            while True:
+                child = 2 * i + 1
+                if child >= n:
+                    break
+                if child + 1 < n and _less(&self.heap[child + 1], &self.heap[child]):
+                    child += 1
+                if not _less(&self.heap[child], &last):
+                    break
+                self.heap[i] = self.heap[child]
+                i = child
+            self.heap[i] = last
+        return top
+
+    cdef void _fifo_append(self, Entry e) except *:
+        if self.fifo_tail == self.fifo_cap:
+            if self.fifo_head * 2 >= self.fifo_cap:  # the popped half: move the rest down
+                self.fifo_tail -= self.fifo_head
+                memmove(self.fifo, self.fifo + self.fifo_head, self.fifo_tail * sizeof(Entry))
+                self.fifo_head = 0
+            else:
+                self.fifo_cap *= 2
+                self.fifo = <Entry*>realloc(self.fifo, self.fifo_cap * sizeof(Entry))
+                if not self.fifo:
+                    raise MemoryError()
+        self.fifo[self.fifo_tail] = e
+        self.fifo_tail += 1
+
+    cdef inline Py_ssize_t _num_entries(self):
+        return self.heap_size + self.fifo_tail - self.fifo_head
+
+    cdef Entry _pop_min(self):
+        """The smallest entry, removed (there must be one)."""
+        cdef Entry e
+        if self.fifo_head < self.fifo_tail and (
+            self.heap_size == 0 or _less(&self.fifo[self.fifo_head], &self.heap[0])
+        ):
+            e = self.fifo[self.fifo_head]
+            self.fifo_head += 1
+            if self.fifo_head == self.fifo_tail:
+                self.fifo_head = self.fifo_tail = 0
+            return e
+        return self._pop_entry()
+
+    cdef void _push(self, int32_t s) except *:
+        """``s`` is evictable at its current rank: its entry (the only live one from now)."""
+        cdef Entry e
+        self.version[s] += 1
+        e.major, e.minor, e.slot, e.version = self.major[s], self.minor[s], s, self.version[s]
+        if self.fifo_head == self.fifo_tail or not _less(&e, &self.fifo[self.fifo_tail - 1]):
+            self._fifo_append(e)
+        else:
+            self._push_entry(e)
+        if self._num_entries() >= 2 * self.num_evictable + 64:
+            self._rebuild()
+
+    cdef void _rebuild(self) except *:
+        """Drop the stale entries: one live entry per evictable chunk, sorted into the FIFO."""
+        cdef Py_ssize_t i, n = 0
+        cdef Entry e
+        cdef list keys = self.slot_keys
+        if self.fifo_cap < self.num_evictable:
+            self.fifo_cap = self.num_evictable
+            self.fifo = <Entry*>realloc(self.fifo, self.fifo_cap * sizeof(Entry))
+            if not self.fifo:
+                raise MemoryError()
+        for i in range(self.num_allocated):
+            if self.ref_cnt[i] == 0 and <object>PyList_GET_ITEM(keys, i) is not None:
+                e.major, e.minor, e.slot, e.version = self.major[i], self.minor[i], <int32_t>i, self.version[i]
+                self.fifo[n] = e
+                n += 1
+        qsort(self.fifo, n, sizeof(Entry), _compare)
+        self.fifo_head, self.fifo_tail, self.heap_size = 0, n, 0
+
+    cdef inline bint _live(self, Entry* e):
+        cdef int32_t s = e.slot
+        return (self.version[s] == e.version and self.ref_cnt[s] == 0
+                and <object>PyList_GET_ITEM(self.slot_keys, s) is not None)
+
+    # -- helpers ------------------------------------------------------------------------------
+    cdef inline int32_t _slot(self, object key) except -2:
+        """Query: ``key``'s chunk id, or -1."""
+        cdef Py_hash_t h = hash(key)
+        cdef size_t i = <size_t>h & self.tbl_mask
+        cdef int32_t s
+        while True:
+            s = self.tbl_slot[i]
+            if s < 0:
+                return -1
+            if self.tbl_hash[i] == h:
+                other = <object>PyList_GET_ITEM(self.slot_keys, s)
+                if other is key or other == key:
+                    return s
+            i = (i + 1) & self.tbl_mask
+
+    cdef void _index_add(self, object key, int32_t s) except *:
+        """``key`` (absent) is now held by chunk ``s``."""
+        cdef Py_hash_t h = hash(key)
+        cdef size_t i = <size_t>h & self.tbl_mask
+        while self.tbl_slot[i] >= 0:
+            i = (i + 1) & self.tbl_mask
+        self.tbl_slot[i], self.tbl_hash[i] = s, h
+
+    cdef void _index_del(self, object key, int32_t s) except *:
+        """``key``, held by chunk ``s``, leaves the table; the entries after it in its probe run move
+        back where their own probe would find them first (no tombstones)."""
+        cdef size_t mask = self.tbl_mask, i = <size_t>hash(key) & mask, j, home
+        while self.tbl_slot[i] != s:
+            i = (i + 1) & mask
+        j = i
+        while True:
+            j = (j + 1) & mask
+            if self.tbl_slot[j] < 0:
+                break
+            home = <size_t>self.tbl_hash[j] & mask
+            if ((j - home) & mask) < ((j - i) & mask):
+                continue  # (its home lies after the hole: it stays)
+            self.tbl_slot[i], self.tbl_hash[i] = self.tbl_slot[j], self.tbl_hash[j]
+            i = j
+        self.tbl_slot[i] = -1
+
+    cdef int32_t* _scratch(self, Py_ssize_t n) except NULL:
+        if n > self.buf_cap:
+            self.buf_cap = max(n, 2 * self.buf_cap)
+            self.buf = <int32_t*>realloc(self.buf, self.buf_cap * sizeof(int32_t))
+            if not self.buf:
+                raise MemoryError()
+        return self.buf
+
+    cdef _Access _access(self, object ctx):
+        acc = ctx.access
+        if acc is None:
+            acc = _Access()
+            ctx.access = acc
+        return <_Access?>acc
+
+    cdef int64_t _rank(self, _Access acc):
+        """The request's rank, taken at its first access (vLLM ``_get_request_rank``)."""
+        if acc.rank == 0:
+            self.next_rank += 1
+            acc.rank = self.next_rank
+        return acc.rank
+
+    cdef bint _see(self, _Access acc, Py_ssize_t i, object key) except -1:
+        """Record chunk index ``i`` as observed; False when it already was."""
+        cdef list seen = acc.seen
+        cdef Py_ssize_t n = PyList_GET_SIZE(seen)
+        if i == n:  # (the usual case: offers run head to tail)
+            seen.append(key)
+            return True
+        if i > n:
+            seen.extend([None] * (i - n))
+            seen.append(key)
+            return True
+        if <object>PyList_GET_ITEM(seen, i) is not None:
+            return False
+        seen[i] = key
+        return True
+
+    cdef inline bint _seen(self, _Access acc, Py_ssize_t i):
+        return i < PyList_GET_SIZE(acc.seen) and <object>PyList_GET_ITEM(acc.seen, i) is not None
+
+    cdef void _touch(self, int32_t s, int64_t rank, int64_t minor) except *:
+        """vLLM ``on_request_access`` of one resident key: a touch only raises its rank."""
+        if self.major[s] > rank or (self.major[s] == rank and self.minor[s] >= minor):
+            return
+        self.major[s], self.minor[s] = rank, minor
+        if self.ref_cnt[s] == 0:
+            self._push(s)
+
+
+include "chunk_table_ops.pxi"

@@ -1,0 +1,342 @@
+"""The manager's calls on the compiled LRU tier (included by ``chunk_table.pyx``):
+:class:`LRUChunkTable` answers the calls of :class:`sim.core.offload.manager.CPUOffloadingManager`
+the connector makes -- ``prepare_store`` / ``prepare_load`` take the index of their first key in the
+request's key list (``first``) -- with the same results, op for op (see ``chunk_table.pyx``)."""
+
+
+cdef class LRUChunkTable(_TableCore):
+    """vLLM's ``CPUOffloadingManager`` with ``LRUCachePolicy`` in C arrays (module docstring).
+    Every method changes state unless it says Query."""
+
+    def needs_positions(self) -> bool:
+        """Query: no -- a key's position comes from its index (``first``), not ``ReqContext``."""
+        return False
+
+    # -- lookups ------------------------------------------------------------------------------
+    def lookup(self, key):
+        """Query: MISS, HIT (ready) or HIT_PENDING (its store is in flight)."""
+        cdef int32_t s = self._slot(key)
+        if s < 0:
+            return _MISS
+        return _HIT if self.ref_cnt[s] >= 0 else _PENDING
+
+    def lookup_run(self, list keys, Py_ssize_t start, Py_ssize_t stop, bint stop_at_pending):
+        """Query: ``(count, pending)``: the resident keys from ``keys[start]`` on, up to ``stop``, before
+        the first absent one, and whether one of them is pending (with ``stop_at_pending``, the count
+        stops at the first pending one)."""
+        cdef Py_ssize_t i, count = 0
+        cdef bint pending = False
+        cdef int32_t s
+        stop = min(stop, PyList_GET_SIZE(keys))
+        for i in range(start, stop):
+            s = self._slot(<object>PyList_GET_ITEM(keys, i))
+            if s < 0:
+                break
+            count += 1
+            if self.ref_cnt[s] < 0:
+                pending = True
+                if stop_at_pending:
+                    break
+        return count, pending
+
+    # -- loads --------------------------------------------------------------------------------
+    def prepare_load(self, list keys, ctx, Py_ssize_t first=-1) -> None:
+        """Pin the ready chunks of ``keys`` (the request's keys from index ``first``) for a load,
+        and record them as observed (a first observation touches the key's rank)."""
+        if first < 0:
+            raise ValueError("the compiled CPU tier needs the index of the first key (first)")
+        cdef Py_ssize_t i, n = PyList_GET_SIZE(keys)
+        cdef int32_t* slots = self._scratch(n)
+        cdef int32_t s
+        cdef int64_t rank = 0
+        for i in range(n):
+            s = self._slot(<object>PyList_GET_ITEM(keys, i))
+            assert s >= 0 and self.ref_cnt[s] >= 0, f"chunk {keys[i]!r} is not loadable"
+            slots[i] = s
+        for i in range(n):
+            s = slots[i]
+            if self.ref_cnt[s] == 0:
+                self.num_evictable -= 1  # (its heap entry goes stale: ref_cnt is not 0)
+            self.ref_cnt[s] += 1
+        self.chunks_loaded += n
+        acc = self._access(ctx)
+        for i in range(n):
+            if self._see(acc, first + i, <object>PyList_GET_ITEM(keys, i)):
+                if rank == 0:
+                    assert not acc.finished, "new cache keys observed after request finalization"
+                    rank = self._rank(acc)
+                self._touch(slots[i], rank, -(first + i + 1) * self.tokens_per_chunk)
+
+    def complete_load(self, keys) -> None:
+        """Unpin the chunks of a finished load."""
+        cdef int32_t s
+        for key in keys:
+            s = self._slot(key)
+            assert s >= 0 and self.ref_cnt[s] > 0, f"chunk {key!r} was not being loaded"
+            self.ref_cnt[s] -= 1
+            if self.ref_cnt[s] == 0:
+                self.num_evictable += 1
+                self._push(s)
+
+    # -- stores -------------------------------------------------------------------------------
+    def prepare_store(self, list keys, ctx, Py_ssize_t first=-1):
+        """Allocate chunks for the absent keys of an offer (the request's keys from index
+        ``first``): a ``PrepareStoreOutput``, or None when they cannot all be allocated (then no
+        chunk was allocated or evicted). Ready residents are observed (touched the first time),
+        pending ones ignored."""
+        if first < 0:
+            raise ValueError("the compiled CPU tier needs the index of the first key (first)")
+        cdef Py_ssize_t i, n = PyList_GET_SIZE(keys), num_to_store = 0
+        cdef int32_t* slots = self._scratch(n)
+        cdef int32_t s
+        cdef int64_t rank = 0
+        cdef bint fresh
+        acc = self._access(ctx)
+        fresh = not acc.finished
+        for i in range(n):
+            s = self._slot(<object>PyList_GET_ITEM(keys, i))
+            slots[i] = s
+            if s >= 0 or self._seen(acc, first + i):
+                fresh = False
+        if n == 0:
+            return PrepareStoreOutput([], [])
+        if fresh:  # every key absent and unseen (a prefill's new chunks): observed, all stored
+            for i in range(n):
+                self._see(acc, first + i, <object>PyList_GET_ITEM(keys, i))
+            self._rank(acc)
+            return self._store(keys, first, n, n, acc)
+        for i in range(n):
+            s = slots[i]
+            if s < 0:
+                num_to_store += 1
+            elif self.ref_cnt[s] < 0:
+                continue  # a pending resident is neither stored nor observed
+            if self._see(acc, first + i, <object>PyList_GET_ITEM(keys, i)):
+                if rank == 0:
+                    assert not acc.finished, "new cache keys observed after request finalization"
+                    rank = self._rank(acc)
+                if s >= 0:
+                    self._touch(s, rank, -(first + i + 1) * self.tokens_per_chunk)
+        if num_to_store == 0:
+            return PrepareStoreOutput([], [])
+        return self._store(keys, first, n, num_to_store, acc)
+
+    cdef object _store(self, list keys, Py_ssize_t first, Py_ssize_t n, Py_ssize_t num_to_store, _Access acc):
+        """``prepare_store``'s allocation of the absent keys (``slots[i] < 0``), evicting as needed;
+        the offer's ready residents are never victims."""
+        cdef int32_t* slots = self.buf
+        cdef Py_ssize_t i, num_to_evict = num_to_store - (self.num_free_stack + self.num_chunks - self.num_allocated)
+        cdef int32_t s
+        cdef int64_t rank, tpc = self.tokens_per_chunk
+        cdef bint ok
+        cdef list evicted = []
+        if num_to_evict > 0:
+            if num_to_evict > self.num_evictable:
+                return None
+            for i in range(n):
+                if slots[i] >= 0:
+                    self.protected[slots[i]] = 1
+            ok = self._evict(num_to_evict, n - num_to_store, evicted)
+            for i in range(n):
+                if slots[i] >= 0:
+                    self.protected[slots[i]] = 0
+            if not ok:
+                return None
+            self.chunks_evicted += num_to_evict
+            if self.events is not None:  # before the new chunks are inserted, as vLLM appends it
+                self.events.append((True, evicted))
+        rank = self._rank(acc)
+        cdef list to_store = keys if num_to_store == n else []
+        cdef list chunk_ids = []
+        cdef list slot_keys = self.slot_keys, ids = self.ids
+        for i in range(n):
+            if slots[i] >= 0:
+                continue
+            key = <object>PyList_GET_ITEM(keys, i)
+            if self.num_allocated < self.num_chunks:  # never-used ids first, then the last freed
+                s = self.num_allocated
+                self.num_allocated += 1
+            else:
+                self.num_free_stack -= 1
+                s = self.free_stack[self.num_free_stack]
+            slot_keys[s] = key
+            self._index_add(key, s)
+            self.ref_cnt[s] = -1
+            self.major[s] = rank
+            self.minor[s] = -(first + i + 1) * tpc
+            chunk_ids.append(<object>PyList_GET_ITEM(ids, s))
+            if num_to_store != n:
+                to_store.append(key)
+        self.num_write_pending += num_to_store
+        self.chunks_stored += num_to_store
+        self.allocations += 1
+        return PrepareStoreOutput(to_store, evicted, chunk_ids)
+
+    cdef bint _evict(self, Py_ssize_t n, Py_ssize_t num_protected, list out) except -1:
+        """Remove the ``n`` smallest-rank evictable, unprotected chunks (their keys appended to
+        ``out`` in eviction order, their ids pushed on the free stack); False, and nothing
+        changed, when there are fewer (vLLM ``evict``: protected entries are pushed back)."""
+        cdef Entry* picked = <Entry*>malloc((n + num_protected + 1) * sizeof(Entry))
+        if not picked:
+            raise MemoryError()
+        cdef Py_ssize_t i, num_picked = 0, num_deferred = 0
+        cdef Entry e
+        cdef int32_t s
+        try:
+            while num_picked < n and self._num_entries():
+                e = self._pop_min()
+                if not self._live(&e):
+                    continue
+                if self.protected[e.slot]:  # kept at the end of the buffer
+                    picked[n + num_deferred] = e
+                    num_deferred += 1
+                    continue
+                picked[num_picked] = e
+                num_picked += 1
+            for i in range(num_deferred):
+                self._push_entry(picked[n + i])
+            if num_picked < n:
+                for i in range(num_picked):
+                    self._push_entry(picked[i])
+                return False
+            for i in range(n):
+                s = picked[i].slot
+                key = <object>PyList_GET_ITEM(self.slot_keys, s)
+                out.append(key)
+                self._index_del(key, s)
+                self.slot_keys[s] = None
+                self.free_stack[self.num_free_stack] = s
+                self.num_free_stack += 1
+            self.num_evictable -= n
+            return True
+        finally:
+            free(picked)
+
+    def complete_store(self, keys, chunks=None) -> None:
+        """Make the chunks of a finished store ready and evictable; ``chunks``: the ids of its
+        ``PrepareStoreOutput`` (still pending: no lookup needed)."""
+        cdef list key_list = keys if isinstance(keys, list) else list(keys)
+        cdef int32_t s
+        cdef list ready
+        cdef bint fast = bool(chunks) and len(chunks) == len(key_list)
+        if fast:
+            for c in chunks:
+                if self.ref_cnt[<int32_t>c] >= 0:
+                    fast = False
+                    break
+        if fast:
+            for c in chunks:
+                s = <int32_t>c
+                self.ref_cnt[s] = 0
+                self.num_evictable += 1
+                self._push(s)
+            self.num_write_pending -= len(key_list)
+            if self.events is not None:
+                self.events.append((False, key_list))
+            return
+        ready = []
+        for key in key_list:
+            s = self._slot(key)
+            if s >= 0 and self.ref_cnt[s] < 0:
+                self.ref_cnt[s] = 0
+                self.num_evictable += 1
+                self.num_write_pending -= 1
+                self._push(s)
+                ready.append(key)
+        if ready and self.events is not None:
+            self.events.append((False, ready))
+
+    # -- finish -------------------------------------------------------------------------------
+    def on_request_finished(self, ctx) -> None:
+        """Commit the finished request's accesses (once): each observed resident key gets a fresh
+        rank, tail first and head last (vLLM ``LRUCachePolicy.on_request_finished``)."""
+        acc = ctx.access
+        if not isinstance(acc, _Access) or (<_Access>acc).finished:
+            return
+        (<_Access>acc).finished = True
+        cdef list seen = (<_Access>acc).seen
+        cdef Py_ssize_t i
+        cdef int32_t s
+        for i in range(PyList_GET_SIZE(seen) - 1, -1, -1):
+            key = <object>PyList_GET_ITEM(seen, i)
+            if key is None:
+                continue
+            s = self._slot(key)
+            if s < 0:
+                continue
+            self.next_rank += 1
+            self.major[s] = self.next_rank
+            self.minor[s] = 0
+            if self.ref_cnt[s] == 0:
+                self._push(s)
+
+    # -- queries ------------------------------------------------------------------------------
+    def num_free_chunks(self) -> int:
+        """Query: never-used plus freed chunks."""
+        return self.num_free_stack + self.num_chunks - self.num_allocated
+
+    def num_resident(self) -> int:
+        """Query: chunks holding a key (ready or not)."""
+        return self.num_allocated - self.num_free_stack
+
+    def usage(self) -> float:
+        """Query: vLLM's CPU cache usage gauge -- resident chunks not evictable, over capacity."""
+        return <double>(self.num_allocated - self.num_free_stack - self.num_evictable) / self.num_chunks
+
+    @property
+    def stats(self):
+        """Query: the cumulative counters (a fresh ``ManagerStats``)."""
+        return ManagerStats(chunks_stored=self.chunks_stored, chunks_evicted=self.chunks_evicted,
+                            chunks_loaded=self.chunks_loaded, stores_skipped=0, allocations=self.allocations)
+
+    @property
+    def policy(self):
+        """Query: this table, read as a policy (``get``, ``keys``)."""
+        return self
+
+    def get(self, key):
+        """Query: a ``ChunkStatus`` copy of ``key``'s chunk (id and ref_cnt), or None."""
+        cdef int32_t s = self._slot(key)
+        if s < 0:
+            return None
+        chunk = ChunkStatus(s)
+        chunk.ref_cnt = self.ref_cnt[s]
+        return chunk
+
+    def keys(self) -> list:
+        """Query: every resident key."""
+        return [k for k in self.slot_keys if k is not None]
+
+    @property
+    def ranks(self) -> dict:
+        """Query: every resident key's LRU rank, in vLLM's numbering."""
+        return {k: (self.major[s], self.minor[s]) for s, k in enumerate(self.slot_keys) if k is not None}
+
+    def eviction_order(self) -> list:
+        """Query: the evictable keys, next victim first."""
+        ranks = self.ranks
+        keys = [k for s, k in enumerate(self.slot_keys) if k is not None and self.ref_cnt[s] == 0]
+        return sorted(keys, key=ranks.__getitem__)
+
+    def check_integrity(self) -> None:
+        """Query: the index and the chunk ids agree, the counters count, and every evictable chunk
+        has exactly one live heap entry."""
+        cdef Py_ssize_t i
+        held = [self.tbl_slot[i] for i in range(self.tbl_mask + 1) if self.tbl_slot[i] >= 0]
+        assert len(held) == len(set(held)) == self.num_resident(), (len(held), self.num_resident())
+        for s in held:
+            key = self.slot_keys[s]
+            assert key is not None and self._slot(key) == s, "the key table does not find a chunk's key"
+        free_ids = [self.free_stack[i] for i in range(self.num_free_stack)]
+        assert all(self.slot_keys[s] is None for s in free_ids) and len(set(free_ids)) == len(free_ids)
+        resident = [s for s in range(self.num_allocated) if self.slot_keys[s] is not None]
+        assert self.num_evictable == sum(1 for s in resident if self.ref_cnt[s] == 0)
+        assert self.num_write_pending == sum(1 for s in resident if self.ref_cnt[s] == -1)
+        entries = [self.heap[i] for i in range(self.heap_size)]
+        entries += [self.fifo[i] for i in range(self.fifo_head, self.fifo_tail)]
+        live = [e for e in entries if self.version[e["slot"]] == e["version"] and self.ref_cnt[e["slot"]] == 0
+                and self.slot_keys[e["slot"]] is not None]
+        assert sorted(e["slot"] for e in live) == sorted(s for s in resident if self.ref_cnt[s] == 0), "entries are off"
+        assert all((e["major"], e["minor"]) == (self.major[e["slot"]], self.minor[e["slot"]]) for e in live)
+        fifo = [(self.fifo[i].major, self.fifo[i].minor) for i in range(self.fifo_head, self.fifo_tail)]
+        assert fifo == sorted(fifo), "the FIFO is out of order"
