@@ -190,3 +190,27 @@ def test_one_replica_with_an_empty_store_equals_the_single_engine_with_attributi
         assert (r0.requests[FLEET_MISS_COLUMN] == 0).all() and r0.blocks["resident_on"].isna().all()
         pd.testing.assert_frame_equal(single.requests, r0.requests.drop(columns=[FLEET_MISS_COLUMN]))
         pd.testing.assert_frame_equal(single.blocks, r0.blocks.drop(columns=["resident_on"]))
+
+
+def test_a_store_runs_summary_and_explain_name_the_remote_source(tmp_path: Any, capsys: Any) -> None:
+    import json
+    from pathlib import Path
+
+    from sim.cli.main import main
+
+    out = tmp_path / "run"
+    root = Path(__file__).resolve().parents[1]
+    assert main(["run", str(root / "configs/chat_synthetic.yaml"), "--set", "workload.limit=60", "--set",
+                 "engine.vllm_version=0.33.0", "--set", "cluster.replicas=2", "--set",
+                 "cluster.kv_store={capacity_blocks: 3000}", "--set", "replay.attribution=full", "--out", str(out),
+                 "--no-bounds"]) == 0
+    text = capsys.readouterr().out
+    s = json.loads((out / "summary.json").read_text())
+    assert "KV store (external_kv_transfer)" in text and "CPU tier" not in text
+    assert f"kv store    {s['kv_store']['num_blocks']:,} blocks (LRU" in text
+    rq = pd.read_parquet(out / "requests.parquet")
+    rid = str(rq.loc[rq["remote_hit_tokens"] > 0, "request_id"].iloc[0])
+    assert main(["explain", str(out), "--request", rid, "--json"]) == 0
+    e = json.loads(capsys.readouterr().out)
+    assert e["remote_hit_tokens"] == int(rq.set_index("request_id").loc[rid, "remote_hit_tokens"]) > 0
+    assert any(b["cause"] == "remote_hit" for b in e["blocks"])

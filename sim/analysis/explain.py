@@ -120,8 +120,8 @@ def explain(run_dir: Path, request_id: str, router: str | None = None) -> dict[s
         "prompt_tokens": int(row["prompt_tokens"]),
         "hit_tokens": int(row["hit_tokens"]),
     }
-    if tier:
-        out["cpu_hit_tokens"] = ext
+    if tier:  # a fleet's shared store is its replicas' tier: its loads are remote hits
+        out["remote_hit_tokens" if "remote_hit_tokens" in row.index else "cpu_hit_tokens"] = ext
     if "replica" in row.index:  # a cluster run: where it ran, under which router
         out.update(router=router or _primary_router(run_dir), replica=int(row["replica"]))
     out.update({
@@ -201,9 +201,11 @@ def render(e: dict[str, Any], all_blocks: bool = False) -> str:
     """``apcsim explain``'s text: a header, the causes, then one line per run of consecutive blocks
     with the same cause (``all_blocks``: one line per block), and the vocabulary mapping."""
     ns = ", ".join(f"{k} {v!r}" for k, v in e["namespace"].items()) or "no salt, no LoRA"
-    tier = "cpu_hit_tokens" in e
+    ext_key = "remote_hit_tokens" if "remote_hit_tokens" in e else "cpu_hit_tokens"
+    tier = ext_key in e
     width = 17 if tier else 15  # the cause column fits cpu_partial_chunk
-    hits = f"{e['hit_tokens']} GPU hit, {e['cpu_hit_tokens']} CPU hit" if tier else f"{e['hit_tokens']} hit"
+    source = "remote" if ext_key == "remote_hit_tokens" else "CPU"
+    hits = f"{e['hit_tokens']} GPU hit, {e[ext_key]} {source} hit" if tier else f"{e['hit_tokens']} hit"
     where = f" on replica {e['replica']} ({e['router']} router)" if "replica" in e else ""
     lines = [
         f"request {e['request_id']}{where}: {e['prompt_tokens']} prompt tokens, {hits}, "

@@ -155,6 +155,8 @@ def _tiers(s: Mapping[str, Any]) -> list[str]:
         return []
     pts = s.get("prompt_tokens_by_source") or {}
     ext = s.get("external_prefix_cache") or {}
+    if "kv_store" in s:  # a fleet's shared store is its replicas' tier (sim.cluster.kv_store_summary)
+        return _store_lines(s["kv_store"], by_source, pts, ext)
     cpu = s.get("cpu_tier") or {}
     size = (s.get("engine") or {}).get("cpu_tier") or {}
     lines = [
@@ -180,6 +182,23 @@ def _tiers(s: Mapping[str, Any]) -> list[str]:
         + f": {exact(cpu.get('chunks_stored'))} stored, {exact(cpu.get('chunks_loaded'))} loaded, "
         f"{exact(cpu.get('chunks_evicted'))} evicted, {exact(cpu.get('allocation_failures'))} allocation failures")
     return lines
+
+
+def _store_lines(kv: Mapping[str, Any], by_source: Mapping[str, Any], pts: Mapping[str, Any],
+                 ext: Mapping[str, Any]) -> list[str]:
+    """:func:`_tiers` of a fleet with a shared KV store: its hit source ``remote`` and its counters."""
+    return [
+        "by tier     (prompt tokens of first admissions: vLLM 0.33.0 prompt_tokens_by_source)",
+        _row("GPU prefix cache (local_cache_hit)", f"{sig(by_source.get('gpu')):<7}",
+             f"{count(pts.get('local_cache_hit'))} tokens"),
+        _row("KV store (external_kv_transfer)", f"{sig(by_source.get('remote')):<7}",
+             f"{count(pts.get('external_kv_transfer'))} tokens loaded; the connectors found "
+             f"{sig(ext.get('hit_rate'))} of the {count(ext.get('queries'))} tokens the GPUs missed"),
+        f"kv store    {exact(kv.get('num_blocks'))} blocks ({str(kv.get('policy')).upper()}, per replica "
+        f"{sig(kv.get('read_gb_s'))} GB/s read, {sig(kv.get('write_gb_s'))} GB/s write): "
+        f"{exact(kv.get('blocks_stored'))} stored, {exact(kv.get('blocks_loaded'))} loaded, "
+        f"{exact(kv.get('blocks_evicted'))} evicted",
+    ]
 
 
 _TIER_LABELS = {"evicted": "evicted from both tiers", "cpu_partial_chunk": "CPU partial chunk"}
