@@ -212,5 +212,6 @@ def test_a_store_runs_summary_and_explain_name_the_remote_source(tmp_path: Any, 
     rid = str(rq.loc[rq["remote_hit_tokens"] > 0, "request_id"].iloc[0])
     assert main(["explain", str(out), "--request", rid, "--json"]) == 0
     e = json.loads(capsys.readouterr().out)
-    assert e["remote_hit_tokens"] == int(rq.set_index("request_id").loc[rid, "remote_hit_tokens"]) > 0
+    loaded = rq.loc[rq["request_id"] == rid, "remote_hit_tokens"].to_list()
+    assert [e["remote_hit_tokens"]] == loaded and loaded[0] > 0
     assert any(b["cause"] == "remote_hit" for b in e["blocks"])
