@@ -72,9 +72,10 @@ def test_one_replica_with_a_store_replays_the_single_engine_with_its_cpu_tier() 
     assert (kv["load_bytes"], kv["store_bytes"], kv["num_blocks"]) == (cpu["load_bytes"], cpu["store_bytes"], 700)
 
 
-def _golden(read_gb_s: float, latency_s: float) -> tuple[ClusterResult, int]:
+def _golden(read_gb_s: float, latency_s: float, write_gb_s: float = 50.0,
+            b_arrival: float = 1.0) -> tuple[ClusterResult, int]:
     cfg = _cfg({"replicas": 2, "router": "round_robin",
-                "kv_store": {"capacity_blocks": 100, "read_gb_s": read_gb_s, "write_gb_s": 50.0,
+                "kv_store": {"capacity_blocks": 100, "read_gb_s": read_gb_s, "write_gb_s": write_gb_s,
                              "latency_s": latency_s}},
                latency={"kind": "fixed", "step_time_s": 0.01})
     subs = [resolve(cfg)] * 2
@@ -83,7 +84,7 @@ def _golden(read_gb_s: float, latency_s: float) -> tuple[ClusterResult, int]:
     specs, _ = replica_specs(cfg, simulated_executor, build_latency, store)
     router, info = build_router(cfg)
     prompt = np.arange(1000, 1064)  # 4 full blocks of 16
-    stream = [TraceRequest("a", 0.0, prompt, 2), TraceRequest("b", 1.0, prompt, 2)]
+    stream = [TraceRequest("a", 0.0, prompt, 2), TraceRequest("b", b_arrival, prompt, 2)]
     res = ClusterReplay(specs, router, stream, router_info=info, integrity_check=True, kv_store=store).run()
     return res, store.spec.kv_bytes_per_block
 
@@ -108,6 +109,23 @@ def test_a_remote_hit_waits_for_its_transfer_on_the_clock(read_gb_s: float, late
     assert waited["duration"].sum() == pytest.approx(transfer, abs=1e-9)
     kv = res.summary["kv_store"]
     assert (kv["blocks_stored"], kv["blocks_loaded"], kv["load_bytes"]) == (4, 4, 4 * per_block)
+
+
+def test_a_lookup_on_another_replicas_pending_write_polls_until_it_lands() -> None:
+    """``a``'s 4 blocks take 0.839 s to write (0.01 GB/s), submitted at its second step's start (10 ms:
+    vLLM's worker defers a step's stores to the next step); ``b`` arrives at 0.1 s on replica 1, whose
+    lookup finds them still being written (HIT_PENDING: deferred). Replica 1 has nothing of its own
+    in flight, so it polls -- empty 1 ms steps -- until replica 0's output reports the write, then
+    loads the 4 blocks: its TTFT is the wait, the load and one 10 ms step."""
+    res, per_block = _golden(2.0, 0.0, write_gb_s=0.01, b_arrival=0.1)
+    rq = res.requests.set_index("request_id")
+    assert rq.loc["b", "remote_hit_tokens"] == 64 and rq.loc["b", "replica"] == 1
+    written = 0.01 + 4 * per_block / (0.01 * 1e9)
+    load = 4 * per_block / (2.0 * 1e9)
+    polls = res.steps[(res.steps["replica"] == 1) & (res.steps["start"] < written)]
+    assert (polls["scheduled_tokens"] == 0).all() and (polls["duration"].round(9) == 0.001).sum() >= len(polls) - 1
+    ttft = rq.loc["b", "ttft"]
+    assert written - 0.1 + load + 0.01 <= ttft + 1e-9 <= written - 0.1 + load + 0.01 + 0.001 + 1e-9
 
 
 def test_fleet_attribution_adds_up_with_the_store_as_a_hit_source() -> None:
