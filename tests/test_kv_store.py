@@ -124,7 +124,7 @@ def test_a_lookup_on_another_replicas_pending_write_polls_until_it_lands() -> No
     load = 4 * per_block / (2.0 * 1e9)
     polls = res.steps[(res.steps["replica"] == 1) & (res.steps["start"] < written)]
     assert (polls["scheduled_tokens"] == 0).all() and (polls["duration"].round(9) == 0.001).sum() >= len(polls) - 1
-    ttft = rq.loc["b", "ttft"]
+    ttft: float = rq["ttft"].to_dict()["b"]
     assert written - 0.1 + load + 0.01 <= ttft + 1e-9 <= written - 0.1 + load + 0.01 + 0.001 + 1e-9
 
 
