@@ -5,9 +5,10 @@ computed to one store, and looks the store up after its own GPU prefix cache. vL
 store through its KV-connector protocol, the one ``sim.core.offload`` models for vLLM 0.33.0's CPU
 tier, so the store **is** that tier's mechanism, shared -- no second one:
 
-* the store is one :class:`~sim.core.offload.manager.CPUOffloadingManager` (one capacity, one LRU or
-  ARC policy, chunks of one GPU block: the offload key is the block's hash, equal on every replica
-  that hashes alike); every replica's engine is built with an offload tier
+* the store is one CPU-tier manager (vLLM's ``CPUOffloadingManager``, built as the connector builds
+  its own: ``sim.core.offload.manager_impl``) -- one capacity, one LRU or ARC policy, chunks of one
+  GPU block: the offload key is the block's hash, equal on every replica that hashes alike; every
+  replica's engine is built with an offload tier
   (``CacheConfig.offload``: :meth:`KVStore.offload_config`) whose connector's manager is swapped for
   the store's right after the engine is built (:meth:`KVStore.attach`), before any request;
 * so each replica runs vLLM's connector protocol unchanged against the shared store: after the GPU
@@ -50,7 +51,7 @@ from dataclasses import dataclass
 
 from sim.core.config import OffloadConfig
 from sim.core.offload.events import OffloadingEventsTracker
-from sim.core.offload.manager import CPUOffloadingManager
+from sim.core.offload.manager_impl import OffloadingManager, make_offloading_manager
 from sim.core.scheduler import Scheduler
 from sim.replay.kv_transfer import LinkKVWorker
 from sim.timing.store_link import StoreLink
@@ -95,7 +96,7 @@ class StoreKVWorker(LinkKVWorker):
     A replica's own pending writes keep it stepping as in the CPU tier (``has_pending``)."""
 
     sched: Scheduler | None = None
-    manager: CPUOffloadingManager | None = None
+    manager: OffloadingManager | None = None
     num_polls: int = 0
 
     def _waits_on_others(self) -> bool:
@@ -124,7 +125,9 @@ class KVStore:
 
     def __init__(self, spec: StoreSpec) -> None:
         self.spec = spec
-        self.manager = CPUOffloadingManager(spec.num_blocks, spec.policy)
+        # the connector's own choice of manager (sim.core.offload.manager_impl: the compiled LRU
+        # table when built, else the Python CPUOffloadingManager), shared
+        self.manager: OffloadingManager = make_offloading_manager(spec.num_blocks, spec.policy, 0, spec.block_size)
         # one tracker for the fleet: placeholders with the block's hash, medium STORAGE
         self.tracker = OffloadingEventsTracker(spec.block_size, 1, False, MEDIUM_STORE)
         self._last: Scheduler | None = None  # the engine attached last
