@@ -168,3 +168,20 @@ def test_llm_d_decider_serves_cached_prompts_on_decode_alone() -> None:
 
 def test_pd_router_kinds_match_config() -> None:
     assert set(PD_ORDER) == set(PD_ROUTERS)
+
+
+@pytest.mark.parametrize("until, next_instant, now, expected", [
+    ({"a": 5.0}, 3.0, 1.0, 3.0),  # a request may arrive first: the engine polls then
+    ({"a": 5.0, "b": 4.0}, math.inf, 1.0, 4.0),  # the first landing
+    ({"a": 5.0}, math.inf, 5.0, 5.0),  # landing now: a step of no time (the landing runs first)
+    ({}, math.inf, 2.0, 2.0),
+])
+def test_hold_worker_waits_for_the_first_landing_or_routing_instant(
+        until: dict[str, float], next_instant: float, now: float, expected: float) -> None:
+    from sim.cluster.disagg_hold import HoldWorker
+
+    w = HoldWorker(lambda: next_instant)
+    w.until.update(until)
+    assert w.has_pending() == bool(until)
+    assert w.idle_until(0, now) == expected and w.start_step(0, now, None) == 0.0
+    assert w.finish_step(0, now).is_empty()

@@ -88,3 +88,19 @@ def test_replicas_default_to_the_two_pools() -> None:
     data["cluster"]["replicas"] = 3  # given: it must match
     with pytest.raises(ConfigError, match=r"prefill \+ decode \(2 \+ 2\) must be the fleet's 3 replicas"):
         config_from_dict(data)
+
+
+def test_slow_link_on_the_mooncake_sample_lands_every_read() -> None:
+    """60 Mooncake requests over 0.2 GB/s links: reads of tens of seconds hold prefill blocks, and
+    the engines poll for them. A landing scheduled an ulp after the float the link computed once
+    left an engine polling forever at that float (the holds now wait for the clock's own instant)."""
+    cfg = config_from_dict({
+        "name": "slow", "model": "llama-3-8b", "gpu": "H100-SXM", "engine": {"block_size": 16},
+        "workload": {"kind": "mooncake", "path": str(ROOT / "workloads/data/mooncake_conversation_sample.jsonl"),
+                     "limit": 60},
+        "cluster": {"router": "dynamo", "disaggregation": {"prefill": 4, "decode": 4, "link_gb_s": 0.2}},
+    })
+    res, _ = replay_experiment(cfg, progress=False)
+    block = res.summary["cluster"]["disaggregation"]
+    assert block["transfers"]["count"] == 60 and block["transfers"]["transfer_s_mean"] > 10
+    assert block["prefill"]["busy_s"] > block["prefill"]["compute_s"]  # the polls for held blocks

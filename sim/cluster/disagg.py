@@ -132,8 +132,9 @@ class PDClusterReplay(ClusterReplay):
         self.legs: dict[str, Leg] = {}
         self._awaiting: dict[int, deque[Leg]] = {d: deque() for d in self.decode_ids}
         self._admitting: dict[int, list[Leg]] = {d: [] for d in self.decode_ids}  # landed, blocks still held
-        self.holds = [HoldWorker() for _ in range(n)]
+        self.holds = [HoldWorker(lambda: self.next_time) for _ in range(n)]
         self._empty = {d: (-1.0, 0) for d in self.decode_ids}  # (time, count) of empty steps there
+        self._polls = [(-1.0, 0)] * n  # (time, count) of empty steps of no time, per replica
         self._open = 0  # prefill legs not yet landed
         self._routing: str | None = None
 
@@ -253,12 +254,15 @@ class PDClusterReplay(ClusterReplay):
             if done <= now:  # no time on the link: nothing is held across it
                 self._land(leg)
                 continue
+            wait = done - now
+            at = now + wait  # the instant the clock reaches (now + delay), which may be an ulp off done:
+            # the holds' engines wait for this one, or they would poll at done for a landing still ahead
             leg.held_prefill = self._hold_prefill(leg)
             if leg.held_prefill is not None:
-                self._hold(leg.prefill, leg.rr.request_id, done)
+                self._hold(leg.prefill, leg.rr.request_id, at)
             if leg.held_decode is not None:
-                self._hold(d, leg.rr.request_id, done)
-            self.clock.start(self._landing(leg, done - now))
+                self._hold(d, leg.rr.request_id, at)
+            self.clock.start(self._landing(leg, wait))
 
     def _landing(self, leg: Leg, wait: float) -> Iterator[Wait]:
         yield wait
@@ -299,6 +303,12 @@ class PDClusterReplay(ClusterReplay):
                 self._allocate(replica)
         if self.check_pd:
             self._check_replica(replica)
+        if row[3] == 0 and row[2] == 0.0:  # an empty step of no time: a hold polled at its landing
+            t, k = self._polls[replica]
+            self._polls[replica] = (row[1], k + 1 if t == row[1] else 1)
+            if k > 1000:  # (a landing is due in this instant; it cannot take a thousand polls)
+                raise ReplayError(f"replica {replica} at t={row[1]:.6f}s: its engine polls for a P/D transfer "
+                                  "that does not land")
 
     def _admitted(self, d: int, row: tuple[Any, ...]) -> None:
         """After a step of ``d``: release the holds of the loads whose request it admitted (the

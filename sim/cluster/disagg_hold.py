@@ -8,12 +8,16 @@ for the transfer, it does not fail. The replay's step loop has that behaviour fo
 worker (``sim.replay.kv_transfer.LinkKVWorker``: a step that schedules nothing lasts until the first
 pending job is done, and it is no stall while a job is pending); :class:`HoldWorker` is such a
 worker with no jobs of its own: *pending* while the replica holds blocks for a transfer, *done* at
-the transfer's landing. ``sim.cluster.disagg`` sets it on a replica's step runner while that replica
+the transfer's landing; an empty step waits until the landing or the cluster's next routing
+instant, whichever comes first (vLLM's engine polls: a request arriving meanwhile is scheduled at
+once). ``sim.cluster.disagg`` sets it on a replica's step runner while that replica
 holds blocks for a transfer and removes it when the last one lands, so a replica without holds steps
 exactly as a plain one. Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from sim.core.transfer_job import KVConnectorOutput
 from sim.replay.kv_transfer import ConnectorMetadataLike, LinkKVWorker
@@ -21,11 +25,13 @@ from sim.timing.transfer_link import TransferLink
 
 
 class HoldWorker(LinkKVWorker):
-    """The holds of one replica: request id -> landing time of the transfer holding its blocks."""
+    """The holds of one replica: request id -> landing time of the transfer holding its blocks;
+    ``next_instant`` is the cluster's next routing instant (an arrival may bring this replica work)."""
 
-    def __init__(self) -> None:
+    def __init__(self, next_instant: Callable[[], float]) -> None:
         super().__init__(TransferLink(float("inf")), 0)
         self.until: dict[str, float] = {}
+        self.next_instant = next_instant
 
     def has_pending(self) -> bool:
         """Query: a transfer holding this replica's blocks has not landed yet."""
@@ -36,8 +42,11 @@ class HoldWorker(LinkKVWorker):
         return 0.0
 
     def idle_until(self, step: int, now: float) -> float:
-        """Query: an empty step lasts until the first hold's transfer lands (``now`` if one does now)."""
+        """Query: an empty step lasts until the first hold's transfer lands or the next routing
+        instant, whichever comes first (``now`` if one is now): the engine polls, so a request routed
+        here while it waits is scheduled at once, as a plain idle engine's is."""
         first = min(self.until.values()) if self.until else now
+        first = min(first, self.next_instant())
         return first if first > now else now
 
     def finish_step(self, step: int, end: float) -> KVConnectorOutput:
