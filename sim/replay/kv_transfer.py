@@ -93,6 +93,16 @@ class LinkKVWorker:
         """Query: a job submitted and not yet reported, or a store not yet submitted."""
         return bool(self.in_flight) or bool(self._deferred_stores)
 
+    def next_done_at(self) -> float:
+        """Query: the first in-flight job's done time (inf: none; -inf while a store waits to be
+        submitted). A step with no new job whose end + ``ARRIVAL_EPS_S`` is before it submits and
+        reports nothing: ``start_step`` and ``finish_step`` would change nothing."""
+        if self._deferred_stores:
+            return float("-inf")
+        if not self.in_flight:
+            return float("inf")
+        return min([f.done_at for f in self.in_flight.values()])
+
     def _submit(self, job_id: int, job: TransferJobLike, now: float, first_report: int, load: bool) -> None:
         nbytes = job.num_blocks * self.bytes_per_block
         if load:

@@ -20,9 +20,10 @@ reports. A window of pure decodes plans none of that when the connector is *quie
   allocates in the window needs a flush;
 * the window has no tail (no prefill chunk: those would offer new chunks);
 * stores of running requests may be in flight: the worker reports them step by step inside the
-  window (:func:`play_window_transfers`); but then no step of the window may look the waiting head
-  up (a lookup that met a chunk still being stored would defer the head, and the waiting loop would
-  go on to the next request).
+  window (:func:`play_window_transfers`); but then a step of the window may look the waiting head
+  up only when the window offers nothing and the head meets no chunk still being stored (such a
+  lookup would defer the head, and the waiting loop would go on to the next request):
+  :func:`_head_lookups_stable`.
 
 With no store in flight the head's refused lookups are side-effect free (they find no pending chunk
 and only reset the store progress of a request that never ran). Requests finish only at a window's
@@ -39,12 +40,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sim.core.offload.request_state import RequestOffloadState
+from sim.core.offload.request_state import RequestOffloadState, catch_up, prompt_offered, prompts_offered
 from sim.core.offload.tier import OffloadTier
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.core.transfer_job import KVConnectorMetadata, KVConnectorOutput, TransferJob
 from sim.replay.decode_window import Window
+from sim.replay.intake import ARRIVAL_EPS_S
 from sim.replay.kv_transfer import LinkKVWorker
 
 
@@ -56,33 +58,21 @@ def tier_quiet(sched: Scheduler, tier: OffloadTier) -> bool:
                 or conn.has_step_work() or conn.block_id_to_pending_jobs or conn.chunks_being_loaded)
 
 
-def _prompt_offered(st: RequestOffloadState, r: Request, tpc: int, bpc: int) -> bool:
-    """Query: ``r`` computed its prompt and offered every storable chunk of it."""
-    prompt = r.num_prompt_tokens
-    if r.num_computed_tokens < prompt:
-        return False
-    # (past the prompt's last full chunk nothing is storable: no need to count)
-    idx = st.next_stored_chunk_idx
-    return idx * tpc > prompt - tpc or idx >= st.storable_chunks(prompt, tpc, bpc)
-
-
 def _offerers(sched: Scheduler, tier: OffloadTier, window: Window) -> list[Request] | None:
     """Query: the window's tail requests that offer chunks in it (see the module docstring), or
     None when the window is not allowed."""
     conn = tier.connector
     tpc, bpc, hpc = conn.tokens_per_chunk, conn.blocks_per_chunk, conn.hashes_per_chunk
     status = conn.req_status
-    for r in window.bulk:
-        st = status.get(r.request_id)
-        if st is None or not _prompt_offered(st, r, tpc, bpc):
-            return None  # (e.g. an offer left after an allocation failure)
+    if not prompts_offered(status, window.bulk, tpc, bpc):
+        return None  # (e.g. an offer left after an allocation failure)
     offerers: list[Request] = []
     max_len = sched.config.max_model_len
     for r, steps in zip(window.tail, window.tail_steps, strict=True):
         st = status.get(r.request_id)
         if st is None:
             return None
-        if _prompt_offered(st, r, tpc, bpc):
+        if prompt_offered(st, r, tpc, bpc):
             continue
         n_samples = sum(1 for s in steps if s.samples)
         if n_samples and (len(r.output_token_ids) + n_samples >= r.max_tokens or r.num_tokens + n_samples >= max_len):
@@ -104,7 +94,33 @@ def window_allowed(sched: Scheduler, tier: OffloadTier, window: Window) -> bool:
     if offerers is None:
         return False
     stores = bool(tier.connector.jobs or offerers)
-    return not (stores and (any(window.lookups) or tier.kv_events is not None))
+    if stores and tier.kv_events is not None:
+        return False
+    if stores and any(window.lookups):
+        return not offerers and _head_lookups_stable(sched, tier)
+    return True
+
+
+def _head_lookups_stable(sched: Scheduler, tier: OffloadTier) -> bool:
+    """Query: the waiting head's lookups in a window whose stores are in flight but none is offered
+    answer as with no store in flight: the head has no job in flight (else it is deferred) and none
+    of its chunks the tier holds is being stored. Such a window stores nothing new and evicts
+    nothing, and a store only completes in it, so every lookup -- from whatever GPU-hit boundary --
+    meets the same resident chunks, all ready."""
+    head = sched.waiting.peek()
+    conn = tier.connector
+    st = conn.req_status.get(head.request_id)
+    if st is None or st.transfer_jobs:
+        return False
+    bpc = conn.blocks_per_chunk
+    keys = head.block_hashes[bpc - 1 :: bpc]  # (the keys of its full chunks, as its lookup takes them)
+    i, n = 0, len(keys)
+    while i < n:  # each resident run, up to its first pending chunk
+        count, pending = conn.manager.lookup_run(keys, i, n, True)
+        if pending:
+            return False
+        i += count + 1  # (past the absent key that ended the run)
+    return True
 
 
 def play_window_transfers(
@@ -137,6 +153,7 @@ def play_window_transfers(
     if offerers or worker.has_pending():
         first = sched.step_index
         starts = window.starts
+        due = worker.next_done_at()
         for j in range(k):
             meta = None
             if offers[j]:
@@ -144,8 +161,11 @@ def play_window_transfers(
                 for st, n_after in offers[j]:
                     conn.build_store_job(st, n_after, jobs, late)
                 meta = KVConnectorMetadata([], jobs, set())
+            elif starts[j + 1] + ARRIVAL_EPS_S < due:
+                continue  # (the worker reports nothing in this step: its empty report changes nothing)
             worker.start_step(first + j, starts[j], meta)
             rep = worker.finish_step(first + j, starts[j + 1])
+            due = worker.next_done_at()
             if j < k - 1:
                 tier.update_from_kv_xfer_finished(rep)
             else:
@@ -164,19 +184,10 @@ def after_tier_window(
     conn.step += window.k
     kvm = sched.kv_cache_manager
     hpc, tpc, bpc = conn.hashes_per_chunk, conn.tokens_per_chunk, conn.blocks_per_chunk
-    held = kvm.request_ids()
-    for r in window.bulk + window.tail:
-        st = conn.req_status.get(r.request_id)
-        if st is None:
-            continue
-        st.update_offload_keys(hpc, tpc)
-        if r.request_id in held:  # (a request that finished at the last step holds none)
-            # its table only grew in the window: append the new tail (a copy of the whole table per
-            # window cost 1.5 s of a 2,000-request Mooncake bench)
-            blocks = kvm.get_blocks(r.request_id)
-            n = len(st.block_ids)
-            if len(blocks) > n:
-                st.block_ids.extend([b.block_id for b in blocks[n:]])
+    # (the window's new blocks are appended, not the whole table copied: a copy per window cost
+    # 1.5 s of a 2,000-request Mooncake bench)
+    catch_up(conn.req_status, window.bulk, kvm, hpc, tpc)
+    catch_up(conn.req_status, window.tail, kvm, hpc, tpc)
     for r, steps in zip(window.tail, window.tail_steps, strict=True):
         if any(s.samples for s in steps):  # scheduled past its prefill (vLLM _update_after_schedule)
             tier.inflight_prefills.pop(r.request_id, None)

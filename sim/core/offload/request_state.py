@@ -7,7 +7,8 @@ Invariants: ``keys[i]`` is the hash of the request's GPU block ``(i + 1) * block
 request's GPU block table as the scheduler reported it (cleared at every lookup, whole on admission,
 extended by each step's new blocks); ``next_stored_chunk_idx`` only grows between lookups; at any
 time ``transfer_jobs`` holds either one load or any number of stores. Imports nothing from the
-project beyond ``sim.core.request``, ``sim.core.kv_cache_block`` and this package.
+project beyond ``sim.core.request``, ``sim.core.kv_cache_block``, ``sim.core.kv_cache_manager`` and
+this package.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.core.kv_cache_block import KVCacheBlock
+from sim.core.kv_cache_manager import KVCacheManager
 from sim.core.offload.policy import OffloadKey, ReqContext
 from sim.core.request import FINISHED_ABORTED, Request
 
@@ -154,3 +156,49 @@ class StepAllocations:
             out.discard(0)
             self._set = out
         return out
+
+
+def prompt_offered(st: RequestOffloadState, r: Request, tokens_per_chunk: int, blocks_per_chunk: int) -> bool:
+    """Query: ``r`` computed its prompt and offered every storable chunk of it (its decode steps
+    offer nothing: ``offload_prompt_only``)."""
+    prompt = r.num_prompt_tokens
+    if r.num_computed_tokens < prompt:
+        return False
+    # (past the prompt's last full chunk nothing is storable: no need to count)
+    idx = st.next_stored_chunk_idx
+    return idx * tokens_per_chunk > prompt - tokens_per_chunk or idx >= st.storable_chunks(
+        prompt, tokens_per_chunk, blocks_per_chunk
+    )
+
+
+def prompts_offered(
+    status: dict[str, RequestOffloadState], requests: list[Request], tokens_per_chunk: int, blocks_per_chunk: int
+) -> bool:
+    """Query: every request of ``requests`` is tracked and :func:`prompt_offered` (a decode window's
+    bulk, checked at each window: compiled here, as the connector is)."""
+    for r in requests:
+        st = status.get(r.request_id)
+        if st is None or not prompt_offered(st, r, tokens_per_chunk, blocks_per_chunk):
+            return False
+    return True
+
+
+def catch_up(
+    status: dict[str, RequestOffloadState], requests: list[Request], kvm: KVCacheManager,
+    hashes_per_chunk: int, tokens_per_chunk: int,
+) -> None:
+    """Bring the states of ``requests`` up to date after a decode window (whose steps never ran the
+    connector): their keys, and their block ids, to which the blocks the window allocated are
+    appended (a table only grows in a window; a request that finished at its last step holds none)."""
+    held = kvm.request_ids()
+    for r in requests:
+        rid = r.request_id
+        st = status.get(rid)
+        if st is None:
+            continue
+        st.update_offload_keys(hashes_per_chunk, tokens_per_chunk)
+        if rid in held:
+            blocks = kvm.get_blocks(rid)
+            n = len(st.block_ids)
+            if len(blocks) > n:
+                st.block_ids.extend([b.block_id for b in blocks[n:]])
