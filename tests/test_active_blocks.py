@@ -13,10 +13,12 @@ from sim.cluster.active_blocks import ActiveBlocks
 
 
 @settings(max_examples=80, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), workers=st.sampled_from([1, 3, 70]))
-def test_overlaps_equal_the_per_worker_intersection(seed: int, workers: int) -> None:
+@given(seed=st.integers(0, 2**32 - 1), workers=st.sampled_from([1, 3, 70]), holders=st.sampled_from([None, True,
+                                                                                                   False]))
+def test_overlaps_equal_the_per_worker_intersection(seed: int, workers: int, holders: bool | None) -> None:
     rng = random.Random(seed)
-    blocks = ActiveBlocks(workers)
+    blocks = ActiveBlocks(workers, holders)
+    assert blocks.keep_holders == (workers > 32 if holders is None else holders)
     oracle: list[dict[int, int]] = [{} for _ in range(workers)]
     active: list[tuple[int, list[int]]] = []
     for _ in range(60):
@@ -48,3 +50,5 @@ def test_overlaps_equal_the_per_worker_intersection(seed: int, workers: int) -> 
             assert blocks.refs[w] == oracle[w]
         assert 0 not in got.values()
         assert all(blocks.holders.values())
+        if not blocks.keep_holders:
+            assert not blocks.holders

@@ -8,13 +8,15 @@ worker ``w``, ``active_blocks_w`` (distinct blocks held) and how many of a new p
 already active on ``w``.
 
 Counted worker by worker, the second is a set intersection per worker per request: with 256
-replicas that was most of a Dynamo fleet's routing time. Here each active hash also keeps the
-bitmask of the workers holding it, so a prompt is matched in one pass over its hashes (the masks
-counted in C by ``collections.Counter``), then one step per distinct mask and worker bit.
+replicas that was most of a Dynamo fleet's routing time. In a fleet of more than
+:data:`HOLDERS_FROM` workers each active hash also keeps the bitmask of the workers holding it, so a
+prompt is matched in one pass over its hashes (the masks counted in C by ``collections.Counter``),
+then one step per distinct mask and worker bit; a smaller fleet keeps the intersections (a handful
+of C set operations cost less than keeping the masks on every acquire and release).
 
 Invariants: ``refs[w][h]`` is the number of ``w``'s active requests whose prompt has block ``h``
-(never 0: a released block is deleted); bit ``w`` of ``holders[h]`` is set iff ``h in refs[w]``
-(``holders`` has no zero mask). ``overlaps`` equals ``len(refs[w].keys() & hashes)`` for every
+(never 0: a released block is deleted); with the masks kept, bit ``w`` of ``holders[h]`` is set iff
+``h in refs[w]`` (``holders`` has no zero mask). ``overlaps`` equals ``len(refs[w].keys() & hashes)`` for every
 worker (tested against that intersection). Imports neither simpy nor torch.
 """
 
@@ -23,19 +25,29 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
+HOLDERS_FROM = 32
+"""Fleets of more workers than this keep each active hash's holder mask (see the module docstring)."""
+
 
 class ActiveBlocks:
-    """Per-worker reference counts of active prompt blocks, and each block's holder mask."""
+    """Per-worker reference counts of active prompt blocks, and (large fleets) each block's holder
+    mask; ``holders_kept`` overrides the choice by fleet size (the tests run both ways)."""
 
-    __slots__ = ("refs", "holders")
+    __slots__ = ("refs", "holders", "keep_holders")
 
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, holders_kept: bool | None = None) -> None:
         self.refs: list[dict[int, int]] = [{} for _ in range(num_workers)]
         self.holders: dict[int, int] = {}
+        self.keep_holders = num_workers > HOLDERS_FROM if holders_kept is None else holders_kept
 
     def acquire(self, worker: int, hashes: Iterable[int]) -> None:
         """Changes state: a request with these prompt hashes is active on ``worker``."""
-        refs, holders, bit = self.refs[worker], self.holders, 1 << worker
+        refs = self.refs[worker]
+        if not self.keep_holders:
+            for h in hashes:
+                refs[h] = refs.get(h, 0) + 1
+            return
+        holders, bit = self.holders, 1 << worker
         for h in hashes:
             c = refs.get(h, 0)
             refs[h] = c + 1
@@ -45,6 +57,14 @@ class ActiveBlocks:
     def release(self, worker: int, hashes: Iterable[int]) -> None:
         """Changes state: a request with these prompt hashes ended on ``worker`` (acquired before)."""
         refs, holders, keep = self.refs[worker], self.holders, ~(1 << worker)
+        if not self.keep_holders:
+            for h in hashes:
+                c = refs[h] - 1
+                if c:
+                    refs[h] = c
+                else:
+                    del refs[h]
+            return
         for h in hashes:
             c = refs[h] - 1
             if c:
@@ -60,8 +80,9 @@ class ActiveBlocks:
     def clear(self, worker: int) -> None:
         """Changes state: ``worker`` holds nothing (it left the pool)."""
         bit = 1 << worker
-        for h in self.refs[worker]:
-            self._drop(h, bit)
+        if self.keep_holders:
+            for h in self.refs[worker]:
+                self._drop(h, bit)
         self.refs[worker].clear()
 
     def _drop(self, h: int, bit: int) -> None:
@@ -78,6 +99,13 @@ class ActiveBlocks:
     def overlaps(self, hashes: set[int]) -> dict[int, int]:
         """Query: per worker holding any, how many of ``hashes`` are active on it (absent: none)."""
         out: dict[int, int] = {}
+        if not self.keep_holders:
+            for w, refs in enumerate(self.refs):
+                if refs:
+                    n = len(refs.keys() & hashes)  # (walks the smaller side)
+                    if n:
+                        out[w] = n
+            return out
         for mask, n in Counter(filter(None, map(self.holders.get, hashes))).items():
             while mask:
                 low = mask & -mask
