@@ -159,3 +159,19 @@ def test_conversion_with_the_word_cache_writes_the_former_bytes(tmp_path):
                                              progress=False, batch=64, **kw))
             digests.add(hashlib.sha256(out.read_bytes()).hexdigest())
         assert len(digests) == 1, src.name
+
+
+def test_truncation_and_padding_of_the_tokenizer_file_are_off(tmp_path):
+    """A tokenizer.json carrying truncation (4 tokens) and padding (to 16): the prompt is encoded
+    whole and unpadded, as transformers' encode does unless asked, through every path."""
+    data = json.loads((shared_model_folder() / "tokenizer.json").read_text())
+    data["truncation"] = {"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0}
+    data["padding"] = {"strategy": {"Fixed": 16}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                       "pad_type_id": 0, "pad_token": "<|eot_id|>"}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    texts = ["the cache prefix token hit miss the cache<|eot_id|>x"]
+    want = load_tokenizer(str(shared_model_folder())).encode_batch(texts, cached=False)
+    assert len(want[0]) > 4
+    for words in (True, False):
+        tok = load_tokenizer(str(tmp_path / "tokenizer.json"), words=words)
+        assert tok.encode_batch(texts, cached=False) == tok.encode_batch(texts) == want

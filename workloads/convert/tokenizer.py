@@ -233,6 +233,11 @@ def load_tokenizer(spec: str | None, *, words: bool = True) -> Tokenizer:
     except Exception as exc:  # the Rust library raises plain Exception with its serde message
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TokenizerError(f"{file}:1: not a tokenizer the tokenizers library can load: {first}") from None
+    # a tokenizer.json may carry truncation and padding (a 512-token cap, a fixed length); transformers'
+    # encode turns both off unless asked (PreTrainedTokenizerFast.set_truncation_and_padding), as
+    # apply_chat_template(tokenize=True) and vLLM's prompts do: the whole prompt, nothing added
+    hf.no_truncation()
+    hf.no_padding()
     template, template_text = _template(file.parent)
     digest = hashlib.sha256(file.read_bytes() + template_text.encode()).hexdigest()[:16]
     name = file.parent.name if path.is_dir() else str(file)
