@@ -103,6 +103,8 @@ class Twins:
             assert runs[0] == runs[1] == runs[2], runs
         for k in keys:
             assert self.table.lookup(k) is self.oracles[0].lookup(k) is self.oracles[1].lookup(k)
+        firsts = [m.first_pending(keys[a:]) for m in self.managers()]
+        assert firsts[0] == firsts[1] == firsts[2], firsts
 
     def compare(self) -> None:
         t, g, h = (cast(Any, m) for m in self.managers())  # (each one's own queries)

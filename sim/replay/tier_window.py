@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from sim.core.offload.manager import LookupResult
 from sim.core.offload.request_state import RequestOffloadState, catch_up, prompt_offered, prompts_offered
 from sim.core.offload.tier import OffloadTier
 from sim.core.request import Request
@@ -102,24 +103,30 @@ def window_allowed(sched: Scheduler, tier: OffloadTier, window: Window) -> bool:
 
 
 def _head_lookups_stable(sched: Scheduler, tier: OffloadTier) -> bool:
-    """Query: the waiting head's lookups in a window whose stores are in flight but none is offered
-    answer as with no store in flight: the head has no job in flight (else it is deferred) and none
-    of its chunks the tier holds is being stored. Such a window stores nothing new and evicts
-    nothing, and a store only completes in it, so every lookup -- from whatever GPU-hit boundary --
-    meets the same resident chunks, all ready."""
+    """Query (its answer kept on the head's state): the waiting head's lookups in a window whose
+    stores are in flight but none is offered answer as with no store in flight: the head has no job
+    in flight (else it is deferred) and none of its chunks the tier holds is being stored. Such a
+    window stores nothing new and evicts nothing, and a store only completes in it, so every lookup
+    -- from whatever GPU-hit boundary -- meets the same resident chunks, all ready."""
     head = sched.waiting.peek()
     conn = tier.connector
     st = conn.req_status.get(head.request_id)
     if st is None or st.transfer_jobs:
         return False
+    # remembered from the last check: pending chunks appear only with a store (chunks_stored grows)
+    stored = conn.manager.stats.chunks_stored
+    if st.head_stable_at == stored:
+        return True
     bpc = conn.blocks_per_chunk
     keys = head.block_hashes[bpc - 1 :: bpc]  # (the keys of its full chunks, as its lookup takes them)
-    i, n = 0, len(keys)
-    while i < n:  # each resident run, up to its first pending chunk
-        count, pending = conn.manager.lookup_run(keys, i, n, True)
-        if pending:
-            return False
-        i += count + 1  # (past the absent key that ended the run)
+    i = st.head_pending_chunk
+    if 0 <= i < len(keys) and conn.manager.lookup(keys[i]) is LookupResult.HIT_PENDING:
+        return False
+    i = conn.manager.first_pending(keys)
+    if i >= 0:
+        st.head_stable_at, st.head_pending_chunk = -1, i
+        return False
+    st.head_stable_at = stored
     return True
 
 

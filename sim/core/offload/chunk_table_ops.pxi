@@ -39,6 +39,16 @@ cdef class LRUChunkTable(_TableCore):
                     break
         return count, pending
 
+    def first_pending(self, list keys) -> int:
+        """Query: the index of the first key of ``keys`` whose chunk is being stored, or -1."""
+        cdef Py_ssize_t i
+        cdef int32_t s
+        for i in range(PyList_GET_SIZE(keys)):
+            s = self._slot(<object>PyList_GET_ITEM(keys, i))
+            if s >= 0 and self.ref_cnt[s] < 0:
+                return i
+        return -1
+
     # -- loads --------------------------------------------------------------------------------
     def prepare_load(self, list keys, ctx, Py_ssize_t first=-1) -> None:
         """Pin the ready chunks of ``keys`` (the request's keys from index ``first``) for a load,

@@ -219,6 +219,15 @@ class CPUOffloadingManager:
                     break
         return count, pending
 
+    def first_pending(self, keys: list[OffloadKey]) -> int:
+        """Query: the index of the first key of ``keys`` whose chunk is being stored, or -1."""
+        get = self.policy.get
+        for i, key in enumerate(keys):
+            chunk = get(key)
+            if chunk is not None and chunk.ref_cnt < 0:
+                return i
+        return -1
+
     def prepare_load(self, keys: Sequence[OffloadKey], ctx: ReqContext, first: int = -1) -> None:
         """Pin ready chunks for a load (they must all be resident and ready); ``first``: the index
         of ``keys[0]`` in the request's keys (read by the compiled tier only)."""

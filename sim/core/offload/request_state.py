@@ -67,6 +67,10 @@ class RequestOffloadState:
     # the Python manager's policies read each key's position from ctx.key_positions; the compiled
     # tier takes a key's index instead (chunk_table.pyx), so the dict is not built for it
     track_positions: bool = True
+    # its last check as a decode window's waiting head (sim.replay.tier_window): the manager's
+    # chunks_stored when none of its chunks was pending (-1: unknown), or a pending chunk's index
+    head_stable_at: int = -1
+    head_pending_chunk: int = -1
 
     def update_offload_keys(self, hashes_per_chunk: int, tokens_per_chunk: int) -> None:
         """Extend ``keys`` with the request's newly full chunks (vLLM ``update_offload_keys``)."""
