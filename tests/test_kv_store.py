@@ -233,3 +233,28 @@ def test_a_store_runs_summary_and_explain_name_the_remote_source(tmp_path: Any, 
     loaded = rq.loc[rq["request_id"] == rid, "remote_hit_tokens"].to_list()
     assert [e["remote_hit_tokens"]] == loaded and loaded[0] > 0
     assert any(b["cause"] == "remote_hit" for b in e["blocks"])
+
+
+def test_fast_forward_equals_step_by_step_with_a_store() -> None:
+    """Decode windows on a replica whose waiting request polls on another replica's write (``c``
+    decodes 300 tokens on replica 1 while ``b`` waits there for ``a``'s blocks): the same tables with
+    the decode fast-forward on and off."""
+    def run(ff: bool) -> ClusterResult:
+        cfg = _cfg({"replicas": 2, "router": "round_robin",
+                    "kv_store": {"capacity_blocks": 100, "read_gb_s": 2.0, "write_gb_s": 0.01}},
+                   latency={"kind": "fixed", "step_time_s": 0.01}, replay={"fast_forward": ff})
+        store = build_store(cfg, [resolve(cfg)] * 2)
+        specs, _ = replica_specs(cfg, simulated_executor, build_latency, store)
+        router, info = build_router(cfg)
+        prompt = np.arange(1000, 1064)
+        stream = [TraceRequest("a", 0.0, prompt, 2), TraceRequest("c", 0.001, np.arange(5000, 5040), 300),
+                  TraceRequest("x", 0.05, np.arange(9000, 9030), 3), TraceRequest("b", 0.1, prompt, 2),
+                  TraceRequest("d", 0.2, np.arange(7000, 7100), 50)]
+        return ClusterReplay(specs, router, stream, router_info=info, integrity_check=True, kv_store=store).run()
+
+    fast, plain = run(True), run(False)
+    rq = fast.requests.set_index("request_id")
+    assert rq.loc["b", "replica"] == 1 and rq.loc["b", "remote_hit_tokens"] == 64
+    pd.testing.assert_frame_equal(fast.requests, plain.requests)
+    pd.testing.assert_frame_equal(fast.steps, plain.steps)
+    assert fast.summary == plain.summary
