@@ -92,7 +92,7 @@ class BatchConverter:
                 chat = self._chat(lineno, item)
                 out.stamped = chat.arrival is not None
                 plans.append((out, plan_chat(chat, self.tok.template, self.opts.turns,
-                                             self.opts.default_output_tokens)))
+                                             self.opts.default_output_tokens, not self.opts.reference)))
             except FieldProblem as exc:
                 out.problem = (exc.field, exc.problem)
         pieces = [p for _, plan in plans for p in plan.pieces]

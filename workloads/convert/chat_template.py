@@ -24,7 +24,7 @@ jinja2 only.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -33,6 +33,8 @@ import jinja2
 import jinja2.ext
 import jinja2.runtime
 import jinja2.sandbox
+
+from workloads.convert.template_parts import PartsRenderer, TemplateParts, split_template
 
 SPECIAL_TOKEN_KEYS = (
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
@@ -106,6 +108,7 @@ class ChatTemplate:
     special_tokens: Mapping[str, Any] = field(default_factory=dict)
     _compiled: dict[str, jinja2.Template] = field(default_factory=dict, init=False, repr=False)
     _base: dict[str, dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
+    _parts: dict[str, TemplateParts | None] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         env = _environment()
@@ -120,6 +123,7 @@ class ChatTemplate:
             raise TemplateRenderError("no default chat template (a list of templates needs one named 'default')",
                                       None)
         self.uses_clock = any("strftime_now" in s for s in self.templates.values())
+        self._parts = {name: split_template(env, source) for name, source in self.templates.items()}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], jinja_file: str | None = None) -> ChatTemplate | None:
@@ -146,16 +150,33 @@ class ChatTemplate:
         """The prompt text of ``messages`` (a lookup; changes nothing). Raises
         :class:`TemplateRenderError`."""
         name = "tool_use" if tools and "tool_use" in self._compiled else "default"
-        compiled = self._compiled[name]
-        # Template.render's steps with the globals merged once (_base): a fresh context per call
-        # merged the environment's globals again, half the cost of rendering a short chat
+        return self._run(self._compiled[name], name, {
+            "messages": messages, "tools": tools or None, "documents": None,
+            "add_generation_prompt": add_generation_prompt})
+
+    def parts(self, messages: Sequence[Mapping[str, Any]],
+              tools: Sequence[Any] | None = None) -> PartsRenderer | None:
+        """The chat's texts from the template's parts where it splits exactly
+        (``workloads.convert.template_parts``: each message rendered once), else None."""
+        name = "tool_use" if tools and "tool_use" in self._compiled else "default"
+        parts = self._parts.get(name)
+        if parts is None:
+            return None
+        return PartsRenderer(parts, lambda compiled, variables: self._chunks(compiled, name, variables), messages,
+                             tools)
+
+    def _run(self, compiled: jinja2.Template, name: str, variables: dict[str, Any]) -> str:
+        return "".join(self._chunks(compiled, name, variables))
+
+    def _chunks(self, compiled: jinja2.Template, name: str, variables: dict[str, Any]) -> Iterator[str]:
+        """The text ``compiled`` yields, chunk by chunk. Template.render's steps with the globals
+        merged once (_base): a fresh context per call merged the environment's globals again, half
+        the cost of rendering a short chat."""
         ctx = jinja2.runtime.new_context(
-            compiled.environment, compiled.name, compiled.blocks, {
-                **self._base[name], "messages": messages, "tools": tools or None, "documents": None,
-                "add_generation_prompt": add_generation_prompt}, shared=True)
+            compiled.environment, compiled.name, compiled.blocks, {**self._base[name], **variables}, shared=True)
         try:
             try:
-                return "".join(compiled.root_render_func(ctx))
+                yield from compiled.root_render_func(ctx)
             except Exception:
                 compiled.environment.handle_exception()  # re-raises with the template's lines in the traceback
                 raise  # pragma: no cover - handle_exception always raises

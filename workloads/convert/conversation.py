@@ -26,13 +26,14 @@ Imports sim.core / ``workloads`` only (neither simpy nor torch).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from workloads.convert.chat_template import ChatTemplate, TemplateRenderError
+from workloads.convert.template_parts import PartsRenderer
 from workloads.trace_format import MAX_OUTPUT_TOKENS, TraceRequest
 from workloads.trace_json import FieldProblem
 
@@ -75,9 +76,9 @@ class ChatPlan:
     defaulted: int = 0  # turns whose output length is the default
 
 
-def _render(template: ChatTemplate, chat: Chat, n: int, gen: bool) -> str:
+def _render(render: Callable[..., str], *args: Any) -> str:
     try:
-        return template.render(chat.messages[:n], add_generation_prompt=gen, tools=chat.tools)
+        return render(*args)
     except TemplateRenderError as exc:
         raise FieldProblem("messages", exc.describe()) from None
 
@@ -95,8 +96,11 @@ def _turn_points(chat: Chat) -> list[tuple[int, bool]]:
     return points
 
 
-def plan_chat(chat: Chat, template: ChatTemplate | None, turns: TurnMode, default_output: int) -> ChatPlan:
-    """Render ``chat`` and cut it into pieces (see the module docstring); raises ``FieldProblem``."""
+def plan_chat(chat: Chat, template: ChatTemplate | None, turns: TurnMode, default_output: int,
+              parts: bool = True) -> ChatPlan:
+    """Render ``chat`` and cut it into pieces (see the module docstring); raises ``FieldProblem``.
+    ``parts``: put the prompts together from the template's parts where it splits exactly
+    (``ChatTemplate.prefixes``; same text), else render each prompt whole (the former path)."""
     points = _turn_points(chat)
     if turns == "last":
         points = points[-1:]
@@ -111,19 +115,25 @@ def plan_chat(chat: Chat, template: ChatTemplate | None, turns: TurnMode, defaul
         plan.pieces.append(chat.messages[0]["content"])
         _final(plan, 1)
     else:
-        _cut(plan, template, points)
+        need = points[-1][0] + points[-1][1]  # the most messages a render below reads
+        split = template.parts(chat.messages[:need], chat.tools) if parts else None
+        if split is not None:
+            _cut_parts(plan, split, points)
+        else:
+            _cut(plan, lambda n, gen: template.render(chat.messages[:n], add_generation_prompt=gen,
+                                                      tools=chat.tools), points)
     if plan.turns[-1].answer_piece is None and plan.turns[-1].answer_tokens is None:
         plan.turns[-1].answer_tokens = default_output
         plan.defaulted += 1
     return plan
 
 
-def _cut(plan: ChatPlan, template: ChatTemplate, points: list[tuple[int, bool]]) -> None:
-    """Render the turns at ``points`` and append their pieces and turns to ``plan``."""
-    chat = plan.chat
+def _cut(plan: ChatPlan, render: Callable[[int, bool], str], points: list[tuple[int, bool]]) -> None:
+    """Render the turns at ``points`` (``render(n, gen)``: the template over the first ``n``
+    messages) and append their pieces and turns to ``plan``."""
     done = ""  # the text the pieces so far cover
     for n, rendered_answer in points:
-        prompt = _render(template, chat, n, True)
+        prompt = _render(render, n, True)
         if not prompt.startswith(done):
             raise FieldProblem("messages", f"the chat template renders the history before message {n} differently "
                                            "once later messages follow (not prefix-stable); try --turns last")
@@ -132,13 +142,41 @@ def _cut(plan: ChatPlan, template: ChatTemplate, points: list[tuple[int, bool]])
         if not rendered_answer:
             _final(plan, len(plan.pieces))
             break
-        full = _render(template, chat, n + 1, False)
+        full = _render(render, n + 1, False)
         if not full.startswith(prompt) or len(full) == len(prompt):
             raise FieldProblem("messages", f"the chat template does not render the answer at message {n} right "
                                            "after its generation prompt; try --turns last")
         plan.pieces.append(full[len(prompt):])
         plan.turns.append(_Turn(len(plan.pieces) - 1, len(plan.pieces) - 1, None))
         done = full
+
+
+def _cut_parts(plan: ChatPlan, split: PartsRenderer, points: list[tuple[int, bool]]) -> None:
+    """:func:`_cut` on a split template's texts: every render there is ``head + bodies[:n] +
+    tail(gen)``, so its checks and pieces are taken from the texts after the common prefix (same
+    pieces, same problems, raised at the same turn)."""
+    after: str | None = None  # the tail ending the covered text (None: nothing covered yet)
+    m = 0  # the messages whose bodies the pieces so far cover
+    for n, rendered_answer in points:
+        prompt = _render(split.segment, m, n, True)
+        if after is None:
+            assert split.head is not None
+            prompt = split.head + prompt
+        elif not prompt.startswith(after):
+            raise FieldProblem("messages", f"the chat template renders the history before message {n} differently "
+                                           "once later messages follow (not prefix-stable); try --turns last")
+        plan.pieces.append(prompt[len(after or ""):])
+        if not rendered_answer:
+            _final(plan, len(plan.pieces))
+            break
+        full = _render(split.segment, n, n + 1, False)
+        gen = split.tail(True)
+        if not full.startswith(gen) or len(full) == len(gen):
+            raise FieldProblem("messages", f"the chat template does not render the answer at message {n} right "
+                                           "after its generation prompt; try --turns last")
+        plan.pieces.append(full[len(gen):])
+        plan.turns.append(_Turn(len(plan.pieces) - 1, len(plan.pieces) - 1, None))
+        after, m = split.tail(False), n + 1
 
 
 def _final(plan: ChatPlan, prompt_pieces: int) -> None:
