@@ -38,6 +38,7 @@ _MODULES = {
     "workloads.bounds_scan": "workloads/bounds_scan.pyx",
     "sim.cluster.compiled_index": "sim/cluster/compiled_index.pyx",
     "sim.core.offload.chunk_table": "sim/core/offload/chunk_table.pyx",
+    "workloads.convert.word_scan": "workloads/convert/word_scan.pyx",
 }
 
 

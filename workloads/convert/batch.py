@@ -22,6 +22,7 @@ The outcomes are a pure function of the batch: the same output with any number o
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _string  # what json.dumps writes for a str
@@ -148,8 +149,11 @@ class BatchConverter:
 _WORKER: list[BatchConverter] = []  # the converter of a worker process (set by init_worker)
 
 
-def init_worker(opts: Any) -> None:
-    """Worker-process initializer: load the tokenizer once."""
+def init_worker(opts: Any, gc_threshold: int | None = None) -> None:
+    """Worker-process initializer: load the tokenizer once; ``gc_threshold``: the young
+    generation's collection threshold (``writer.fewer_collections``)."""
+    if gc_threshold is not None:
+        gc.set_threshold(gc_threshold, *gc.get_threshold()[1:])
     _WORKER[:] = [BatchConverter(opts)]
 
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,10 +138,10 @@ class Tokenizer:
         assert self._split is not None and self._hf is not None
         cache = self._cache
         cuts = [self._split.split(t) for t in texts]
-        missing = list({part for parts in cuts for part in parts if part and part not in cache})
+        missing = _missing(cuts, cache)
         if len(cache) + len(missing) > CACHE_LIMIT:
             self._reset_cache()
-            missing = list({part for parts in cuts for part in parts if part and part not in cache})
+            missing = _missing(cuts, cache)
         if self._words is not None:
             for part, text in zip(missing, self._words.encode(missing), strict=True):
                 cache[part] = (text, text.count(",") + 1 if text else 0, None)
@@ -172,12 +172,32 @@ class Tokenizer:
         """Each text's ids as ``(",".join(map(str, ids)), len(ids))`` (see the module docstring)."""
         if self._split is None:
             return [_entry(ids, self._id_text)[:2] for ids in self.encode_batch(texts)]
-        cache = self._cache
-        out: list[tuple[str, int]] = []
-        for parts in self._cuts(texts):
-            entries = [cache[part] for part in parts if part]
-            out.append((",".join([e[0] for e in entries if e[1]]), sum([e[1] for e in entries])))
-        return out
+        return _joined(self._cuts(texts), self._cache)
+
+
+def missing_parts(cuts: list[list[str]], cache: dict[str, Encoded]) -> list[str]:
+    """The distinct non-empty parts of ``cuts`` not in ``cache`` (the compiled
+    ``word_scan.missing``'s definition; any order)."""
+    return list({part for parts in cuts for part in parts if part and part not in cache})
+
+
+def joined_parts(cuts: list[list[str]], cache: dict[str, Encoded]) -> list[tuple[str, int]]:
+    """Per list of parts, its ids' text and count from ``cache`` (the compiled
+    ``word_scan.joined``'s definition)."""
+    out: list[tuple[str, int]] = []
+    for parts in cuts:
+        entries = [cache[part] for part in parts if part]
+        out.append((",".join([e[0] for e in entries if e[1]]), sum([e[1] for e in entries])))
+    return out
+
+
+_missing: Callable[[list[list[str]], dict[str, Encoded]], list[str]]
+_joined: Callable[[list[list[str]], dict[str, Encoded]], list[tuple[str, int]]]
+try:
+    from workloads.convert.word_scan import joined as _joined
+    from workloads.convert.word_scan import missing as _missing
+except ImportError:  # pragma: no cover - exercised where the extension is not built
+    _missing, _joined = missing_parts, joined_parts
 
 
 def _json_file(path: Path, what: str) -> Any:
