@@ -117,6 +117,27 @@ def test_transfer_time_on_the_clock_golden() -> None:
     assert (rq["ttft"] == rq["first_token"] - rq["arrival"]).all()
 
 
+def test_decode_loads_the_partial_last_block_and_recomputes_one_token_golden() -> None:
+    """vLLM 0.33.0's decode side (NixlPullConnectorScheduler.get_num_new_matched_tokens): the remote
+    tokens are the prompt less the local hit (``len(prompt) - num_computed_tokens``), their blocks
+    -- the partial last one included -- are allocated and read; at landing the full blocks are
+    cached and ``_update_waiting_for_remote_kv`` sets ``num_computed_tokens`` to the prompt, less the
+    one token a full prompt hit recomputes. ``a`` (100 tokens: 6 full blocks + 4 tokens) reads 7
+    blocks; ``c`` (64 tokens of ``a``'s prefix, then 40 new: 104 tokens) arrives once ``a`` is
+    cached on the decode replica: its 4 local blocks are not read, its 3 others are."""
+    a = TraceRequest("a", 0.0, np.arange(100), 3)
+    c = TraceRequest("c", 1.0, np.concatenate([np.arange(64), np.arange(9000, 9040)]), 3)
+    res = _pd("round_robin", 1, 1, [a, c], link_gb_s=1.0)
+    rq = res.requests.set_index("request_id")
+    assert rq.loc["a", "transfer_bytes"] == 7 * BYTES_PER_BLOCK and rq.loc["c", "transfer_bytes"] == 3 * BYTES_PER_BLOCK
+    assert rq.loc["a", "decode_hit_tokens"] == 99 and rq.loc["c", "decode_hit_tokens"] == 103
+    assert rq.loc["c", "hit_tokens"] == 64  # the prefill leg's own hit (a's freed blocks stay cached there)
+    steps = res.steps[res.steps["replica"] == 1]
+    # the decode replica computes one token per step: the admission's last prompt token, then the
+    # outputs (3 output tokens each: the admission samples the first)
+    assert (steps["scheduled_tokens"] <= 1).all() and int(steps["scheduled_tokens"].sum()) == 2 * 3
+
+
 def test_request_columns_name_both_legs() -> None:
     res = _pd("dynamo", 2, 3, _stream(40), link_gb_s=25.0)
     rq = res.requests
@@ -124,8 +145,8 @@ def test_request_columns_name_both_legs() -> None:
     assert set(rq["prefill_replica"]) <= {0, 1} and set(rq["decode_replica"]) <= {2, 3, 4}
     assert (rq["replica"] == rq["decode_replica"]).all()
     assert (rq["output_tokens"] == 12).all()  # the decode leg's, not the prefill leg's one token
-    # the decode recomputes at most the prompt's partial last block (16-token blocks)
-    assert ((rq["prompt_tokens"] - rq["decode_hit_tokens"]).between(1, 16)).all()
+    # the whole prompt is loaded, its partial last block too: the decode recomputes its last token
+    assert (rq["prompt_tokens"] - rq["decode_hit_tokens"] == 1).all()
     block = res.summary["cluster"]["disaggregation"]
     assert block["prefill"]["requests"] == block["decode"]["requests"] == 40
     assert block["transfers"]["bytes"] == int(rq["transfer_bytes"].sum())

@@ -15,24 +15,27 @@ legs, one request at a time:
    while the decode replica has no blocks for the read yet, vLLM holds them too and here they are
    only cached (a held pool that the engine cannot see would stall it with no read in flight);
 3. **decode side: lookup and allocation** -- ``get_num_new_matched_tokens`` reports the prompt's
-   tokens not cached locally as remote (``len(prompt) - num_computed_tokens``, an async load), the
-   scheduler allocates their blocks without caching them (``allocate_slots(...,
-   delay_cache_blocks=True)``, here ``UnitaryFullAttentionCoordinator.allocate_for_load``) and the
-   request waits (WAITING_FOR_REMOTE_KVS); a decode pool that cannot hold the blocks yet keeps the
-   request waiting, first come first served, retried at each of that replica's step ends;
-4. **the transfer** -- the new blocks' bytes (``kv_bytes_per_block`` each) cross the decode replica's
-   link (:class:`~sim.timing.transfer_link.TransferLink`, FIFO: the decode worker reads one
-   request's blocks after the other's, ``latency_s + bytes / bandwidth`` each). While blocks are held
-   for a read, the replica's engine waits for its landing instead of stalling
+   tokens not cached locally as remote (``len(prompt) - num_computed_tokens``, an async load: the
+   partial last block included), the scheduler allocates their blocks without caching them
+   (``allocate_slots(..., delay_cache_blocks=True)``, here ``UnitaryFullAttentionCoordinator.
+   allocate_for_load``, under the request's own id) and the request waits (WAITING_FOR_REMOTE_KVS);
+   the lookup's GPU-hit stats are recorded then, once. A decode pool that cannot hold the blocks yet
+   keeps the request waiting, first come first served, retried at each of that replica's step ends;
+4. **the transfer** -- the new blocks' bytes (``kv_bytes_per_block`` each; the blocks
+   ``update_state_after_alloc`` hands the worker: the unhashed ones, not the local hit) cross the
+   decode replica's link (:class:`~sim.timing.transfer_link.TransferLink`, FIFO: the decode worker
+   reads one request's blocks after the other's, ``latency_s + bytes / bandwidth`` each). While
+   blocks are held for a read, the replica's engine waits for its landing instead of stalling
    (``sim.cluster.disagg_hold``);
-5. **landing** -- ``finished_recving``: the loaded blocks are cached (``_update_waiting_for_remote_kv``:
-   ``cache_blocks``, BlockStored events on the decode replica) and stay held until the step that
-   admits the request; the request joins the decode replica's intake and is put first in its waiting
-   queue (``Scheduler.schedule`` in ``vllm/v1/core/sched/scheduler.py`` takes ``kv_holding_waiting``
-   before ``waiting``). Its lookup finds the landed blocks as a prefix hit. Gap, stated: vLLM
-   recomputes only the prompt's last token; the lookup here stops at the last full block before it,
-   so the decode recomputes the prompt's partial last block (at most ``block_size`` tokens,
-   ``decode_hit_tokens`` in the results).
+5. **landing** -- ``finished_recving``: ``_update_waiting_for_remote_kv`` caches the loaded full
+   blocks (``cache_blocks(request, num_computed_tokens)``, BlockStored events on the decode replica)
+   and, the whole prompt being computed, sets ``num_computed_tokens = len(prompt) - 1`` (a full
+   prompt hit recomputes its last token to sample the next). The request joins the decode replica's
+   intake owning the loaded blocks with those computed tokens; the engine admits it without a lookup
+   (vLLM looks a waiting request up only at ``num_computed_tokens == 0``; ``sim.core.scheduler``'s
+   plain waiting loop does the same), computing one token (``decode_hit_tokens`` = prompt - 1). It
+   is put first in the waiting queue (``Scheduler.schedule`` in ``vllm/v1/core/sched/scheduler.py``
+   takes ``kv_holding_waiting`` before ``waiting``).
 
 A transfer of zero seconds (an infinite bandwidth, no latency, an idle lane, decode blocks free at
 once) lands in the instant the prefill finished, without holding the prefill's blocks: then the prefill
@@ -61,7 +64,7 @@ from sim.cluster.disagg_summary import merge_legs
 from sim.cluster.replica import ReplicaSpec
 from sim.cluster.router import RouterRequest
 from sim.core.full_attention_coordinator import UnitaryFullAttentionCoordinator
-from sim.core.request import Request
+from sim.core.request import WAITING, Request
 from sim.core.scheduler import Scheduler
 from sim.replay.errors import ReplayError
 from sim.replay.intake import trace_int
@@ -181,9 +184,11 @@ class PDClusterReplay(ClusterReplay):
 
     # -- holds ---------------------------------------------------------------------------------
     def _probe(self, leg: Leg, sched: Scheduler, side: str) -> Request:
-        """A holder of ``leg``'s prompt blocks on one side (hashed as that replica hashes)."""
+        """A holder of ``leg``'s prompt blocks on one side (hashed as that replica hashes); the
+        decode side's holds them under the request's own id, which takes them over at landing."""
         tr = leg.rr.trace
-        return Request(f"{tr.id}\x00pd-{side}", tr.tokens, trace_int(tr, "output_tokens", tr.output_tokens),
+        rid = tr.id if side == "decode" else f"{tr.id}\x00pd-{side}"
+        return Request(rid, tr.tokens, trace_int(tr, "output_tokens", tr.output_tokens),
                        cache_salt=tr.salt, lora_name=tr.lora, prompt_logprobs=bool(tr.prompt_logprobs),
                        hasher=sched.hasher if sched.cache_config.enable_prefix_caching else None)
 
@@ -220,8 +225,8 @@ class PDClusterReplay(ClusterReplay):
         return holder
 
     def _release_decode(self, leg: Leg) -> None:
-        assert leg.held_decode is not None
-        self.replicas[leg.decode].scheduler.kv_cache_manager.free(leg.held_decode)
+        """The landed request holds the load's blocks itself now (admitted, finished or preempted):
+        only the engine's wait for them ends."""
         leg.held_decode = None
         self._unhold(leg.decode, leg.rr.request_id)
 
@@ -245,6 +250,8 @@ class PDClusterReplay(ClusterReplay):
             if not too_big and not coord.allocate_for_load(probe, local, hits, remote, False, 0, True):
                 return  # the head waits for blocks (vLLM: the waiting queue's head blocks admission)
             queue.popleft()
+            if not too_big:  # the lookup's GPU-hit stats, once, at the load's allocation (vLLM 0.33)
+                kvm.record_prefix_cache_stats(probe, local)
             now = self.clock.now
             leg.held_decode = None if too_big else probe
             leg.transfer_start = now
@@ -288,8 +295,16 @@ class PDClusterReplay(ClusterReplay):
         self._where[rid] = d
         replica = self.replicas[d]
         if replica.intake.push(replace(rr.trace, arrival=leg.landed)):
+            if leg.held_decode is not None:  # _update_waiting_for_remote_kv: the whole prompt is
+                # computed, and a full prompt hit recomputes its last token to sample the next one
+                request = replica.intake.pending[-1]
+                request.num_computed_tokens = request.num_tokens - 1
             replica.wake()
         else:
+            if leg.held_decode is not None:
+                replica.scheduler.kv_cache_manager.free(leg.held_decode)
+                self._admitting[d].remove(leg)
+                self._release_decode(leg)
             self.finished(d, rid)
         if not self._open:
             self._check_done()
@@ -325,7 +340,7 @@ class PDClusterReplay(ClusterReplay):
             if leg.held_decode is None:
                 continue  # (finished and released already)
             r = sched.requests.get(leg.rr.request_id)
-            if r is not None and r.num_computed_tokens > 0:
+            if r is not None and r.status != WAITING:  # admitted (then maybe preempted); None: in the intake
                 self._release_decode(leg)
             else:
                 keep.append(leg)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from sim.core.config import CacheConfig, SchedulerConfig
 from sim.core.hashing import BlockHasher
+from sim.core.kv_cache_coordinator import NO_HITS
 from sim.core.kv_cache_manager import KVCacheManager
 from sim.core.kv_events import EventSink
 from sim.core.offload.admission import schedule_waiting
@@ -226,10 +227,14 @@ class Scheduler:
                     skipped.append(self.waiting.pop_head())
                     self.deferred_waiting.add(request.request_id)
                     continue
-                hit_blocks, num_hits = kvm.get_computed_blocks(request)
-                if hold and num_hits < request.num_tokens - 1:
+                # vLLM looks a request up only at num_computed_tokens == 0; more: its finished KV load
+                # (a P/D read, sim.cluster.disagg) holds its blocks and set its computed tokens
+                loaded = request.num_computed_tokens
+                hit_blocks, num_hits = kvm.get_computed_blocks(request) if not loaded else (NO_HITS, 0)
+                done = loaded + num_hits
+                if hold and done < request.num_tokens - 1:
                     break  # 0.33: the cadence defers this admission's prefill
-                num_new = request.num_tokens - num_hits
+                num_new = request.num_tokens - done
                 if 0 < threshold < num_new:
                     num_new = threshold
                 if not cfg.enable_chunked_prefill and num_new > token_budget:
@@ -240,16 +245,17 @@ class Scheduler:
                                                 has_scheduled_reqs=bool(self.running))
                 if new_blocks is None:
                     break
-                kvm.record_prefix_cache_stats(request, num_hits)  # 0.33: once per admission
+                if not loaded:
+                    kvm.record_prefix_cache_stats(request, num_hits)  # 0.33: once per admission (looked up)
                 self.waiting.pop_head()
                 if self.deferred_waiting:
                     self.deferred_waiting.discard(request.request_id)
-                carried_prefill |= num_hits < request.num_tokens - 1
+                carried_prefill |= done < request.num_tokens - 1
                 self.running.append(request)
                 request.status = RequestStatus.RUNNING
-                request.num_computed_tokens = num_hits
+                request.num_computed_tokens = done
                 blocks = list(kvm.get_blocks(request.request_id))
-                scheduled_new.append(ScheduledRequest(request, num_new, num_hits, blocks, True, num_hits))
+                scheduled_new.append(ScheduledRequest(request, num_new, done, blocks, True, done))
                 token_budget -= num_new
             for r in reversed(skipped):
                 self.waiting.prepend(r)
