@@ -68,12 +68,15 @@ class _Fixed(Router):
 def test_infinite_bandwidth_hits_equal_plain_fleet_on_same_routing(router: str) -> None:
     """'Same routing': a plain fleet of the prefill pool's replicas (same ids, same engines), every
     request sent to the replica the P/D run prefilled it on, with one output token (the prefill
-    leg's max_tokens = 1). With a transfer of no time the prefill pool makes exactly that fleet's
-    engine operations, so every request's hit tokens are equal -- on a pool small enough to evict."""
-    reqs = _stream(90)
+    leg's max_tokens = 1). With a transfer of no time and decode blocks free at once the prefill pool
+    makes exactly that fleet's engine operations, so every request's hit tokens are equal -- on a
+    pool small enough to evict. (vLLM's prefill holds its blocks from its finish while the decode
+    side waits for blocks -- ``request_finished``'s delay_free_blocks -- so a read that waits makes
+    the prefill pool differ: the decode legs here are short enough that none waits.)"""
+    reqs = _stream(90, out=2)
     pd = _pd(router, 2, 2, reqs, link_gb_s=math.inf, num_gpu_blocks=60)
     rq = pd.requests.set_index("request_id")
-    assert (rq["transfer_s"] == 0).all() and (rq["prefill_replica"] < 2).all()
+    assert (rq["transfer_s"] == 0).all() and (rq["prefill_replica"] < 2).all() and (rq["kv_wait_s"] == 0).all()
     plain_cfg = _cfg("round_robin", 2, num_gpu_blocks=60)
     specs, _ = replica_specs(plain_cfg, simulated_executor, build_latency)
     one_token = [TraceRequest(r.id, r.arrival, r.tokens, 1) for r in reqs]
@@ -171,6 +174,26 @@ def test_decode_waits_for_blocks_first_come_first_served() -> None:
     assert rq.loc["a", "kv_wait_s"] == 0.0
     assert rq.loc["b", "kv_wait_s"] > 0
     assert rq.loc["b", "prefill_finish"] + rq.loc["b", "kv_wait_s"] >= rq.loc["a", "finish"] - 1e-12
+
+
+def test_prefill_holds_its_blocks_while_the_decode_waits_for_blocks() -> None:
+    """vLLM 0.33.0: ``request_finished`` returns delay_free_blocks at the prefill's finish and the
+    blocks stay held until the decode side's read completes (the lease, 30 s, renewed by the decode
+    side's heartbeats while it has the request). ``b`` waits for decode blocks until ``a`` finishes;
+    ``c`` (30 new blocks) reaches the prefill replica meanwhile: its pool of 59 has 29 free beside
+    ``b``'s 30 held blocks, so ``c`` is prefilled only once ``b``'s read has landed -- its engine
+    waiting for that landing, not stalling."""
+    a = TraceRequest("a", 0.0, np.arange(480), 30)  # 30 blocks each; each pool has 59
+    b = TraceRequest("b", 0.0, np.arange(5000, 5480), 30)
+    first = _pd("round_robin", 1, 1, [a, b], link_gb_s=10.0, num_gpu_blocks=60).requests.set_index("request_id")
+    t_c = float(first.loc["b", "prefill_finish"]) + 0.001
+    assert t_c < first.loc["b", "kv_arrival"]
+    c = TraceRequest("c", t_c, np.arange(9000, 9480), 2)
+    rq = _pd("round_robin", 1, 1, [a, b, c], link_gb_s=10.0, num_gpu_blocks=60).requests.set_index("request_id")
+    assert rq.loc["b", "kv_wait_s"] > 0
+    landed = rq.loc["b", "kv_arrival"]
+    assert rq.loc["c", "prefill_finish"] > landed  # admitted at the landing at the earliest
+    assert rq.loc["c", "prefill_finish"] - landed < 0.2  # (and then: its engine woke for it)
 
 
 def test_llm_d_decider_serves_cached_prompts_on_decode_alone() -> None:

@@ -9,11 +9,14 @@ legs, one request at a time:
    ``max_tokens = 1`` (the proxy's prefill request): an ordinary engine computes the prompt and
    samples one token, and finishes the request (FINISHED_LENGTH_CAPPED);
 2. **the prefill keeps its blocks** -- ``request_finished`` returns ``delay_free_blocks`` for a
-   request with ``do_remote_decode``: its blocks stay allocated until the decode side has read them
-   (``finished_sending``; or a lease expires). Here the prompt's cached full blocks are held
-   (touched by a holder) from the read's start to its landing, then freed, tail first. Gap, stated:
-   while the decode replica has no blocks for the read yet, vLLM holds them too and here they are
-   only cached (a held pool that the engine cannot see would stall it with no read in flight);
+   request with ``do_remote_decode``: its blocks stay allocated from the prefill's finish until the
+   decode side has read them (``finished_sending``), the lease (``kv_lease_duration``, 30 s) being
+   renewed by the decode side's heartbeats while it has the request -- so no expiry here. The
+   prompt's cached full blocks are held (touched by a holder) from the finish to the landing, then
+   freed, tail first; while the decode side waits for blocks the landing is not known and the
+   prefill's engine, if requests wait there, polls at the clock's events (``sim.cluster.disagg_hold``).
+   Residual: the partial last block, freed by the engine at the finish, is not held (at most one
+   block per read);
 3. **decode side: lookup and allocation** -- ``get_num_new_matched_tokens`` reports the prompt's
    tokens not cached locally as remote (``len(prompt) - num_computed_tokens``, an async load: the
    partial last block included), the scheduler allocates their blocks without caching them
@@ -40,7 +43,8 @@ legs, one request at a time:
 A transfer of zero seconds (an infinite bandwidth, no latency, an idle lane, decode blocks free at
 once) lands in the instant the prefill finished, without holding the prefill's blocks: then the prefill
 pool sees exactly the engine operations of a plain fleet whose requests have one output token
-(tested: each request's hit tokens equal that replay's, on the same prefill choices).
+(tested: each request's hit tokens equal that replay's, on the same prefill choices). A read that
+waits for decode blocks holds the prefill's blocks meanwhile, as vLLM does, and the pools differ.
 
 TTFT runs from the user's arrival to the decode replica's first token (the prefill queue, the
 prefill, the transfer and the decode's admission); TPOT is the decode side's. Every replica steps
@@ -55,10 +59,11 @@ import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from sim.cluster.cluster import ClusterReplay, ClusterResult
-from sim.cluster.disagg_hold import HoldWorker
+from sim.cluster.disagg_hold import Holds, HoldWorker
 from sim.cluster.disagg_router import PDRouter
 from sim.cluster.disagg_summary import merge_legs
 from sim.cluster.replica import ReplicaSpec
@@ -110,9 +115,10 @@ class Leg:
     transfer_bytes: int = 0
     held_prefill: Request | None = None  # the prefill blocks kept for the read (delay_free_blocks)
     held_decode: Request | None = None  # the decode blocks allocated for the load
+    hold_tried: bool = False  # the prefill's blocks were held (or nothing of them was cached)
 
 
-class PDClusterReplay(ClusterReplay):
+class PDClusterReplay(ClusterReplay, Holds):
     """A :class:`~sim.cluster.cluster.ClusterReplay` whose replicas form a prefill and a decode pool
     (see the module docstring); ``router`` routes both pools."""
 
@@ -135,7 +141,8 @@ class PDClusterReplay(ClusterReplay):
         self.legs: dict[str, Leg] = {}
         self._awaiting: dict[int, deque[Leg]] = {d: deque() for d in self.decode_ids}
         self._admitting: dict[int, list[Leg]] = {d: [] for d in self.decode_ids}  # landed, blocks still held
-        self.holds = [HoldWorker(lambda: self.next_time) for _ in range(n)]
+        self.holds = [HoldWorker(lambda: self.next_time, partial(self._next_event, i), partial(self._has_waiting, i))
+                      for i in range(n)]
         self._empty = {d: (-1.0, 0) for d in self.decode_ids}  # (time, count) of empty steps there
         self._polls = [(-1.0, 0)] * n  # (time, count) of empty steps of no time, per replica
         self._open = 0  # prefill legs not yet landed
@@ -181,6 +188,12 @@ class PDClusterReplay(ClusterReplay):
         leg.phase = WAIT_BLOCKS
         self._awaiting[leg.decode].append(leg)
         self._allocate(leg.decode)
+        if leg.phase == WAIT_BLOCKS:  # delay_free_blocks from the prefill's finish: held while the
+            # decode side waits for blocks (its heartbeats renew the lease), landing not known yet
+            leg.held_prefill = self._hold_prefill(leg)
+            leg.hold_tried = True
+            if leg.held_prefill is not None:
+                self._hold(leg.prefill, request_id, math.inf)
 
     # -- holds ---------------------------------------------------------------------------------
     def _probe(self, leg: Leg, sched: Scheduler, side: str) -> Request:
@@ -192,31 +205,14 @@ class PDClusterReplay(ClusterReplay):
                        cache_salt=tr.salt, lora_name=tr.lora, prompt_logprobs=bool(tr.prompt_logprobs),
                        hasher=sched.hasher if sched.cache_config.enable_prefix_caching else None)
 
-    def _hold(self, replica: int, request_id: str, until: float) -> None:
-        """The replica holds blocks for a transfer landing at ``until``: its engine waits for it
-        rather than stall (``sim.cluster.disagg_hold``)."""
-        worker = self.holds[replica]
-        worker.until[request_id] = until
-        self._set_worker(replica, worker)
-
-    def _unhold(self, replica: int, request_id: str) -> None:
-        worker = self.holds[replica]
-        if worker.until.pop(request_id, None) is not None and not worker.until:
-            self._set_worker(replica, None)
-
-    def _set_worker(self, replica: int, worker: HoldWorker | None) -> None:
-        # the step runner of the replica's engine (built: it holds blocks); a replica without holds
-        # has no worker, as a plain replica without a CPU tier
-        runner = self.replicas[replica]._runner
-        assert runner is not None
-        runner.kv_worker = worker
-
     def _hold_prefill(self, leg: Leg) -> Request | None:
         """delay_free_blocks: the prefill's cached prompt blocks, touched by a holder until the read
         lands (None: nothing of the prompt is cached there any more)."""
         sched = self.replicas[leg.prefill].scheduler
         kvm = sched.kv_cache_manager
         holder = self._probe(leg, sched, "prefill")
+        holder.append_planned_outputs(1)  # the finished prefill: its prompt and one sampled token, so
+        # the lookup (capped one token short) finds every full prompt block
         hits, local = kvm.peek_computed_blocks(holder)
         coord = kvm.coordinator
         assert isinstance(coord, UnitaryFullAttentionCoordinator)
@@ -264,7 +260,9 @@ class PDClusterReplay(ClusterReplay):
             wait = done - now
             at = now + wait  # the instant the clock reaches (now + delay), which may be an ulp off done:
             # the holds' engines wait for this one, or they would poll at done for a landing still ahead
-            leg.held_prefill = self._hold_prefill(leg)
+            if not leg.hold_tried:  # (read at the prefill's finish: held from now)
+                leg.held_prefill = self._hold_prefill(leg)
+                leg.hold_tried = True
             if leg.held_prefill is not None:
                 self._hold(leg.prefill, leg.rr.request_id, at)
             if leg.held_decode is not None:

@@ -17,25 +17,35 @@ exactly as a plain one. Imports neither simpy nor torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+from sim.cluster.replica import Replica
 from sim.core.transfer_job import KVConnectorOutput
+from sim.replay.engine import SimClock
 from sim.replay.kv_transfer import ConnectorMetadataLike, LinkKVWorker
 from sim.timing.transfer_link import TransferLink
 
 
 class HoldWorker(LinkKVWorker):
-    """The holds of one replica: request id -> landing time of the transfer holding its blocks;
-    ``next_instant`` is the cluster's next routing instant (an arrival may bring this replica work)."""
+    """The holds of one replica: request id -> landing time of the transfer holding its blocks
+    (``math.inf``: not known yet -- the decode side has no blocks for the read); ``next_instant`` is
+    the cluster's next routing instant (an arrival may bring this replica work), ``next_event`` the
+    clock's next event anywhere and ``waiting`` whether this replica's engine has requests waiting."""
 
-    def __init__(self, next_instant: Callable[[], float]) -> None:
+    def __init__(self, next_instant: Callable[[], float], next_event: Callable[[], float] = lambda: math.inf,
+                 waiting: Callable[[], bool] = lambda: False) -> None:
         super().__init__(TransferLink(float("inf")), 0)
         self.until: dict[str, float] = {}
         self.next_instant = next_instant
+        self.next_event = next_event
+        self.waiting = waiting
 
     def has_pending(self) -> bool:
-        """Query: a transfer holding this replica's blocks has not landed yet."""
-        return bool(self.until)
+        """Query: a transfer holding this replica's blocks has not landed yet -- one whose landing is
+        not known counts only while requests wait here (an engine with nothing to schedule idles:
+        the landing releases the blocks without it)."""
+        return any(t < math.inf for t in self.until.values()) or (bool(self.until) and self.waiting())
 
     def start_step(self, step: int, now: float, meta: ConnectorMetadataLike | None) -> float:
         """No job of its own: the forward never waits."""
@@ -44,11 +54,56 @@ class HoldWorker(LinkKVWorker):
     def idle_until(self, step: int, now: float) -> float:
         """Query: an empty step lasts until the first hold's transfer lands or the next routing
         instant, whichever comes first (``now`` if one is now): the engine polls, so a request routed
-        here while it waits is scheduled at once, as a plain idle engine's is."""
+        here while it waits is scheduled at once, as a plain idle engine's is. While a landing is not
+        known, only until the clock's next event (a decode step end may start the read)."""
         first = min(self.until.values()) if self.until else now
         first = min(first, self.next_instant())
-        return first if first > now else now
+        if first == math.inf or (self.until and max(self.until.values()) == math.inf):
+            first = min(first, self.next_event())
+        return first if now < first < math.inf else now  # (never: a poll for ever; the replay's guard names it)
 
     def finish_step(self, step: int, end: float) -> KVConnectorOutput:
         """Nothing to report: the landing itself releases the hold (``sim.cluster.disagg``)."""
         return KVConnectorOutput(set(), set())
+
+
+class Holds:
+    """The P/D replay's holds, by replica (mixed into ``sim.cluster.disagg.PDClusterReplay``)."""
+
+    replicas: list[Replica]
+    clock: SimClock
+    holds: list[HoldWorker]
+    _polls: list[tuple[float, int]]  # (time, count) of a replica's empty steps of no time
+
+    def _hold(self, replica: int, request_id: str, until: float) -> None:
+        """The replica holds blocks for a transfer landing at ``until``: its engine waits for it
+        rather than stall (``sim.cluster.disagg_hold``)."""
+        worker = self.holds[replica]
+        worker.until[request_id] = until
+        self._set_worker(replica, worker)
+
+    def _unhold(self, replica: int, request_id: str) -> None:
+        worker = self.holds[replica]
+        if worker.until.pop(request_id, None) is not None and not worker.until:
+            self._set_worker(replica, None)
+
+    def _next_event(self, replica: int) -> float:
+        """When an engine holding blocks for a read whose landing is not known polls: first at this
+        instant (its other events, a decode step end starting that read, run before it), then at the
+        clock's next event after it -- a later poll at this instant would only meet the other
+        pollers' (SimPy's event queue, a heap of (time, ...) entries)."""
+        now = self.clock.now
+        if self._polls[replica][0] != now:
+            return now
+        return min((e[0] for e in self.clock.env._queue if e[0] > now), default=math.inf)
+
+    def _has_waiting(self, replica: int) -> bool:
+        sched = self.replicas[replica]._scheduler
+        return sched is not None and bool(sched.waiting)
+
+    def _set_worker(self, replica: int, worker: HoldWorker | None) -> None:
+        # the step runner of the replica's engine (built: it holds blocks); a replica without holds
+        # has no worker, as a plain replica without a CPU tier
+        runner = self.replicas[replica]._runner
+        assert runner is not None
+        runner.kv_worker = worker
