@@ -41,14 +41,16 @@ def _stream(n: int, groups: int = 3, gap: float = 0.02, out: int = 12) -> list[T
 
 
 def _pd(router: str | dict, prefill: int, decode: int, requests: list[TraceRequest], *, link_gb_s: float,
-        latency_s: float = 0.0, num_gpu_blocks: int = 400, non_cached_tokens: int = 0) -> ClusterResult:
+        latency_s: float = 0.0, num_gpu_blocks: int = 400, non_cached_tokens: int = 0,
+        attribution: str = "off") -> ClusterResult:
     cfg = _cfg(router, prefill + decode, num_gpu_blocks)
     specs, _ = replica_specs(cfg, simulated_executor, build_latency)
     p, info = build_router(cfg)
     d, _ = build_router(cfg)
     pd = PDRouter(p.name, p, d, range(prefill), range(prefill, prefill + decode), non_cached_tokens)
     spec = DisaggSpec(prefill, decode, link_gb_s, latency_s, (BYTES_PER_BLOCK,) * (prefill + decode))
-    return PDClusterReplay(specs, pd, requests, disagg=spec, router_info=info, integrity_check=True).run()
+    return PDClusterReplay(specs, pd, requests, disagg=spec, router_info=info, integrity_check=True,
+                           attribution=attribution).run()
 
 
 class _Fixed(Router):
@@ -85,6 +87,29 @@ def test_infinite_bandwidth_hits_equal_plain_fleet_on_same_routing(router: str) 
     hits = plain.requests.set_index("request_id")["hit_tokens"]
     assert rq["hit_tokens"].sum() > 0 and plain.summary["num_evictions"] > 0
     assert rq["hit_tokens"].to_dict() == hits.to_dict()
+
+
+@pytest.mark.parametrize("router", ["dynamo", "round_robin"])
+def test_miss_attribution_is_the_prefill_pools_and_equals_the_plain_fleets(router: str) -> None:
+    """Miss attribution observes the prefill pool, where the prefix hit happens: each request's
+    causes are its prefill leg's (adding up to its prompt less its prefill hit, checked by the
+    replay), and with an instantaneous link and no wait for decode blocks they equal those of the
+    plain fleet of one-token requests on the same choices (routed_away looks at the prefill pool)."""
+    reqs = _stream(90, out=2)
+    pd = _pd(router, 2, 2, reqs, link_gb_s=math.inf, num_gpu_blocks=60, attribution="summary")
+    rq = pd.requests.set_index("request_id")
+    assert (rq["kv_wait_s"] == 0).all()
+    specs, _ = replica_specs(_cfg("round_robin", 2, num_gpu_blocks=60), simulated_executor, build_latency)
+    table = {rid: int(p) for rid, p in rq["prefill_replica"].items()}
+    one_token = [TraceRequest(r.id, r.arrival, r.tokens, 1) for r in reqs]
+    plain = ClusterReplay(specs, _Fixed(table), one_token, integrity_check=True, attribution="summary").run()
+    prq = plain.requests.set_index("request_id")
+    miss = [c for c in prq.columns if c.startswith("miss_")]
+    assert miss and rq[miss].sum().sum() > 0
+    assert rq[miss].to_dict() == prq.loc[rq.index, miss].to_dict()
+    assert pd.summary["miss_attribution"] == plain.summary["miss_attribution"]
+    slow = _pd(router, 2, 2, reqs, link_gb_s=0.5, num_gpu_blocks=60, attribution="full")
+    assert (slow.requests["transfer_s"] > 0).all() and slow.summary["miss_attribution"]  # (checked by the replay)
 
 
 def test_finite_link_holds_prefill_blocks_and_differs_from_plain() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from sim.experiment.config import ConfigError, config_from_dict
 from sim.experiment.run import replay_experiment
+from sim.replay.attribution_records import check_attribution
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,9 +49,15 @@ def test_bad_disaggregation_is_one_line_naming_the_key(cluster: dict[str, Any], 
     assert message in text and "\n" not in text.strip()
 
 
-def test_attribution_is_refused_naming_the_key() -> None:
+def test_attribution_covers_the_prefill_pool_and_is_refused_with_decode_only_serving() -> None:
     cfg = config_from_dict({**_data(), "replay": {"attribution": "summary"}})
-    with pytest.raises(ConfigError, match=r"replay\.attribution: a disaggregated fleet"):
+    res, _ = replay_experiment(cfg, progress=False)
+    rq = res.requests
+    assert "miss_routed_away_tokens" in rq and "miss_attribution" in res.summary
+    check_attribution(rq)  # each request's causes add up to its prompt less its prefill hit
+    llm_d = _data(router={"kind": "llm_d", "prefix": "approximate", "block_size": 16}, **_pd(non_cached_tokens=64))
+    cfg = config_from_dict({**llm_d, "replay": {"attribution": "summary"}})
+    with pytest.raises(ConfigError, match=r"replay\.attribution: miss attribution covers the prefill pool"):
         replay_experiment(cfg, progress=False)
 
 

@@ -49,8 +49,11 @@ waits for decode blocks holds the prefill's blocks meanwhile, as vLLM does, and 
 TTFT runs from the user's arrival to the decode replica's first token (the prefill queue, the
 prefill, the transfer and the decode's admission); TPOT is the decode side's. Every replica steps
 without fast-forward windows (a landing may come at any instant, not only at arrivals).
-Not modelled here (refused by the config): faults, CPU offload tiers, miss attribution, hybrid
-KV groups. Imports neither simpy nor torch.
+Miss attribution (``sim.cluster.fleet_attribution``) observes the prefill pool, where the prefix hit
+happens: a request's causes are its prefill leg's (its prompt less its prefill hit; routed_away
+looks at the other prefill replicas); the decode pool's loads are no misses and are not observed.
+Not modelled here (refused by the config): faults, CPU offload tiers, attribution with decode-only
+serving, hybrid KV groups. Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ from sim.cluster.router import RouterRequest
 from sim.core.full_attention_coordinator import UnitaryFullAttentionCoordinator
 from sim.core.request import WAITING, Request
 from sim.core.scheduler import Scheduler
+from sim.replay.attribution_records import check_attribution
 from sim.replay.errors import ReplayError
 from sim.replay.intake import trace_int
 from sim.replay.step_runner import Wait
@@ -127,13 +131,15 @@ class PDClusterReplay(ClusterReplay, Holds):
         n = disagg.prefill + disagg.decode
         if len(specs) != n:
             raise ValueError(f"disaggregation of {disagg.prefill} + {disagg.decode} replicas, fleet of {len(specs)}")
-        if kwargs.get("faults") or kwargs.get("attribution", "off") != "off":
-            raise ValueError("a disaggregated fleet takes neither faults nor miss attribution")
+        if kwargs.get("faults") or (kwargs.get("attribution", "off") != "off" and router.non_cached_tokens):
+            raise ValueError("a disaggregated fleet takes no faults, nor miss attribution with decode-only serving")
         specs = [replace(s, fast_forward=False) for s in specs]  # landings come at any instant
         # the engines' own check forbids blocks held outside running requests, which the P/D holds are:
         # the pool's check and the holder rule with them allowed run here instead (_check_replica)
         self.check_pd = bool(kwargs.pop("integrity_check", False))
         super().__init__(specs, router, requests, **kwargs)
+        for d in range(disagg.prefill, n):  # miss attribution: where the prefix hit happens, the prefill
+            self.replicas[d].spec = specs[d]  # pool (a decode pool's loads are no misses): unobserved
         self.pd = router
         self.disagg = disagg
         self.decode_ids = range(disagg.prefill, n)
@@ -382,8 +388,10 @@ class PDClusterReplay(ClusterReplay, Holds):
     def _result(self, wall: float) -> ClusterResult:
         res = super()._result(wall)
         kv = {"batches": self.pipeline.num_batches, "events": self.pipeline.num_events} if self.pipeline else {}
-        return merge_legs(res, self.legs, self._where, self._trace, prefill_ids=range(self.disagg.prefill),
-                          router_info=self.router_info, ttft_slo_s=self.ttft_slo_s, kv=kv,
-                          stats=[r.rec.stats for r in self.replicas],
-                          sim_time_s=max(r.end_time for r in self.replicas),
-                          num_evictions=sum(r.total_evictions for r in self.replicas))
+        res = merge_legs(res, self.legs, self._where, self._trace, prefill_ids=range(self.disagg.prefill),
+                         router_info=self.router_info, ttft_slo_s=self.ttft_slo_s, kv=kv,
+                         stats=[r.rec.stats for r in self.replicas], sim_time_s=max(r.end_time for r in self.replicas),
+                         num_evictions=sum(r.total_evictions for r in self.replicas))
+        if self.check_pd and self.attributions is not None:
+            check_attribution(res.requests)  # each request's causes: its prefill leg's missed tokens
+        return res

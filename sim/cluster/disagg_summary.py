@@ -82,6 +82,8 @@ def merge_legs(res: ClusterResult, legs: Mapping[str, Leg], where: Mapping[str, 
     if moved.any():
         out.loc[moved, "hit_tokens"] = oid[moved].map(first["hit_tokens"]).to_numpy()
         out.loc[moved, "first_scheduled"] = oid[moved].map(first["first_scheduled"]).to_numpy()
+        for c in (c for c in out.columns if c.startswith("miss_")):  # attributed where the hit happens
+            out.loc[moved, c] = oid[moved].map(first[c]).to_numpy()
     out["prefill_replica"] = np.array([g.prefill for g in leg], dtype=np.int64)
     on_decode = out["replica"].to_numpy() >= prefill_ids.stop
     out["decode_replica"] = np.where(on_decode, out["replica"].to_numpy(), -1).astype(np.int64)

@@ -1,7 +1,8 @@
 """Building a disaggregated replay (``sim.cluster.disagg``) from a config whose
 ``cluster.disaggregation`` is set (``sim.experiment.disagg_config``): one router per pool, the KV
 bytes per block of each replica's model, and the refusals the replay needs (CPU offload tiers,
-hybrid KV groups, miss attribution: one line naming the key). Imports neither simpy nor torch.
+hybrid KV groups, miss attribution with llm-d's decode-only serving: one line naming the key).
+Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ def disagg_replay(cfg: ExperimentConfig, specs: list[ReplicaSpec], engines: list
         raise ConfigError(f"{cfg.source}: cluster.disaggregation: one full-attention KV group only")
     if kwargs.pop("kv_store", None) is not None:
         raise ConfigError(f"{cfg.source}: cluster.kv_store: a shared store in a disaggregated fleet is not modelled")
-    if cfg.replay.attribution != "off":
-        raise ConfigError(f"{cfg.source}: replay.attribution: a disaggregated fleet is replayed without attribution")
+    if cfg.replay.attribution != "off" and pd.non_cached_tokens:
+        raise ConfigError(f"{cfg.source}: replay.attribution: miss attribution covers the prefill pool; a "
+                          "disaggregated fleet with decode-only serving (non_cached_tokens > 0) is replayed without it")
     prefill, info = build_router(cfg)
     decode, _ = build_router(cfg)
     seed = cluster.seed if cluster.seed is not None else cfg.seed
