@@ -18,7 +18,9 @@ and writing the same bytes (checked here): ``reference``, the former serializati
 (``ConvertOptions(reference=True)``: ids as lists and arrays, one ``request_to_json`` per request);
 ``fast``, the serialized segment cache without the word cache (``words=False``: the library
 tokenizes every new piece whole); ``words``, the current default (new pieces cut into words, the
-library tokenizing only new words: ``workloads.convert.word_cache``). ``--path all`` runs the
+library tokenizing only new words: ``workloads.convert.word_cache``). ``fast`` and ``words`` render a
+chat template of the split shape per message (``workloads.convert.template_parts``), ``reference``
+renders it whole per turn. ``--path all`` runs the
 three, ``--path both`` ``fast`` and ``words``.
 Prints per run the lines, requests, tokens, wall and CPU seconds (``getrusage``: this process, the
 tokenizer's threads and ``--workers`` processes, so that other programs' load on a shared box does
