@@ -221,6 +221,23 @@ def test_prefill_holds_its_blocks_while_the_decode_waits_for_blocks() -> None:
     assert rq.loc["c", "prefill_finish"] - landed < 0.2  # (and then: its engine woke for it)
 
 
+def test_landed_reads_go_ahead_of_a_waiting_request_that_needs_their_blocks() -> None:
+    """One prefill + one decode replica of 39 blocks, an instantaneous link, reads waiting for decode
+    blocks: a read landing between two decode steps is in the engine's kv_holding_waiting at once,
+    ahead of a preempted request that needs the blocks the loaded ones hold (vLLM's schedule takes
+    kv_holding_waiting first). Queued behind it, the decode engine stalled (found at t=3.07 s)."""
+    rng = np.random.default_rng(28)
+    prefixes = [np.arange(g * 10_000, g * 10_000 + int(rng.integers(16, 300))) for g in range(int(rng.integers(1, 4)))]
+    t, reqs = 0.0, []
+    for i in range(int(rng.integers(10, 40))):
+        t += float(rng.exponential(0.01))
+        tail = rng.integers(1_000_000, 2_000_000, size=int(rng.integers(1, 200)))
+        reqs.append(TraceRequest(f"r{i}", t, np.concatenate([prefixes[int(rng.integers(len(prefixes)))], tail]),
+                                 int(rng.integers(1, 40))))
+    rq = _pd("dynamo", 1, 1, reqs, link_gb_s=math.inf, num_gpu_blocks=40).requests
+    assert len(rq) == len(reqs) and (rq["kv_wait_s"] > 0).sum() > 5 and (rq["transfer_s"] == 0).all()
+
+
 def test_llm_d_decider_serves_cached_prompts_on_decode_alone() -> None:
     """llm-d's prefix-based-pd-decider: a prompt whose uncached part on its decode endpoint is
     under nonCachedTokens is served by that endpoint alone (no prefill leg, no transfer)."""

@@ -300,9 +300,12 @@ class PDClusterReplay(ClusterReplay, Holds):
         replica = self.replicas[d]
         if replica.intake.push(replace(rr.trace, arrival=leg.landed)):
             if leg.held_decode is not None:  # _update_waiting_for_remote_kv: the whole prompt is
-                # computed, and a full prompt hit recomputes its last token to sample the next one
-                request = replica.intake.pending[-1]
+                # computed, and a full prompt hit recomputes its last token to sample the next one;
+                # it waits in the engine now, ahead of the requests that hold no blocks
+                request = replica.intake.pending.pop()
                 request.num_computed_tokens = request.num_tokens - 1
+                replica.scheduler.add_request(request)
+                self._front(d)
             replica.wake()
         else:
             if leg.held_decode is not None:
@@ -349,31 +352,26 @@ class PDClusterReplay(ClusterReplay, Holds):
             else:
                 keep.append(leg)
         self._admitting[d] = keep
-        ids = {leg.rr.request_id for leg in keep}
-        queued = [r for r in sched.waiting if r.request_id in ids]
-        if queued and sched.waiting.peek().request_id not in ids:
-            sched.waiting.remove_where(lambda r: r.request_id in ids)
-            for r in reversed(queued):
-                sched.waiting.prepend(r)
+        queued = self._front(d)
         if row[3] == 0 and row[2] == 0.0 and queued:  # an empty step although loaded requests wait
             t, n = self._empty[d]
             self._empty[d] = (row[1], n + 1 if t == row[1] else 1)
             if self._empty[d][1] > 3:
-                raise ReplayError(f"decode replica {d} at t={row[1]:.6f}s: {len(queued)} loaded requests hold "
+                raise ReplayError(f"decode replica {d} at t={row[1]:.6f}s: {queued} loaded requests hold "
                                   f"their blocks and none can be admitted; the pool is too small for the reads "
                                   f"in flight (more decode replicas or blocks)")
 
-    def _check_replica(self, replica: int) -> None:
-        """Query: the replica's pool is consistent and every block holder is a running request or a
-        P/D hold; raises AssertionError."""
-        sched = self.replicas[replica].scheduler
-        kvm = sched.kv_cache_manager
-        kvm.check_integrity()
-        held = {g.held_prefill.request_id for g in self.legs.values() if g.held_prefill is not None}
-        held |= {g.held_decode.request_id for g in self.legs.values() if g.held_decode is not None}
-        allowed = {r.request_id for r in sched.running} | held
-        extra = set(kvm.request_ids()) - allowed
-        assert not extra, f"replica {replica}: blocks held by {sorted(extra)}"
+    def _front(self, d: int) -> int:
+        """Put the landed requests waiting on ``d`` first in its waiting queue, in their order
+        (``kv_holding_waiting`` before ``waiting``); returns how many wait."""
+        sched = self.replicas[d].scheduler
+        ids = {leg.rr.request_id for leg in self._admitting[d] if leg.held_decode is not None}
+        queued = [r for r in sched.waiting if r.request_id in ids]
+        if queued:
+            sched.waiting.remove_where(lambda r: r.request_id in ids)
+            for r in reversed(queued):
+                sched.waiting.prepend(r)
+        return len(queued)
 
     def _check_done(self) -> None:
         if not self._open:  # a request in flight between the pools may still reach a decode replica

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 from sim.cluster.replica import Replica
 from sim.core.transfer_job import KVConnectorOutput
@@ -74,6 +75,7 @@ class Holds:
     clock: SimClock
     holds: list[HoldWorker]
     _polls: list[tuple[float, int]]  # (time, count) of a replica's empty steps of no time
+    legs: dict[str, Any]  # request id -> its sim.cluster.disagg.Leg
 
     def _hold(self, replica: int, request_id: str, until: float) -> None:
         """The replica holds blocks for a transfer landing at ``until``: its engine waits for it
@@ -107,3 +109,15 @@ class Holds:
         runner = self.replicas[replica]._runner
         assert runner is not None
         runner.kv_worker = worker
+
+    def _check_replica(self, replica: int) -> None:
+        """Query: the replica's pool is consistent and every block holder is a running request or a
+        P/D hold; raises AssertionError."""
+        sched = self.replicas[replica].scheduler
+        kvm = sched.kv_cache_manager
+        kvm.check_integrity()
+        held = {g.held_prefill.request_id for g in self.legs.values() if g.held_prefill is not None}
+        held |= {g.held_decode.request_id for g in self.legs.values() if g.held_decode is not None}
+        allowed = {r.request_id for r in sched.running} | held
+        extra = set(kvm.request_ids()) - allowed
+        assert not extra, f"replica {replica}: blocks held by {sorted(extra)}"
