@@ -21,7 +21,9 @@ is reported exactly one step later: the oracle's stub worker with ``--transfer-d
 
 A step that schedules nothing runs no forward pass, but the engine keeps stepping while transfers
 are pending (vLLM's ``has_pending_push_work``): such a step lasts until the first pending job that
-it may report is done (the engine polls until then), or no time when none may be reported yet.
+it may report is done (the engine polls until then), or no time when none may be reported yet --
+and no longer than until the next arrival, which the engine's next poll step would schedule
+(``sim.replay.step_runner.empty_step_end``, the cap applied to every worker).
 A job counts as done by a step's end to 1 ns (``ARRIVAL_EPS_S``, the clock's tolerance for "at the
 same time"), so the jobs a fast link lands together are reported together.
 

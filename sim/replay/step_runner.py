@@ -58,6 +58,26 @@ class Launched:
     kv_output: KVConnectorOutput | None = None  # the offload tier's report of this step (None: no tier)
 
 
+def empty_step_end(landing: float, now: float, next_arrival: float) -> float:
+    """When an empty step starting at ``now`` with transfers pending ends: at the worker's
+    ``landing`` (``idle_until``: the first job it may report is done) or at ``next_arrival``,
+    whichever comes first -- never before ``now``.
+
+    vLLM 0.33.0's engine does not sleep on a pending transfer: ``EngineCore.run_busy_loop`` keeps
+    calling ``step`` while the scheduler ``has_requests`` (pending KV work counts), each step with
+    nothing scheduled only polls the connector (the model runner's ``kv_connector_no_forward``:
+    ``get_finished``), and between two steps ``_process_input_queue`` drains the requests that
+    arrived. So a request arriving while a load or store is in flight is scheduled at the first step
+    after its arrival, not at the landing. The replay's empty step is that poll run compressed:
+    one step to the first instant something can change -- a landing, or the next arrival (the
+    engine's arrival stream; in a fleet the cluster's next routing instant,
+    ``sim.cluster.replica.RoutedIntake.next_arrival``: any arrival may be routed here), whose
+    step then sees the request (the loops admit at each step's start). The P/D hold worker
+    (``sim.cluster.disagg_hold.HoldWorker``) applies the same cap itself; it is a no-op there."""
+    end = landing if landing < next_arrival else next_arrival
+    return end if end > now else now
+
+
 class StepRunner:
     """The scheduler, executor, intake and recorder of one replay, and the step verbs over them."""
 
@@ -126,11 +146,15 @@ class StepRunner:
     ) -> tuple[StepResult, KVConnectorOutput]:
         """The offload tier's transfers of a step (``sim.replay.kv_transfer``): the forward waits for
         the flushed stores; an empty step lasts until the first job it may report lands (the engine
-        keeps stepping while transfers are pending, vLLM's ``has_pending_push_work``)."""
+        keeps stepping while transfers are pending, vLLM's ``has_pending_push_work``) or until the
+        next arrival, whichever comes first (:func:`empty_step_end`)."""
         worker = self.kv_worker
         assert worker is not None
         wait = worker.start_step(out.step, start, out.kv_connector_metadata)
-        end = worker.idle_until(out.step, start + wait) if out.is_empty() else start + wait + result.duration_s
+        if out.is_empty():
+            end = empty_step_end(worker.idle_until(out.step, start + wait), start + wait, self.intake.next_arrival)
+        else:
+            end = start + wait + result.duration_s
         return StepResult(end - start, result.sampled_token_ids), worker.finish_step(out.step, end)
 
     def apply(self, out: SchedulerOutput, result: StepResult, kv_output: KVConnectorOutput | None = None) -> int:
