@@ -67,13 +67,15 @@ def empty_step_end(landing: float, now: float, next_arrival: float) -> float:
     calling ``step`` while the scheduler ``has_requests`` (pending KV work counts), each step with
     nothing scheduled only polls the connector (the model runner's ``kv_connector_no_forward``:
     ``get_finished``), and between two steps ``_process_input_queue`` drains the requests that
-    arrived. So a request arriving while a load or store is in flight is scheduled at the first step
-    after its arrival, not at the landing. The replay's empty step is that poll run compressed:
-    one step to the first instant something can change -- a landing, or the next arrival (the
-    engine's arrival stream; in a fleet the cluster's next routing instant,
-    ``sim.cluster.replica.RoutedIntake.next_arrival``: any arrival may be routed here), whose
-    step then sees the request (the loops admit at each step's start). The P/D hold worker
-    (``sim.cluster.disagg_hold.HoldWorker``) applies the same cap itself; it is a no-op there."""
+    arrived (after an empty step ``_process_engine_step`` sleeps 1 ms for the transfer threads: a
+    poll granularity not modelled -- the replay wakes at the arrival itself). So a request arriving
+    while a load or store is in flight is scheduled at the first step after its arrival, not at the
+    landing. The replay's empty step is that poll run compressed: one step to the first instant
+    something can change -- a landing, or the next arrival (the engine's arrival stream; in a fleet
+    the cluster's next routing instant, ``sim.cluster.replica.RoutedIntake.next_arrival``: any
+    arrival may be routed here), whose step then sees the request (the loops admit at each step's
+    start). The P/D hold worker (``sim.cluster.disagg_hold.HoldWorker``) applies the same cap
+    itself; it is a no-op there."""
     end = landing if landing < next_arrival else next_arrival
     return end if end > now else now
 
