@@ -34,11 +34,11 @@ legs, one request at a time:
    blocks (``cache_blocks(request, num_computed_tokens)``, BlockStored events on the decode replica)
    and, the whole prompt being computed, sets ``num_computed_tokens = len(prompt) - 1`` (a full
    prompt hit recomputes its last token to sample the next). The request joins the decode replica's
-   intake owning the loaded blocks with those computed tokens; the engine admits it without a lookup
+   engine at once owning the loaded blocks with those computed tokens; it admits it without a lookup
    (vLLM looks a waiting request up only at ``num_computed_tokens == 0``; ``sim.core.scheduler``'s
-   plain waiting loop does the same), computing one token (``decode_hit_tokens`` = prompt - 1). It
-   is put first in the waiting queue (``Scheduler.schedule`` in ``vllm/v1/core/sched/scheduler.py``
-   takes ``kv_holding_waiting`` before ``waiting``).
+   plain waiting loop does the same), computing one token (``decode_hit_tokens`` = prompt - 1). The
+   landed requests stay first in the waiting queue, in order (``Scheduler.schedule`` in
+   ``vllm/v1/core/sched/scheduler.py`` takes ``kv_holding_waiting`` before ``waiting``).
 
 A transfer of zero seconds (an infinite bandwidth, no latency, an idle lane, decode blocks free at
 once) lands in the instant the prefill finished, without holding the prefill's blocks: then the prefill
