@@ -61,9 +61,10 @@ STEPS = [(0.0, STEP), (0.01, 0.10), (0.30, STEP), (0.31, 0.20), (0.60, 0.0), (0.
          (0.63, 0.05), (0.68, 0.02), (0.70, STEP), (0.71, 0.025)]
 
 
-def _scheduler() -> Scheduler:
+def _scheduler(async_scheduling: bool = False) -> Scheduler:
     return Scheduler(
-        SchedulerConfig(profile=V0_33_0, max_model_len=256, max_num_batched_tokens=256, max_num_seqs=4),
+        SchedulerConfig(profile=V0_33_0, max_model_len=256, max_num_batched_tokens=256, max_num_seqs=4,
+                        async_scheduling=async_scheduling),
         CacheConfig(16, 9, offload=OffloadConfig(64, blocks_per_chunk=1, policy="lru")),
         make_block_hasher("fast", 16),
     )
@@ -88,6 +89,18 @@ def test_an_engine_waiting_for_a_load_schedules_an_arrival_at_once() -> None:
     res = Replay(_scheduler(), SimulatedExecutor(FixedLatency(STEP)), STREAM, fast_forward=False,
                  kv_worker=_worker(), integrity_check=True).run()
     _check(res.requests, res.steps)
+
+
+def test_the_async_engine_waiting_for_a_load_schedules_an_arrival_at_once() -> None:
+    # the two-batch loop (EngineCore.step_with_batch_queue) runs the same requests' timeline; its
+    # step table differs (a batch is applied one step later: r2 waits 6 steps, not 5)
+    res = Replay(_scheduler(async_scheduling=True), SimulatedExecutor(FixedLatency(STEP)), STREAM,
+                 fast_forward=False, kv_worker=_worker(), integrity_check=True).run()
+    rows = res.requests.set_index("request_id")
+    for rid, start, first, external, _ in EXPECTED:
+        r = rows.loc[rid]
+        assert (r["first_scheduled"], r["first_token"]) == pytest.approx((start, first), abs=1e-9), rid
+        assert r["external_hit_tokens"] == external, rid
 
 
 @pytest.mark.parametrize("fast_forward", [False, True])
