@@ -38,6 +38,11 @@ from sim.core.config import CacheConfig, OffloadConfig, SchedulerConfig
 from sim.core.hashing import make_block_hasher
 from sim.core.scheduler import Scheduler
 from sim.core.version_profile import V0_33_0
+from sim.experiment.cluster_run import build_router, replica_specs
+from sim.experiment.cluster_store import build_store
+from sim.experiment.config import config_from_dict
+from sim.experiment.engine_description import resolve
+from sim.experiment.run import build_latency, simulated_executor
 from sim.replay.engine import Replay
 from sim.replay.kv_transfer import LinkKVWorker
 from sim.replay.step_runner import empty_step_end
@@ -124,3 +129,32 @@ def test_a_replica_waiting_for_a_load_schedules_a_routed_request_at_once(fast_fo
 def test_an_empty_step_ends_at_the_landing_or_the_next_arrival(landing: float, now: float, arrival: float,
                                                                end: float) -> None:
     assert empty_step_end(landing, now, arrival) == end
+
+
+def test_a_replica_waiting_for_its_own_store_write_schedules_routed_requests_at_once() -> None:
+    # a shared store with slow writes (0.01 GB/s: a's 4 blocks land near 0.85 s): replica 0 has only
+    # that write pending when x (t=0.05) and d (t=0.2) are routed to it (round robin: a, x, d on 0;
+    # c, b on 1); each is scheduled at its arrival and prefills in one 0.01 s step (before: both
+    # waited for the write's landing, TTFT 0.81 and 0.66 s). b still waits for a's blocks.
+    cfg = config_from_dict({
+        "name": "t", "latency": {"kind": "fixed", "step_time_s": STEP},
+        "engine": {"block_size": 16, "num_gpu_blocks": 600, "max_model_len": 8192, "vllm_version": "0.33.0"},
+        "workload": {"kind": "chat", "sessions": 30},
+        "cluster": {"replicas": 2, "router": "round_robin",
+                    "kv_store": {"capacity_blocks": 100, "read_gb_s": 2.0, "write_gb_s": 0.01}},
+    })
+    store = build_store(cfg, [resolve(cfg)] * 2)
+    specs, _ = replica_specs(cfg, simulated_executor, build_latency, store)
+    router, info = build_router(cfg)
+    prompt = np.arange(1000, 1064)
+    stream = [TraceRequest("a", 0.0, prompt, 2), TraceRequest("c", 0.001, np.arange(5000, 5040), 300),
+              TraceRequest("x", 0.05, np.arange(9000, 9030), 3), TraceRequest("b", 0.1, prompt, 2),
+              TraceRequest("d", 0.2, np.arange(7000, 7100), 50)]
+    res = ClusterReplay(specs, router, stream, router_info=info, integrity_check=True, kv_store=store).run()
+    rows = res.requests.set_index("request_id")
+    assert list(rows.loc[["x", "d"], "replica"]) == [0, 0]
+    for rid, arrival in (("x", 0.05), ("d", 0.2)):
+        assert rows.loc[rid, "first_scheduled"] == pytest.approx(arrival, abs=1e-9)
+        assert rows.loc[rid, "ttft"] == pytest.approx(STEP, abs=1e-9)
+    b = res.requests[res.requests["request_id"] == "b"]
+    assert list(b["remote_hit_tokens"]) == [64] and float(b["first_scheduled"].iloc[0]) > 0.8
