@@ -41,6 +41,11 @@ ENGINE_MODULES = (
     # request state: about 9 % fewer instructions of a tiered replay (callgrind, 400 Mooncake requests)
     "sim.core.offload.request_state",
     "sim.core.offload.connector",
+    # the tier's scheduler path (admission of the waiting queue, the per-step hooks) and its decode
+    # windows: the interpreted remainder of a tiered step
+    "sim.core.offload.admission",
+    "sim.core.offload.tier",
+    "sim.replay.tier_window",
 )
 """The modules ``setup.py`` compiles: the one list of the group (``setup.py`` runs this file on its
 own to read it, so the module imports nothing beyond the stdlib)."""
