@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from store_polling_fleet import STORE, replay_polling_fleet
 
 from sim.cluster.cluster import ClusterReplay, ClusterResult
 from sim.cluster.kv_store import MEDIUM_STORE
@@ -240,17 +241,9 @@ def test_fast_forward_equals_step_by_step_with_a_store() -> None:
     decodes 300 tokens on replica 1 while ``b`` waits there for ``a``'s blocks): the same tables with
     the decode fast-forward on and off."""
     def run(ff: bool) -> ClusterResult:
-        cfg = _cfg({"replicas": 2, "router": "round_robin",
-                    "kv_store": {"capacity_blocks": 100, "read_gb_s": 2.0, "write_gb_s": 0.01}},
-                   latency={"kind": "fixed", "step_time_s": 0.01}, replay={"fast_forward": ff})
-        store = build_store(cfg, [resolve(cfg)] * 2)
-        specs, _ = replica_specs(cfg, simulated_executor, build_latency, store)
-        router, info = build_router(cfg)
-        prompt = np.arange(1000, 1064)
-        stream = [TraceRequest("a", 0.0, prompt, 2), TraceRequest("c", 0.001, np.arange(5000, 5040), 300),
-                  TraceRequest("x", 0.05, np.arange(9000, 9030), 3), TraceRequest("b", 0.1, prompt, 2),
-                  TraceRequest("d", 0.2, np.arange(7000, 7100), 50)]
-        return ClusterReplay(specs, router, stream, router_info=info, integrity_check=True, kv_store=store).run()
+        return replay_polling_fleet(_cfg({"replicas": 2, "router": "round_robin", "kv_store": STORE},
+                                         latency={"kind": "fixed", "step_time_s": 0.01},
+                                         replay={"fast_forward": ff}))
 
     fast, plain = run(True), run(False)
     rq = fast.requests.set_index("request_id")

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from store_polling_fleet import STORE, replay_polling_fleet
 
 from sim.cluster.basic_routers import RoundRobinRouter
 from sim.cluster.cluster import ClusterReplay
@@ -38,11 +39,7 @@ from sim.core.config import CacheConfig, OffloadConfig, SchedulerConfig
 from sim.core.hashing import make_block_hasher
 from sim.core.scheduler import Scheduler
 from sim.core.version_profile import V0_33_0
-from sim.experiment.cluster_run import build_router, replica_specs
-from sim.experiment.cluster_store import build_store
 from sim.experiment.config import config_from_dict
-from sim.experiment.engine_description import resolve
-from sim.experiment.run import build_latency, simulated_executor
 from sim.replay.engine import Replay
 from sim.replay.kv_transfer import LinkKVWorker
 from sim.replay.step_runner import empty_step_end
@@ -141,16 +138,9 @@ def test_a_replica_waiting_for_its_own_store_write_schedules_routed_requests_at_
         "engine": {"block_size": 16, "num_gpu_blocks": 600, "max_model_len": 8192, "vllm_version": "0.33.0"},
         "workload": {"kind": "chat", "sessions": 30},
         "cluster": {"replicas": 2, "router": "round_robin",
-                    "kv_store": {"capacity_blocks": 100, "read_gb_s": 2.0, "write_gb_s": 0.01}},
+                    "kv_store": STORE},
     })
-    store = build_store(cfg, [resolve(cfg)] * 2)
-    specs, _ = replica_specs(cfg, simulated_executor, build_latency, store)
-    router, info = build_router(cfg)
-    prompt = np.arange(1000, 1064)
-    stream = [TraceRequest("a", 0.0, prompt, 2), TraceRequest("c", 0.001, np.arange(5000, 5040), 300),
-              TraceRequest("x", 0.05, np.arange(9000, 9030), 3), TraceRequest("b", 0.1, prompt, 2),
-              TraceRequest("d", 0.2, np.arange(7000, 7100), 50)]
-    res = ClusterReplay(specs, router, stream, router_info=info, integrity_check=True, kv_store=store).run()
+    res = replay_polling_fleet(cfg)
     rows = res.requests.set_index("request_id")
     assert list(rows.loc[["x", "d"], "replica"]) == [0, 0]
     for rid, arrival in (("x", 0.05), ("d", 0.2)):
