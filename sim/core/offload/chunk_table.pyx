@@ -13,7 +13,9 @@ state in C arrays indexed by chunk id instead of one Python object per chunk.
 * eviction takes the smallest ranks among the evictable, unprotected chunks, as vLLM's lazy
   min-heap pops them: here a C binary heap of ``(major, minor, chunk id, version)`` where only an
   entry whose version is its chunk's latest push counts (a rank change or a new readiness pushes
-  again; stale entries are skipped when popped, the heap is rebuilt when they outnumber the live);
+  again; stale entries are skipped when popped, the heap is rebuilt when they outnumber the live),
+  beside a FIFO of finish ranks and, per running request, a stack of its completed stores that its
+  finish drops whole (``chunk_table_groups.pxi``: every entry on it is stale by then);
 * ranks are vLLM's numbers: a request's rank at its first access, ``(rank, -position)`` for the
   chunks it inserts or touches first (a touch only raises a rank), fresh ``(next_rank + 1, 0)``
   per resident key at its finish, tail first and head last;
@@ -55,6 +57,9 @@ cdef inline bint _less(const Entry* a, const Entry* b) noexcept nogil:
 
 cdef int _compare(const void* a, const void* b) noexcept nogil:
     return -1 if _less(<const Entry*>a, <const Entry*>b) else (1 if _less(<const Entry*>b, <const Entry*>a) else 0)
+
+
+include "chunk_table_groups.pxi"
 
 
 cdef class _Access:
@@ -100,6 +105,12 @@ cdef class _TableCore:
     cdef int32_t* buf  # scratch: a call's chunk ids
     cdef Py_ssize_t buf_cap
     cdef long chunks_stored, chunks_evicted, chunks_loaded, allocations
+    cdef Heap gheap  # the groups' tops (chunk_table_groups.pxi)
+    cdef dict groups  # a running request's rank -> its _Group
+    cdef list group_ids  # group id -> _Group (None: free)
+    cdef list free_gids
+    cdef Py_ssize_t group_entries
+    cdef int32_t gseq
     cdef public object events  # (removed, keys) raw events while KV events are on, else None
 
     def __cinit__(self, int num_chunks, int tokens_per_chunk) -> None:
@@ -137,8 +148,10 @@ cdef class _TableCore:
             self.version[i] = 0
             self.protected[i] = 0
         self.events = None
+        self.groups, self.group_ids, self.free_gids = {}, [], []
 
     def __dealloc__(self) -> None:
+        free(self.gheap.data)
         free(self.ref_cnt); free(self.major); free(self.minor); free(self.version)
         free(self.protected); free(self.free_stack); free(self.heap); free(self.fifo); free(self.buf)
         free(self.tbl_slot); free(self.tbl_hash)
@@ -200,11 +213,15 @@ cdef class _TableCore:
         self.fifo_tail += 1
 
     cdef inline Py_ssize_t _num_entries(self):
-        return self.heap_size + self.fifo_tail - self.fifo_head
+        return self.heap_size + self.fifo_tail - self.fifo_head + self.group_entries
 
     cdef Entry _pop_min(self):
         """The smallest entry, removed (there must be one)."""
         cdef Entry e
+        if self.group_entries and _group_head(self) and (
+            self.fifo_head == self.fifo_tail or _less(&self.gheap.data[0], &self.fifo[self.fifo_head])
+        ) and (self.heap_size == 0 or _less(&self.gheap.data[0], &self.heap[0])):
+            return _group_pop(self)
         if self.fifo_head < self.fifo_tail and (
             self.heap_size == 0 or _less(&self.fifo[self.fifo_head], &self.heap[0])
         ):
@@ -244,6 +261,7 @@ cdef class _TableCore:
                 n += 1
         qsort(self.fifo, n, sizeof(Entry), _compare)
         self.fifo_head, self.fifo_tail, self.heap_size = 0, n, 0
+        _groups_clear(self)
 
     cdef inline bint _live(self, Entry* e):
         cdef int32_t s = e.slot
@@ -342,4 +360,5 @@ cdef class _TableCore:
             self._push(s)
 
 
+include "chunk_table_group_ops.pxi"
 include "chunk_table_ops.pxi"

@@ -229,17 +229,23 @@ cdef class LRUChunkTable(_TableCore):
         cdef int32_t s
         cdef list ready
         cdef bint fast = bool(chunks) and len(chunks) == len(key_list)
+        cdef int64_t grank
+        cdef _Group g
         if fast:
             for c in chunks:
                 if self.ref_cnt[<int32_t>c] >= 0:
                     fast = False
                     break
-        if fast:
+        if fast:  # (one request's store: its chunks go on its stack, chunk_table_groups.pxi)
+            grank = self.major[<int32_t>chunks[0]]
+            g = _group_of(self, grank)
             for c in chunks:
                 s = <int32_t>c
                 self.ref_cnt[s] = 0
                 self.num_evictable += 1
-                self._push(s)
+                _push_stored(self, s, g if self.major[s] == grank else None)
+            if g.alive:
+                _group_top(self, g)
             self.num_write_pending -= len(key_list)
             if self.events is not None:
                 self.events.append((False, key_list))
@@ -264,6 +270,7 @@ cdef class LRUChunkTable(_TableCore):
         if not isinstance(acc, _Access) or (<_Access>acc).finished:
             return
         (<_Access>acc).finished = True
+        _group_drop(self, (<_Access>acc).rank)
         cdef list seen = (<_Access>acc).seen
         cdef Py_ssize_t i
         cdef int32_t s
@@ -343,7 +350,7 @@ cdef class LRUChunkTable(_TableCore):
         assert self.num_evictable == sum(1 for s in resident if self.ref_cnt[s] == 0)
         assert self.num_write_pending == sum(1 for s in resident if self.ref_cnt[s] == -1)
         entries = [self.heap[i] for i in range(self.heap_size)]
-        entries += [self.fifo[i] for i in range(self.fifo_head, self.fifo_tail)]
+        entries += [self.fifo[i] for i in range(self.fifo_head, self.fifo_tail)] + _group_entries(self)
         live = [e for e in entries if self.version[e["slot"]] == e["version"] and self.ref_cnt[e["slot"]] == 0
                 and self.slot_keys[e["slot"]] is not None]
         assert sorted(e["slot"] for e in live) == sorted(s for s in resident if self.ref_cnt[s] == 0), "entries are off"
