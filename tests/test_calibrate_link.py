@@ -35,20 +35,20 @@ def test_cpu_only_measurement_is_host_to_host_and_labelled_so() -> None:
     pytest.importorskip("scipy")
     from gpu_backend.calibration.link_timing import measure_link
 
-    sec = measure_link("cpu", sizes=(1, 16, 256), repeats=3, warmup=1, log=lambda *_: None)
+    sec = measure_link("cpu", sizes=(1, 16, 2048), repeats=5, warmup=1, log=lambda *_: None)
     assert sec["measured"].startswith("host <-> host") and sec["pinned_host_memory"] is False
     assert sec["measured"].endswith("wall clock)") and sec["timing"] == "wall"
     assert sec["bytes_per_block"] == 4 * 2 * 16 * 2 * 64 * 4  # tiny: 4 layers, K and V, 16 x 2 heads x 64, fp32
     got = {(s["direction"], s["num_blocks"]): s for s in sec["samples"]}
-    assert set(got) == {(d, n) for d in ("h2h_store", "h2h_load") for n in (1, 16, 256)}
-    assert all(s["num_bytes"] == s["num_blocks"] * sec["bytes_per_block"] and s["repeats"] == 3 for s in got.values())
+    assert set(got) == {(d, n) for d in ("h2h_store", "h2h_load") for n in (1, 16, 2048)}
+    assert all(s["num_bytes"] == s["num_blocks"] * sec["bytes_per_block"] and s["repeats"] == 5 for s in got.values())
     assert sec["bandwidth_gb_s"] > 0 and sec["latency_s"] >= 0 and set(sec["directions"]) == {"h2h_store", "h2h_load"}
     assert LinkFit.from_calibration(sec | {}, "x") is None  # the section itself is not a file
     torch = pytest.importorskip("torch")
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)  # the thread's CPU time counts the copy only when it runs on this thread
-        cpu = measure_link("cpu", sizes=(1, 256), repeats=3, warmup=1, timing="thread_cpu", log=lambda *_: None)
+        cpu = measure_link("cpu", sizes=(1, 2048), repeats=5, warmup=1, timing="thread_cpu", log=lambda *_: None)
         assert cpu["measured"].endswith("thread CPU time)") and cpu["timing"] == "thread_cpu"
         torch.set_num_threads(2)
         with pytest.raises(ValueError, match="one torch thread"):
