@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-from bench_results import ROOT, BenchFolder, compile_bytecode, run_with_folder
+from bench_results import ROOT, BenchFolder, bench_trees, child_json, run_with_folder
 
 TARGET = 0.25  # issue 38: the bounds cost under 25 % of the replay's CPU
 
@@ -66,16 +63,12 @@ def main() -> None:
 
 
 def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
-    trees = [("this", ROOT)] + ([("tree", Path(args.tree).resolve())] if args.tree else [])
-    for _, root in trees:
-        compile_bytecode(root)
+    trees = bench_trees(args.tree)
     rows = []
     for rep in range(args.repeat):
         for label, root in trees:
-            env = {**os.environ, "PYTHONPATH": str(root)}
             cmd = [sys.executable, __file__, "--child", "--limit", str(args.limit)]
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd=root).stdout
-            rows.append({"tree": label, "run": rep, **json.loads(out.strip().splitlines()[-1])})
+            rows.append({"tree": label, "run": rep, **child_json(cmd, root, cwd=root)})
             print(json.dumps(rows[-1]), flush=True)
     keys = ["tree", "run", "replay_cpu_s", "bounds_cpu_s", "ratio", "infinite_cache_hit_rate", "belady_hit_rate",
             "lru_sequential_hit_rate"]

@@ -37,15 +37,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench_results import ROOT, BenchFolder, compile_bytecode, run_with_folder
+from bench_results import BenchFolder, bench_trees, child_json, run_with_folder
 
 CASES = {  # replicas, limit, rate scale, targets (wall seconds, peak RSS MiB)
     "fleet": (16, None, 1.0, None),
@@ -114,9 +112,7 @@ def main() -> None:
 
 
 def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
-    trees = [("this", ROOT)] + ([("tree", Path(args.tree).resolve())] if args.tree else [])
-    for _, root in trees:
-        compile_bytecode(root)
+    trees = bench_trees(args.tree)
     runs = ([] if args.no_single or args.case == "idle" else ["single"]) + args.routers
     rows = []
     for rep in range(args.repeat):
@@ -126,9 +122,7 @@ def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
                        "--rate-scale", str(args.rate_scale)]
                 if args.limit:
                     cmd += ["--limit", str(args.limit)]
-                env = {**os.environ, "PYTHONPATH": str(root)}
-                out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
-                rows.append({"tree": label, "run": rep, **json.loads(out.strip().splitlines()[-1])})
+                rows.append({"tree": label, "run": rep, **child_json(cmd, root)})
                 print(json.dumps(rows[-1]), flush=True)
     single = {label: statistics.median(r["cpu_s"] for r in rows if r["tree"] == label and r["router"] == "single")
               for label, _ in trees if "single" in runs}

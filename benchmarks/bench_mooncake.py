@@ -33,11 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 
-from bench_results import BenchFolder, compile_bytecode, run_with_folder
+from bench_results import BenchFolder, child_json, compile_bytecode, run_with_folder
 
 TARGETS_S = {16: 6.0, 512: 3.0}  # the full-trace replay targets (seconds) of the speed issue
 
@@ -160,8 +159,7 @@ def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
                     cmd += ["--limit", str(args.limit)]
                 if args.no_fast_forward:
                     cmd.append("--no-fast-forward")
-                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-                row = json.loads(out.strip().splitlines()[-1])
+                row = child_json(cmd)
                 runs.append(dict(row))
                 print(json.dumps(row), flush=True)
                 if (level, tier) not in best or row["cpu_s"] < best[level, tier]["cpu_s"]:

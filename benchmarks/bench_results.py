@@ -12,7 +12,9 @@ host shows there).
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -84,6 +86,25 @@ def compile_bytecode(root: Path = ROOT) -> None:
 
     for pkg in ("sim", "workloads"):
         compileall.compile_dir(str(root / pkg), quiet=1)
+
+
+def bench_trees(other: str | None) -> list[tuple[str, Path]]:
+    """The checkouts a benchmark times alternately: ``("this", ROOT)`` and, given ``--tree DIR``,
+    ``("tree", DIR)``; each one's bytecode is written first (:func:`compile_bytecode`)."""
+    trees = [("this", ROOT)] + ([("tree", Path(other).resolve())] if other else [])
+    for _, root in trees:
+        compile_bytecode(root)
+    return trees
+
+
+def child_json(cmd: list[str], root: Path | None = None, cwd: Path | None = None) -> dict[str, Any]:
+    """Runs one timed child process (a benchmark script's ``--child`` mode) and returns the JSON
+    object it printed on its last line. ``root``: run on that checkout's packages (``PYTHONPATH``);
+    None, on this environment's. A failing child raises ``CalledProcessError``."""
+    env = {**os.environ, "PYTHONPATH": str(root)} if root is not None else None
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd=cwd).stdout
+    row: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return row
 
 
 def cpu_model() -> str | None:
