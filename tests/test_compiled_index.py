@@ -4,6 +4,8 @@ counts after every call, through growth, tombstones and rebuilds."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -41,17 +43,23 @@ def calls(draw: st.DrawFn) -> list[tuple]:
     return out
 
 
+def _call_both(py: Any, c: Any, call: tuple) -> None:
+    """One drawn call on the Python index and the compiled one: a match must answer the same, in the
+    same order; any other call changes both."""
+    if call[0] == "match":
+        got, want = c.match(call[1], call[2]), py.match(call[1], call[2])
+        assert got == want and list(got.items()) == list(want.items())
+    else:
+        getattr(py, call[0])(*call[1:])
+        getattr(c, call[0])(*call[1:])
+
+
 @settings(max_examples=300, deadline=None)
 @given(calls())
 def test_the_compiled_index_answers_as_the_python_one(seq: list[tuple]) -> None:
     py, c = KVEventIndex(N), CompiledKVEventIndex(N, initial_slots=8)  # small: probes collide at once
     for call in seq:
-        if call[0] == "match":
-            got, want = c.match(call[1], call[2]), py.match(call[1], call[2])
-            assert got == want and list(got.items()) == list(want.items())
-        else:
-            getattr(py, call[0])(*call[1:])
-            getattr(c, call[0])(*call[1:])
+        _call_both(py, c, call)
         assert [c.num_entries(r) for r in range(N)] == [py.num_entries(r) for r in range(N)]
         assert [_holders(c, h) for h in UNIVERSE] == [_holders(py, h) for h in UNIVERSE]
 
@@ -106,12 +114,7 @@ def test_the_sharded_index_answers_as_the_python_one(seq: list[tuple]) -> None:
     py = KVEventIndex(WIDE_N)
     c = ShardedKVEventIndex(WIDE_N, lambda n: CompiledKVEventIndex(n, initial_slots=8))
     for call in seq:
-        if call[0] == "match":
-            got, want = c.match(call[1], call[2]), py.match(call[1], call[2])
-            assert got == want and list(got.items()) == list(want.items())
-        else:
-            getattr(py, call[0])(*call[1:])
-            getattr(c, call[0])(*call[1:])
+        _call_both(py, c, call)
     assert [c.num_entries(r) for r in range(WIDE_N)] == [py.num_entries(r) for r in range(WIDE_N)]
     everyone = list(range(WIDE_N))
     assert [list(c.match([h], everyone).items()) for h in UNIVERSE] == [list(py.match([h], everyone).items())
