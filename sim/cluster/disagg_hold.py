@@ -97,7 +97,11 @@ class Holds:
         now = self.clock.now
         if self._polls[replica][0] != now:
             return now
-        return min((e[0] for e in self.clock.env._queue if e[0] > now), default=math.inf)
+        env = self.clock.env
+        first = env.peek()  # (inf when the queue is empty)
+        if first > now:  # the usual case: nothing else at this instant, no scan
+            return first
+        return min((e[0] for e in env._queue if e[0] > now), default=math.inf)
 
     def _has_waiting(self, replica: int) -> bool:
         sched = self.replicas[replica]._scheduler
