@@ -104,6 +104,7 @@ class Tokenizer:
     _hf: Any = None
     segment_safe: bool = False  # the normalizer and pre-tokenizer treat every cut piece alike (see above)
     _split: re.Pattern[str] | None = None  # the added tokens, longest first (None: no segment cache)
+    _firsts: dict[str, tuple[str, ...]] | None = None  # the same tokens by first character (None: cut by _split)
     _special: dict[str, int] = field(default_factory=dict)
     _cache: dict[str, Encoded] = field(default_factory=dict)  # text piece (or added token) -> its ids
     _id_text: list[str] = field(default_factory=list)  # str(i) for every id of the vocabulary
@@ -124,6 +125,11 @@ class Tokenizer:
         self._special = {t.content: i for i, t in added.items()}
         alternatives = sorted(self._special, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(re.escape(a) for a in alternatives) + ")")
+        if all(alternatives):
+            firsts: dict[str, list[str]] = {}
+            for token in alternatives:  # longest first within each list, as in the alternation
+                firsts.setdefault(token[0], []).append(token)
+            self._firsts = {c: tuple(tokens) for c, tokens in firsts.items()}
         self._reset_cache()
         if self.words:
             self._words = WordCache(self._hf, self._id_text)
@@ -134,18 +140,17 @@ class Tokenizer:
 
     def _cuts(self, texts: Sequence[str]) -> list[list[str]]:
         """Each text cut at its added tokens (``text, token, text, ..., text``), every part in the
-        cache (the added tokens always are; the missing pieces are encoded in one call)."""
+        cache (the added tokens always are; the missing pieces are encoded in one call). A cache
+        grown past :data:`CACHE_LIMIT` by the call before is emptied first."""
         assert self._split is not None and self._hf is not None
         cache = self._cache
-        cuts = [self._split.split(t) for t in texts]
-        missing = _missing(cuts, cache)
-        if len(cache) + len(missing) > CACHE_LIMIT:
+        if len(cache) > CACHE_LIMIT:
             self._reset_cache()
-            missing = _missing(cuts, cache)
+        cuts = cut_texts(list(texts), self._split, self._firsts)
         if self._words is not None:
-            for part, text in zip(missing, self._words.encode(missing), strict=True):
-                cache[part] = (text, text.count(",") + 1 if text else 0, None)
+            self._words.fill(cuts, cache)
             return cuts
+        missing = _missing(cuts, cache)
         for part, enc in zip(missing, self._hf.encode_batch_fast(missing, add_special_tokens=False), strict=True):
             cache[part] = _entry(enc.ids, self._id_text)
         return cuts
@@ -175,6 +180,14 @@ class Tokenizer:
         return _joined(self._cuts(texts), self._cache)
 
 
+def cut_texts(texts: list[str], split: re.Pattern[str], firsts: dict[str, tuple[str, ...]] | None) -> list[list[str]]:
+    """Each text cut at the added tokens: ``split.split(text)`` (the definition), or the compiled
+    ``word_scan.cut`` over ``firsts`` (the tokens by first character, longest first) where built."""
+    if firsts is None or _cut is None:
+        return [split.split(t) for t in texts]
+    return _cut(texts, firsts)
+
+
 def missing_parts(cuts: list[list[str]], cache: dict[str, Encoded]) -> list[str]:
     """The distinct non-empty parts of ``cuts`` not in ``cache`` (the compiled
     ``word_scan.missing``'s definition; any order)."""
@@ -198,6 +211,11 @@ try:
     from workloads.convert.word_scan import missing as _missing
 except ImportError:  # pragma: no cover - exercised where the extension is not built
     _missing, _joined = missing_parts, joined_parts
+_cut: Callable[[list[str], dict[str, tuple[str, ...]]], list[list[str]]] | None
+try:
+    from workloads.convert.word_scan import cut as _cut
+except ImportError:  # pragma: no cover - an extension built before cut was added, or none
+    _cut = None
 
 
 def _json_file(path: Path, what: str) -> Any:

@@ -124,6 +124,14 @@ class WordCache:
             out[k] = (first[c[0]] + "".join([later[w] for w in c[1:]]))[:-1]
         return out  # type: ignore[return-value]  # every piece filled
 
+    def fill(self, cuts: list[list[str]], cache: dict[str, tuple[str, int, Any]]) -> None:
+        """Put every part of ``cuts`` missing from the segment cache ``cache`` in it as
+        ``(ids text, count, None)``: parts whose words are all known in one compiled pass, the
+        others through :meth:`encode` (which learns their new words)."""
+        unknown = _fill(cuts, cache, self._first, self._later)
+        for part, text in zip(unknown, self.encode(unknown), strict=True):
+            cache[part] = (text, text.count(",") + 1 if text else 0, None)
+
 
 def known_words(pieces: list[str], first: dict[str, str], later: dict[str, str]) -> list[str | None]:
     """Each piece's ids text from the tables (``first[word 0] + later[word 1] + ...`` less the last
@@ -138,8 +146,31 @@ def known_words(pieces: list[str], first: dict[str, str], later: dict[str, str])
     return out
 
 
+def fill_known(cuts: list[list[str]], cache: dict[str, tuple[str, int, Any]], first: dict[str, str],
+               later: dict[str, str]) -> list[str]:
+    """Every non-empty part of ``cuts`` missing from ``cache`` whose words are all in the tables
+    put in it as ``(ids text, count, None)``; the others returned, distinct, first seen first: the
+    definition the compiled ``word_scan.fill`` runs."""
+    unknown: dict[str, None] = {}
+    for parts in cuts:
+        for part in parts:
+            if not part or part in cache or part in unknown:
+                continue
+            text = known_words([part], first, later)[0]
+            if text is None:
+                unknown[part] = None
+            else:
+                cache[part] = (text, text.count(",") + 1 if text else 0, None)
+    return list(unknown)
+
+
 _known: Callable[[list[str], dict[str, str], dict[str, str]], list[str | None]]
 try:
     from workloads.convert.word_scan import known as _known
 except ImportError:  # pragma: no cover - exercised where the extension is not built
     _known = known_words
+_fill: Callable[[list[list[str]], dict[str, tuple[str, int, Any]], dict[str, str], dict[str, str]], list[str]]
+try:
+    from workloads.convert.word_scan import fill as _fill
+except ImportError:  # pragma: no cover - an extension built before fill was added, or none
+    _fill = fill_known

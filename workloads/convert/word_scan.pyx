@@ -1,56 +1,129 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The compiled loop of ``apcsim convert``'s word cache (``workloads.convert.word_cache``; mirrors
-nothing in vLLM): each piece cut at its cut points -- a space followed by an ASCII letter, the space
-starting the word after it -- and its words looked up in the two tables, in one pass over the
-text, without the word list, the per-word Python loop or the join of the interpreted path.
+"""The compiled loops of ``apcsim convert``'s tokenizer caches (``workloads.convert.word_cache``,
+``workloads.convert.tokenizer``; mirrors nothing in vLLM), each equal to an interpreted definition
+kept beside it (the fallback where this is not built, and the tests' oracle).
 
-``known(pieces, first, later)`` gives, per piece, the concatenation of ``first[word 0]`` and
-``later[word k]`` (later words keyed without their space) with the last character (the trailing
-comma) dropped, or None when some word is in neither table (the caller learns the piece's new words
-and takes its interpreted path). ``known`` equals ``word_cache.known_words``, the interpreted
-definition (``tests/test_convert_words.py`` checks both on random texts). Imports nothing.
+* ``known(pieces, first, later)``: each piece cut at its cut points -- a space followed by an
+  ASCII letter, the space starting the word after it -- and its words looked up in the two tables
+  in one pass over the text, giving per piece the concatenation of ``first[word 0]`` and
+  ``later[word k]`` (later words keyed without their space) less the last character (the trailing
+  comma), or None when some word is in neither table (``word_cache.known_words``).
+* ``cut(texts, firsts)``: each text cut at the tokenizer's added tokens, leftmost first and the
+  longest at a place, as ``re.split`` with the alternation of the tokens (longest first) cuts it:
+  ``text, token, text, ..., text`` (``tokenizer.cut_texts``). ``firsts`` maps a token's first
+  character to the tokens starting with it, longest first.
+* ``fill(cuts, cache, first, later)``: every part of ``cuts`` missing from the segment cache whose
+  words are all known is put in it as ``(ids text, count, None)``; the parts with a word in
+  neither table are returned, first seen first (``word_cache.fill_known``).
+* ``missing`` / ``joined``: the segment cache's missing parts, and each list of parts' ids text
+  and count (``tokenizer.missing_parts`` / ``joined_parts``).
+
+``tests/test_convert_word_scan.py`` checks each against its definition on random texts. Imports
+nothing.
 """
 
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_Tailmatch
+
+
+cdef object _known_one(str piece, dict first, dict later):
+    """One piece's ids text from the word tables, or None (see ``known``)."""
+    cdef list acc = []
+    cdef str word
+    cdef Py_ssize_t i, start = 0, n = len(piece)
+    cdef Py_UCS4 c
+    cdef PyObject* hit
+    cdef dict table = first
+    for i in range(n - 1):
+        if piece[i] == u" ":
+            c = piece[i + 1]
+            if (u"a" <= c <= u"z") or (u"A" <= c <= u"Z"):
+                word = piece[start:i]
+                hit = PyDict_GetItem(table, word)
+                if hit is NULL:
+                    return None
+                acc.append(<object>hit)
+                table = later
+                start = i + 1
+    word = piece[start:n]
+    hit = PyDict_GetItem(table, word)
+    if hit is NULL:
+        return None
+    acc.append(<object>hit)
+    word = u"".join(acc)
+    n = len(word)
+    return word[:n - 1] if n else word  # less the trailing comma (no negative index: wraparound is off)
 
 
 def known(list pieces, dict first, dict later):
     cdef list out = []
-    cdef list acc
-    cdef str piece, word
+    cdef str piece
+    for piece in pieces:
+        out.append(_known_one(piece, first, later))
+    return out
+
+
+def cut(list texts, dict firsts):
+    cdef list out = []
+    cdef list parts
+    cdef str text, token, key
     cdef Py_ssize_t i, start, n
     cdef Py_UCS4 c
+    cdef Py_UCS4 marks[32]
+    cdef int count = 0, k
+    cdef bint many = len(firsts) > 32, found
     cdef PyObject* hit
-    cdef dict table
-    cdef bint ok
-    for piece in pieces:
-        n = len(piece)
+    if not many:
+        for key in firsts:
+            marks[count] = key[0]
+            count += 1
+    for text in texts:
+        parts = []
         start = 0
-        table = first
-        acc = []
-        ok = True
-        for i in range(n - 1):
-            if piece[i] == u" ":
-                c = piece[i + 1]
-                if (u"a" <= c <= u"z") or (u"A" <= c <= u"Z"):
-                    word = piece[start:i]
-                    hit = PyDict_GetItem(table, word)
-                    if hit is NULL:
-                        ok = False
-                        break
-                    acc.append(<object>hit)
-                    table = later
-                    start = i + 1
-        if ok:
-            word = piece[start:n]
-            hit = PyDict_GetItem(table, word)
-            if hit is NULL:
-                ok = False
-            else:
-                acc.append(<object>hit)
-        out.append(u"".join(acc)[:-1] if ok else None)
+        i = 0
+        n = len(text)
+        while i < n:
+            c = text[i]
+            found = many
+            for k in range(count):
+                if marks[k] == c:
+                    found = True
+                    break
+            if found:
+                hit = PyDict_GetItem(firsts, c)
+                if hit is not NULL:
+                    for token in <tuple>hit:
+                        if PyUnicode_Tailmatch(text, token, i, n, -1):
+                            parts.append(text[start:i])
+                            parts.append(token)
+                            i += len(token)
+                            start = i
+                            break
+                    else:
+                        i += 1
+                    continue
+            i += 1
+        parts.append(text[start:n])
+        out.append(parts)
     return out
+
+
+def fill(list cuts, dict cache, dict first, dict later):
+    cdef dict unknown = {}
+    cdef list parts
+    cdef str part
+    cdef object text
+    for parts in cuts:
+        for part in parts:
+            if not part or PyDict_GetItem(cache, part) is not NULL or PyDict_GetItem(unknown, part) is not NULL:
+                continue
+            text = _known_one(part, first, later)
+            if text is None:
+                unknown[part] = None
+            else:
+                cache[part] = (text, (<str>text).count(u",") + 1 if text else 0, None)
+    return list(unknown)
 
 
 def missing(list cuts, dict cache):
