@@ -23,6 +23,7 @@ The outcomes are a pure function of the batch: the same output with any number o
 from __future__ import annotations
 
 import gc
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _string  # what json.dumps writes for a str
@@ -40,16 +41,32 @@ SHAREGPT_AS_JSONL = "a JSON list (ShareGPT?) where one JSON object per line was 
 
 
 @dataclass
-class Outcome:
-    """What one record became: request lines, or a problem."""
+class Converted:
+    """What one batch's records became. Per record (in input order): its line, whether it had a
+    timestamp (None: rejected before it was read), its token totals, and the end of its requests
+    in the request lists (cumulative: record ``i``'s are ``[ends[i - 1]:ends[i]]``); per request:
+    its arrival, id and JSON line (``"arrival":0.0`` in the line, the arrival aside, for the
+    writer's sort); the problems that reject records, by record index, as ``(field, problem)``."""
 
-    lineno: int
-    stamped: bool | None = None  # whether it had a timestamp (None: rejected before it was read)
-    problem: tuple[str | None, str] | None = None
-    lines: list[tuple[float, str, str]] = field(default_factory=list)  # (arrival, request id, JSON line)
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    defaulted: int = 0
+    linenos: list[int] = field(default_factory=list)
+    stamped: list[bool | None] = field(default_factory=list)
+    problems: dict[int, tuple[str | None, str]] = field(default_factory=dict)
+    ends: list[int] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    output_tokens: list[int] = field(default_factory=list)
+    defaulted: list[int] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    def _start(self, records: int) -> None:
+        self.prompt_tokens = [0] * records
+        self.output_tokens = [0] * records
+        self.defaulted = [0] * records
+        self.ends = [0] * records  # the requests of each record, summed up by _close
+
+    def _close(self) -> None:
+        self.ends = list(itertools.accumulate(self.ends))
 
 
 def tokenizer_for(opts: Any) -> Tokenizer:
@@ -83,67 +100,98 @@ class BatchConverter:
             raise FieldProblem(None, SHAREGPT_AS_JSONL)
         return self.parse(obj, lineno)
 
-    def __call__(self, batch: list[Item]) -> list[Outcome]:
-        outcomes: list[Outcome] = []
-        plans: list[tuple[Outcome, ChatPlan]] = []
-        for lineno, item in batch:
-            out = Outcome(lineno)
-            outcomes.append(out)
+    def __call__(self, batch: list[Item]) -> Converted:
+        res = Converted()
+        res._start(len(batch))
+        plans: list[tuple[int, ChatPlan]] = []
+        problems, stamped = res.problems, res.stamped
+        for i, (lineno, item) in enumerate(batch):
+            res.linenos.append(lineno)
             try:
                 chat = self._chat(lineno, item)
-                out.stamped = chat.arrival is not None
-                plans.append((out, plan_chat(chat, self.tok.template, self.opts.turns,
-                                             self.opts.default_output_tokens, not self.opts.reference)))
             except FieldProblem as exc:
-                out.problem = (exc.field, exc.problem)
+                stamped.append(None)
+                problems[i] = (exc.field, exc.problem)
+                continue
+            stamped.append(chat.arrival is not None)
+            try:
+                plans.append((i, plan_chat(chat, self.tok.template, self.opts.turns, self.opts.default_output_tokens,
+                                           not self.opts.reference)))
+            except FieldProblem as exc:
+                problems[i] = (exc.field, exc.problem)
         pieces = [p for _, plan in plans for p in plan.pieces]
         if self.opts.reference:
-            self._reference(plans, self.tok.encode_batch(pieces))
-            return outcomes
-        encoded = self.tok.encode_json(pieces)
+            self._reference(res, plans, self.tok.encode_batch(pieces))
+        else:
+            self._requests(res, plans, self.tok.encode_json(pieces))
+        res._close()
+        return res
+
+    def _requests(self, res: Converted, plans: list[tuple[int, ChatPlan]], encoded: list[tuple[str, int]]) -> None:
+        """Each plan's request lines, from its pieces' serialized ids (``encoded``, the plans'
+        pieces in order): a turn's ``tokens`` are the comma-join of its prompt pieces' id texts,
+        grown turn by turn (a prompt is every piece before its answer)."""
         gap = self.opts.turn_gap_s
+        add_arrival, add_id, add_line = res.arrivals.append, res.ids.append, res.lines.append
         at = 0
-        for out, plan in plans:
+        for i, plan in plans:
             n = len(plan.pieces)
             mine = encoded[at:at + n]
             at += n
             try:
                 turns = turn_requests(plan, [c for _, c in mine], gap)
             except FieldProblem as exc:
-                out.problem = (exc.field, exc.problem)
+                res.problems[i] = (exc.field, exc.problem)
                 continue
             chat = plan.chat
-            labels = "".join(f',"{key}":{_string(value)}' for key, value in (
-                ("salt", chat.salt), ("lora", chat.lora), ("tenant", chat.tenant),
-                ("session", chat.session if chat.session is not None else chat.id)) if value is not None)
+            labels = ""
+            if chat.salt is not None:
+                labels += f',"salt":{_string(chat.salt)}'
+            if chat.lora is not None:
+                labels += f',"lora":{_string(chat.lora)}'
+            if chat.tenant is not None:
+                labels += f',"tenant":{_string(chat.tenant)}'
+            labels += f',"session":{_string(chat.session if chat.session is not None else chat.id)}}}\n'
+            prompt = ""
+            covered = 0
+            outputs = 0
             for t in turns:
+                if t.prompt_end > covered:
+                    more = ",".join([text for text, count in mine[covered:t.prompt_end] if count])
+                    prompt = f"{prompt},{more}" if prompt and more else prompt or more
+                    covered = t.prompt_end
                 answer = "" if t.answer is None else f',"output_token_ids":[{mine[t.answer][0]}]'
-                out.lines.append((t.arrival, t.id, f'{{"id":{_string(t.id)},"arrival":0.0,"tokens":['
-                                  f'{",".join([mine[p][0] for p in t.prompt if mine[p][1]])}],"output_tokens":'
-                                  f'{t.output_tokens}{answer}{labels}}}\n'))
-                out.prompt_tokens += sum([mine[p][1] for p in t.prompt])
-                out.output_tokens += t.output_tokens
-            out.defaulted = plan.defaulted
-        return outcomes
+                add_arrival(t.arrival)
+                add_id(t.id)
+                add_line(f'{{"id":{_string(t.id)},"arrival":0.0,"tokens":[{prompt}],"output_tokens":'
+                         f'{t.output_tokens}{answer}{labels}')
+                outputs += t.output_tokens
+            res.prompt_tokens[i] = sum([t.prompt_tokens for t in turns])
+            res.output_tokens[i] = outputs
+            res.defaulted[i] = plan.defaulted
+            res.ends[i] = len(turns)
 
-    def _reference(self, plans: list[tuple[Outcome, ChatPlan]], ids: list[list[int]]) -> None:
+    def _reference(self, res: Converted, plans: list[tuple[int, ChatPlan]], ids: list[list[int]]) -> None:
         """The requests as :class:`TraceRequest` objects serialized by ``request_to_json`` (the
         former path; the fast path's oracle)."""
         at = 0
-        for out, plan in plans:
+        for i, plan in plans:
             n = len(plan.pieces)
             try:
                 reqs = build_requests(plan, ids[at:at + n], self.opts.turn_gap_s)
             except FieldProblem as exc:
-                out.problem = (exc.field, exc.problem)
+                res.problems[i] = (exc.field, exc.problem)
                 reqs = []
             at += n
             for req in reqs:
-                arrival, req.arrival = req.arrival, 0.0
-                out.lines.append((arrival, req.id, request_to_json(req) + "\n"))
-                out.prompt_tokens += len(req.tokens)
-                out.output_tokens += req.output_tokens
-            out.defaulted = plan.defaulted if reqs else 0
+                res.arrivals.append(req.arrival)
+                req.arrival = 0.0
+                res.ids.append(req.id)
+                res.lines.append(request_to_json(req) + "\n")
+                res.prompt_tokens[i] += len(req.tokens)
+                res.output_tokens[i] += req.output_tokens
+            res.defaulted[i] = plan.defaulted if reqs else 0
+            res.ends[i] = len(reqs)
 
 
 _WORKER: list[BatchConverter] = []  # the converter of a worker process (set by init_worker)
@@ -157,6 +205,6 @@ def init_worker(opts: Any, gc_threshold: int | None = None) -> None:
     _WORKER[:] = [BatchConverter(opts)]
 
 
-def run_batch(batch: list[Item]) -> list[Outcome]:
+def run_batch(batch: list[Item]) -> Converted:
     """A worker's task."""
     return _WORKER[0](batch)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -189,14 +189,15 @@ def _final(plan: ChatPlan, prompt_pieces: int) -> None:
         plan.turns.append(_Turn(prompt_pieces, None, chat.answer_tokens))
 
 
-@dataclass
-class TurnRequest:
+class TurnRequest(NamedTuple):
     """One turn's request in terms of the plan's pieces: its prompt is the concatenation of
-    ``prompt`` (piece indices), its ``output_token_ids`` piece ``answer`` (None: not kept)."""
+    ``plan.pieces[:prompt_end]`` (``prompt_tokens`` tokens), its ``output_token_ids`` piece
+    ``answer`` (None: not kept)."""
 
     id: str
     arrival: float
-    prompt: list[int]
+    prompt_end: int
+    prompt_tokens: int
     output_tokens: int
     answer: int | None
 
@@ -204,15 +205,15 @@ class TurnRequest:
 def turn_requests(plan: ChatPlan, counts: Sequence[int], gap_s: float) -> list[TurnRequest]:
     """The requests of a planned chat from its pieces' token counts (``counts[i]`` of
     ``plan.pieces[i]``). Turn k arrives ``(T - k) * gap_s`` before the chat's arrival (the record's
-    timestamp is its last turn's); raises ``FieldProblem`` for a turn with an empty prompt."""
+    timestamp is its last turn's); raises ``FieldProblem`` for a turn with an empty prompt. A
+    turn's prompt is every piece before its answer: the earlier turns' prompts and answers, and the
+    text between (the pieces are cut in that order, ``plan_chat``)."""
     chat = plan.chat
     out: list[TurnRequest] = []
-    prompt: list[int] = []  # the pieces of the prompt so far
     tokens = 0
-    covered = 0
+    covered = 0  # the prompt so far is pieces[:covered]
     last = len(plan.turns) - 1
     for k, turn in enumerate(plan.turns):
-        prompt.extend(range(covered, turn.prompt_pieces))
         tokens += sum(counts[covered:turn.prompt_pieces])
         covered = turn.prompt_pieces
         if not tokens:
@@ -226,12 +227,10 @@ def turn_requests(plan: ChatPlan, counts: Sequence[int], gap_s: float) -> list[T
             raise FieldProblem("usage.completion_tokens", f"turn {k + 1}: expected an output length in "
                                                           f"[1, 2**24), got {n_out}")
         out.append(TurnRequest(
-            id=f"{chat.id}-t{k + 1}" if len(plan.turns) > 1 else chat.id,
-            arrival=0.0 if chat.arrival is None else chat.arrival - (last - k) * gap_s,
-            prompt=list(prompt), output_tokens=n_out,
-            answer=turn.answer_piece if answer and answer >= n_out else None))
+            f"{chat.id}-t{k + 1}" if last else chat.id,
+            0.0 if chat.arrival is None else chat.arrival - (last - k) * gap_s,
+            covered, tokens, n_out, turn.answer_piece if answer and answer >= n_out else None))
         if answer is not None and turn.answer_piece == covered:
-            prompt.append(covered)
             tokens += answer
             covered += 1
     return out
@@ -242,7 +241,7 @@ def build_requests(plan: ChatPlan, ids: list[list[int]], gap_s: float) -> list[T
     :func:`turn_requests`)."""
     chat = plan.chat
     return [TraceRequest(
-        id=t.id, arrival=t.arrival, tokens=np.asarray([i for p in t.prompt for i in ids[p]], dtype=np.int64),
+        id=t.id, arrival=t.arrival, tokens=np.asarray([i for p in range(t.prompt_end) for i in ids[p]], dtype=np.int64),
         output_tokens=t.output_tokens,
         output_token_ids=None if t.answer is None else np.asarray(ids[t.answer], dtype=np.int64),
         salt=chat.salt, lora=chat.lora, tenant=chat.tenant,

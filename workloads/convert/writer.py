@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from workloads.convert.batch import BatchConverter, Item, Outcome, init_worker, run_batch, tokenizer_for
+from workloads.convert.batch import BatchConverter, Converted, Item, init_worker, run_batch, tokenizer_for
 from workloads.convert.conversation import TurnMode
 from workloads.convert.formats import read_sharegpt
 from workloads.convert.timestamps import TimestampMode
@@ -126,24 +126,30 @@ class _Spool:
 
     def add_line(self, arrival: float, rid: str, line: str) -> None:
         """A request's JSON line (with ``"arrival":0.0``; the arrival is kept aside)."""
-        self.add_lines([(arrival, rid, line)])
+        self.add_lines([arrival], [rid], [line])
 
-    def add_lines(self, lines: list[tuple[float, str, str]]) -> None:
-        """Requests' ``(arrival, id, JSON line)``, in order (one write)."""
-        ids, raws, at = self.ids, [], self.at
-        for arrival, rid, line in lines:
-            if rid in ids:  # a repeated record id: the request keeps its place, named apart
-                new = f"{rid}#{len(self.arrivals)}"
-                line = line.replace(f'{{"id":{json.dumps(rid)}', f'{{"id":{json.dumps(new)}', 1)
-                rid = new
-            ids.add(rid)
-            self.arrivals.append(arrival)
-            self.offsets.append(at)
-            raw = line.encode("utf-8")
-            at += len(raw)
-            raws.append(raw)
-        self.at = at
-        self.fh.writelines(raws)
+    def add_lines(self, arrivals: list[float], ids: list[str], lines: list[str]) -> None:
+        """Requests' arrivals, ids and JSON lines, in order (one write). A repeated record id: the
+        request keeps its place, named apart (``id#n``, n its place in the output)."""
+        seen = self.ids
+        if not seen.isdisjoint(ids) or len(set(ids)) != len(ids):
+            lines = list(lines)
+            for k, rid in enumerate(ids):
+                if rid in seen:
+                    new = f"{rid}#{len(self.arrivals) + k}"
+                    lines[k] = lines[k].replace(f'{{"id":{json.dumps(rid)}', f'{{"id":{json.dumps(new)}', 1)
+                    rid = new
+                seen.add(rid)
+        else:
+            seen.update(ids)
+        data = "".join(lines).encode("utf-8")
+        starts = list(itertools.accumulate(map(len, lines), initial=self.at))
+        if starts[-1] - self.at != len(data):  # not ASCII: lengths in bytes
+            starts = list(itertools.accumulate([len(line.encode("utf-8")) for line in lines], initial=self.at))
+        self.at = starts.pop()
+        self.offsets.extend(starts)
+        self.arrivals.extend(arrivals)
+        self.fh.write(data)
 
 
 def _progress(path: Path, enabled: bool | None) -> tuple[Callable[[int], None], Callable[[], None]]:
@@ -192,44 +198,57 @@ def _reject(summary: ConvertSummary, opts: ConvertOptions, name: str, lineno: in
 
 
 def _outcomes(path: Path, opts: ConvertOptions, tok: Tokenizer,
-              tick: Callable[[int], None]) -> Iterator[Outcome]:
-    """Every record's outcome, in input order: batches converted here or by ``opts.workers``
-    processes (``spawn``: a fork after the tokenizer's threads ran could deadlock them)."""
+              tick: Callable[[int], None]) -> Iterator[Converted]:
+    """Every batch's outcome, in input order: converted here or by ``opts.workers`` processes
+    (``spawn``: a fork after the tokenizer's threads ran could deadlock them)."""
     batches = _batches(_items(path, opts, tick), opts.batch)
     workers = opts.workers if opts.workers is not None else auto_workers(path)
     if workers <= 1:
-        convert_batch = BatchConverter(opts, tok)
-        for batch in batches:
-            yield from convert_batch(batch)
+        yield from map(BatchConverter(opts, tok), batches)
         return
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(workers, init_worker, (opts, GC_YOUNG_THRESHOLD)) as pool:
-        for outcomes in pool.imap(run_batch, batches):  # in order
-            yield from outcomes
+        yield from pool.imap(run_batch, batches)  # in order
 
 
 def _text_requests(path: Path, opts: ConvertOptions, tok: Tokenizer, summary: ConvertSummary,
                    spool: _Spool, tick: Callable[[int], None]) -> None:
     name = os.fspath(path)
     stamped: bool | None = None  # whether records carry timestamps (the first good record decides)
-    for out in _outcomes(path, opts, tok, tick):
-        if out.stamped is not None and out.problem is None:
+    for res in _outcomes(path, opts, tok, tick):
+        if not res.problems and res.stamped:
             if stamped is None:
-                stamped = out.stamped
-            elif out.stamped != stamped:
-                out.problem = ("timestamp", "missing, while earlier records have one (--timestamps none ignores "
+                stamped = res.stamped[0]
+            if res.stamped.count(stamped) == len(res.stamped):  # every record good: the batch at once
+                spool.add_lines(res.arrivals, res.ids, res.lines)
+                summary.records += len(res.linenos)
+                summary.requests += len(res.lines)
+                summary.prompt_tokens += sum(res.prompt_tokens)
+                summary.output_tokens += sum(res.output_tokens)
+                summary.default_output_requests += sum(res.defaulted)
+                continue
+        start = 0
+        for i, lineno in enumerate(res.linenos):
+            end = res.ends[i]
+            problem = res.problems.get(i)
+            if res.stamped[i] is not None and problem is None:
+                if stamped is None:
+                    stamped = res.stamped[i]
+                elif res.stamped[i] != stamped:
+                    problem = ("timestamp", "missing, while earlier records have one (--timestamps none ignores "
                                             "them all)" if stamped else "given, while earlier records have none "
                                                                         "(--timestamps none ignores them all)")
-        if out.problem is not None:
-            _reject(summary, opts, name, out.lineno, out.problem)
-            continue
-        spool.add_lines(out.lines)
-        summary.records += 1
-        summary.requests += len(out.lines)
-        summary.prompt_tokens += out.prompt_tokens
-        summary.output_tokens += out.output_tokens
-        summary.default_output_requests += out.defaulted
+            if problem is not None:
+                _reject(summary, opts, name, lineno, problem)
+            else:
+                spool.add_lines(res.arrivals[start:end], res.ids[start:end], res.lines[start:end])
+                summary.records += 1
+                summary.requests += end - start
+                summary.prompt_tokens += res.prompt_tokens[i]
+                summary.output_tokens += res.output_tokens[i]
+                summary.default_output_requests += res.defaulted[i]
+            start = end
     summary.timestamps = "epoch" if stamped else "none"
 
 
