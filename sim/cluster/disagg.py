@@ -52,6 +52,8 @@ without fast-forward windows (a landing may come at any instant, not only at arr
 Miss attribution (``sim.cluster.fleet_attribution``) observes the prefill pool, where the prefix hit
 happens: a request's causes are its prefill leg's (its prompt less its prefill hit; routed_away
 looks at the other prefill replicas); the decode pool's loads are no misses and are not observed.
+With a shared store (``sim.experiment.cluster_store``) a prefill reads and writes it as a plain
+replica does; the read to the decode side stays this path.
 Not modelled here (refused by the config): faults, CPU offload tiers, attribution with decode-only
 serving, hybrid KV groups. Imports neither simpy nor torch.
 """
@@ -211,21 +213,6 @@ class PDClusterReplay(ClusterReplay, Holds):
                        cache_salt=tr.salt, lora_name=tr.lora, prompt_logprobs=bool(tr.prompt_logprobs),
                        hasher=sched.hasher if sched.cache_config.enable_prefix_caching else None)
 
-    def _hold_prefill(self, leg: Leg) -> Request | None:
-        """delay_free_blocks: the prefill's cached prompt blocks, touched by a holder until the read
-        lands (None: nothing of the prompt is cached there any more)."""
-        sched = self.replicas[leg.prefill].scheduler
-        kvm = sched.kv_cache_manager
-        holder = self._probe(leg, sched, "prefill")
-        holder.append_planned_outputs(1)  # the finished prefill: its prompt and one sampled token, so
-        # the lookup (capped one token short) finds every full prompt block
-        hits, local = kvm.peek_computed_blocks(holder)
-        coord = kvm.coordinator
-        assert isinstance(coord, UnitaryFullAttentionCoordinator)
-        if not local or not coord.allocate_for_load(holder, local, hits, 0, False, 0, False):
-            return None
-        return holder
-
     def _release_decode(self, leg: Leg) -> None:
         """The landed request holds the load's blocks itself now (admitted, finished or preempted):
         only the engine's wait for them ends."""
@@ -305,6 +292,8 @@ class PDClusterReplay(ClusterReplay, Holds):
                 request = replica.intake.pending.pop()
                 request.num_computed_tokens = request.num_tokens - 1
                 replica.scheduler.add_request(request)
+                if replica.scheduler.tier is not None:  # (a store's connector: the read is its GPU prefix)
+                    replica.scheduler.tier.connector.state(rid).num_locally_computed_tokens = request.num_tokens - 1
                 self._front(d)
             replica.wake()
         else:

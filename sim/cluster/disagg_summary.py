@@ -7,7 +7,8 @@ tokens) with:
 * ``arrival`` the user's arrival, so ``ttft`` / ``e2e`` include the prefill's queue, the prefill,
   the wait for decode blocks, the transfer and the decode's admission; ``first_scheduled`` (and
   ``queue_time``) the prefill leg's: when the prompt started computing;
-* ``hit_tokens`` the prefill leg's (the prompt tokens not computed: the prefix cache hit);
+* ``hit_tokens`` the prefill leg's (the prompt tokens not computed: the prefix cache hit), and with
+  a shared store its ``external_hit_tokens`` / ``remote_hit_tokens`` and ``kv_wait_steps``;
   ``decode_hit_tokens`` what the decode replica's lookup found after the landing;
 * ``prefill_replica`` (-1: served by the decode replica alone), ``decode_replica``,
   ``prefill_finish``, ``kv_wait_s`` (prefill finish to the read's start: waiting for decode blocks),
@@ -54,6 +55,9 @@ class Leg(Protocol):
     @property
     def transfer_bytes(self) -> int: ...
 
+_PREFILL_TIER = ("external_hit_tokens", "remote_hit_tokens", "kv_wait_steps")
+"""A shared store's request columns (``sim.cluster.kv_store_summary``) a moved request takes from its
+prefill leg: its prompt's load from the store, and the steps it waited for it."""
 _LEG_COLUMNS = ("prefill_replica", "decode_replica", "decode_hit_tokens", "prefill_finish", "kv_wait_s",
                 "transfer_s", "transfer_bytes", "kv_arrival")
 
@@ -82,7 +86,7 @@ def merge_legs(res: ClusterResult, legs: Mapping[str, Leg], where: Mapping[str, 
     if moved.any():
         out.loc[moved, "hit_tokens"] = oid[moved].map(first["hit_tokens"]).to_numpy()
         out.loc[moved, "first_scheduled"] = oid[moved].map(first["first_scheduled"]).to_numpy()
-        for c in (c for c in out.columns if c.startswith("miss_")):  # attributed where the hit happens
+        for c in (c for c in out.columns if c.startswith("miss_") or c in _PREFILL_TIER):  # where the hit happens
             out.loc[moved, c] = oid[moved].map(first[c]).to_numpy()
     out["prefill_replica"] = np.array([g.prefill for g in leg], dtype=np.int64)
     on_decode = out["replica"].to_numpy() >= prefill_ids.stop

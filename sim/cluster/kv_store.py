@@ -24,7 +24,8 @@ tier, so the store **is** that tier's mechanism, shared -- no second one:
   of its own in flight: vLLM's engine keeps stepping while it has requests, so the replica polls --
   empty steps of :data:`POLL_S` -- until the write lands (:class:`StoreKVWorker`);
 * ``writers``: every replica writes (``all``); ``prefill`` names the replicas with a prefill role,
-  which without prefill/decode roles is every replica, so it equals ``all`` in such a fleet.
+  which without prefill/decode roles is every replica, so it equals ``all`` in such a fleet; in a
+  disaggregated one only the prefill pool is attached (``sim.experiment.cluster_store``).
 
 Store-as-the-tier, not a level below a CPU tier: a replica with its own ``engine.kv_offloading_size``
 and a store would need vLLM's ``TieringOffloadingManager`` (``v1/kv_offload/tiering/manager.py``: a

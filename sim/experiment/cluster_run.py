@@ -42,7 +42,7 @@ from sim.cluster.routers import make_router
 from sim.cluster.ttft_routers import MooncakeRouter, OracleRouter
 from sim.core.executor import Executor
 from sim.core.scheduler import Scheduler
-from sim.experiment.cluster_store import build_store, store_engine
+from sim.experiment.cluster_store import build_store, store_engine, store_replicas
 from sim.experiment.config import ConfigError, ExperimentConfig, config_from_dict, config_to_dict
 from sim.experiment.disagg_run import disagg_factory
 from sim.experiment.engine_description import EngineDescription, resolve
@@ -113,29 +113,32 @@ def replica_specs(
     store: KVStore | None = None,
 ) -> tuple[list[ReplicaSpec], list[EngineDescription]]:
     """The replicas' build recipes and resolved engines (resolved once per distinct config); with a
-    ``store`` (``sim.experiment.cluster_store``), every engine's connector uses it."""
+    ``store`` (``sim.experiment.cluster_store``), the connector of every engine that reaches it
+    (``store_replicas``: all, or a P/D fleet's prefill pool) uses it."""
     specs: list[ReplicaSpec] = []
     engines: list[EngineDescription] = []
-    cache: dict[int, tuple[EngineDescription, LatencyModel]] = {}
+    cache: dict[tuple[int, bool], tuple[EngineDescription, LatencyModel]] = {}
+    attached = store_replicas(cfg) if store is not None else range(0)
     for i, sub in enumerate(replica_configs(cfg)):
-        if id(sub) not in cache:
-            cache[id(sub)] = (store_engine(resolve(sub), store), build_latency(sub))
-        engine, latency = cache[id(sub)]
+        mine = store if i in attached else None
+        if (id(sub), mine is None) not in cache:
+            cache[id(sub), mine is None] = (store_engine(resolve(sub), mine), build_latency(sub))
+        engine, latency = cache[id(sub), mine is None]
         facts = ReplicaFacts(engine.block_size, engine.num_gpu_blocks,
                              engine.scheduler_config.max_num_batched_tokens, engine.hash_algo, engine.hash_seed,
                              latency, engine.num_hash_lookahead_tokens, engine.profile.tagged_extra_keys,
-                             engine.offload is not None and store is None)  # (a store is no replica's CPU tier)
+                             engine.offload is not None and mine is None)  # (a store is no replica's CPU tier)
 
-        def scheduler(engine: EngineDescription = engine) -> Scheduler:
+        def scheduler(engine: EngineDescription = engine, mine: KVStore | None = mine) -> Scheduler:
             sched = Scheduler(engine.scheduler_config, engine.cache_config, engine.block_hasher())
-            return sched if store is None else store.attach(sched)
+            return sched if mine is None else mine.attach(sched)
 
         def executor(sched: Scheduler, sub: ExperimentConfig = sub) -> Executor:
             return executor_factory(sub, sched)
 
-        def kv_worker(engine: EngineDescription = engine) -> LinkKVWorker | None:
+        def kv_worker(engine: EngineDescription = engine, mine: KVStore | None = mine) -> LinkKVWorker | None:
             # each incarnation's own link and worker (to the store, with one)
-            return build_kv_worker(engine) if store is None else store.build_worker()
+            return build_kv_worker(engine) if mine is None else mine.build_worker()
 
         specs.append(ReplicaSpec(f"replica-{i}", facts, scheduler, executor, sub.replay.fast_forward,
                                  sub.replay.on_invalid_request == "reject", kv_worker))

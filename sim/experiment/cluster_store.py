@@ -18,6 +18,19 @@ The rules, each one ``ConfigError`` line naming ``cluster.kv_store`` (or the rep
   keys are block hashes, shared only among equal hashings;
 * ``capacity_gib`` holds at least one block.
 
+Which replicas reach the store (:func:`store_replicas`): every replica, except in a disaggregated
+fleet (``cluster.disaggregation``) with ``writers: prefill``, where only the prefill pool does. A
+store replica runs the store's connector, which reads and writes, so ``writers`` picks the replicas
+connected to the store at all -- in vLLM the connector is per instance (``--kv-transfer-config``),
+and the P/D deployments this mirrors connect their decode instances to the prefill peer only: the
+Mooncake paper (FAST '25, section 3 and figure 3) has the prefill nodes reuse KV from the store and
+the decode nodes receive the prompt's KV from the prefill node over the transfer engine, and
+llm-d's / Dynamo's P/D decode workers pull the prompt's KV from their prefill peer over NIXL
+(vLLM's ``NixlConnector``). ``writers: all`` connects the decode pool too (a ``MultiConnector``
+of NIXL and the store on every instance): a decode replica offers the prompt blocks it received
+(the store keeps one copy: resident keys are not stored again) and the prompts it served alone,
+and looks the store up for those (a landed P/D read is not looked up: it arrives computed).
+
 Imports neither simpy nor torch.
 """
 
@@ -68,6 +81,17 @@ def build_store(cfg: ExperimentConfig, engines: Sequence[EngineDescription]) -> 
                           f"({cfg.model}); the store must hold at least one block")
     return KVStore(StoreSpec(blocks, sc.eviction_policy, sc.read_gb_s, sc.write_gb_s, sc.latency_s, sc.writers,
                              per_block, engines[0].block_size))
+
+
+def store_replicas(cfg: ExperimentConfig) -> range:
+    """Query: the replicas that run the store's connector (see the module docstring): all of
+    ``cfg``'s fleet, or its prefill pool with ``writers: prefill`` in a disaggregated fleet."""
+    cluster = cfg.cluster
+    assert cluster is not None
+    pd = cluster.disaggregation
+    if pd is not None and cluster.kv_store is not None and cluster.kv_store.writers == "prefill":
+        return range(pd.prefill)
+    return range(cluster.num_replicas)
 
 
 def store_engine(engine: EngineDescription, store: KVStore | None) -> EngineDescription:

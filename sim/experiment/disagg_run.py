@@ -1,7 +1,9 @@
 """Building a disaggregated replay (``sim.cluster.disagg``) from a config whose
 ``cluster.disaggregation`` is set (``sim.experiment.disagg_config``): one router per pool, the KV
 bytes per block of each replica's model, and the refusals the replay needs (CPU offload tiers,
-hybrid KV groups, miss attribution with llm-d's decode-only serving: one line naming the key).
+hybrid KV groups, miss attribution with llm-d's decode-only serving: one line naming the key). A
+shared store (``cluster.kv_store``) comes in as the plain fleet's: the replicas that reach it
+(``sim.experiment.cluster_store.store_replicas``) were built with its connector.
 Imports neither simpy nor torch.
 """
 
@@ -42,13 +44,12 @@ def disagg_replay(cfg: ExperimentConfig, specs: list[ReplicaSpec], engines: list
     cluster = cfg.cluster
     assert cluster is not None and cluster.disaggregation is not None
     pd = cluster.disaggregation
-    if any(e.offload is not None for e in engines):
+    if kwargs.get("kv_store") is None and any(e.offload is not None for e in engines):  # (a store's engines
+        # have its offload tier: sim.experiment.cluster_store, which refuses replicas' own CPU tiers beside it)
         raise ConfigError(f"{cfg.source}: cluster.disaggregation: CPU offload tiers (engine.offload) are not "
                           "modelled in a disaggregated fleet")
     if any(e.hybrid for e in engines):
         raise ConfigError(f"{cfg.source}: cluster.disaggregation: one full-attention KV group only")
-    if kwargs.pop("kv_store", None) is not None:
-        raise ConfigError(f"{cfg.source}: cluster.kv_store: a shared store in a disaggregated fleet is not modelled")
     if cfg.replay.attribution != "off" and pd.non_cached_tokens:
         raise ConfigError(f"{cfg.source}: replay.attribution: miss attribution covers the prefill pool; a "
                           "disaggregated fleet with decode-only serving (non_cached_tokens > 0) is replayed without it")

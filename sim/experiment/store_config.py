@@ -12,8 +12,10 @@ tier; ``sim.cluster.kv_store`` says how the store reuses it). The keys:
 * ``read_gb_s`` / ``write_gb_s`` -- each replica's own link to the store, GB/s (1e9 B/s) for loads
   (store -> GPU) and stores (GPU -> store); default 25, the issue's example (a 200 Gb/s NIC);
 * ``latency_s`` -- a fixed cost per transfer (default 0);
-* ``writers`` -- ``all`` (default) or ``prefill``: the replicas that write computed blocks to it. A
-  fleet without prefill/decode roles prefills on every replica, so ``prefill`` is ``all`` there.
+* ``writers`` -- ``all`` (default) or ``prefill``: the replicas connected to it, which write computed
+  blocks to it (and read it). A fleet without prefill/decode roles prefills on every replica, so
+  ``prefill`` is ``all`` there; with ``cluster.disaggregation`` it leaves the decode pool out
+  (``sim.experiment.cluster_store.store_replicas``).
 
 Bad input is one line naming the key (pydantic's ``cluster.kv_store.<key>: ...`` or a
 ``ConfigError``): a capacity of 0 with a ``policy`` (a store that holds nothing cannot evict), both
@@ -38,7 +40,8 @@ class KVStoreConfig(BaseModel):
     waits for the load, the waiting steps compute nothing). Size in ``capacity_gib`` (of the model's
     KV) or ``capacity_blocks`` (0: no store); ``policy`` lru (default) or arc; each replica's own link
     to it: ``read_gb_s`` (loads), ``write_gb_s`` (stores), ``latency_s`` per transfer; ``writers``
-    all, or prefill (the replicas with a prefill role: all of them without roles)."""
+    all, or prefill (the replicas with a prefill role: all of them without roles; a P/D fleet's
+    prefill pool)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
