@@ -1,7 +1,8 @@
 """A chat template split at its message loop (``workloads.convert.template_parts``) gives the pieces,
 turns and problems of whole renders: random chats through ``plan_chat`` both ways, over templates
 that split (the tests' Llama-3-style one, ChatML, tails that write on either side of the generation
-prompt, a raising role check) and the shapes the split must refuse."""
+prompt, a raising role check) and the shapes the split must refuse; the same with the messages of
+many chats rendered ahead in one call (``ChatTemplate.prefill``, what a batch does)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,33 @@ def test_split_plans_equal_whole_renders(name: str, chats: list[Chat], turns: st
     assert split.parts(chats[0].messages) is not None
     for chat in chats:
         assert _plan(split, chat, turns, True) == _plan(whole, chat, turns, False)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(sorted(SPLITTING)), st.lists(_chat, min_size=1, max_size=5),
+       st.sampled_from(["all", "last", "first"]))
+def test_prefilled_plans_equal_whole_renders(name: str, chats: list[Chat], turns: str) -> None:
+    """The messages of every chat rendered ahead (raising ones among them skipped) change no piece,
+    turn or problem of any chat."""
+    split = ChatTemplate({"default": SPLITTING[name]}, {"bos_token": "<s>"})
+    whole = ChatTemplate({"default": SPLITTING[name]}, {"bos_token": "<s>"})
+    split.prefill([(chat.messages, chat.tools) for chat in chats])
+    parts = split._parts["default"]
+    assert parts is not None and parts._cache or all(m["role"] == "tool" for c in chats for m in c.messages)
+    for chat in chats:
+        assert _plan(split, chat, turns, True) == _plan(whole, chat, turns, False)
+
+
+def test_prefill_skips_a_raising_message_and_renders_the_rest() -> None:
+    template = ChatTemplate({"default": SPLITTING["raising"]}, {"bos_token": "<s>"})
+    messages = [{"role": "user", "content": "q"}, {"role": "tool", "content": "t"},
+                {"role": "assistant", "content": "a"}, {"role": "tool", "content": "u"},
+                {"role": "user", "content": "z"}]
+    template.prefill([(messages[:3], None), (messages[3:], None)])
+    parts = template._parts["default"]
+    assert parts is not None
+    assert sorted(parts._cache) == [("a", "assistant"), ("q", "user"), ("z", "user")]
+    assert parts._cache[("q", "user")] == "user: q\n"
 
 
 def test_a_raising_message_gives_the_whole_renders_problem_and_line() -> None:

@@ -103,7 +103,7 @@ class BatchConverter:
     def __call__(self, batch: list[Item]) -> Converted:
         res = Converted()
         res._start(len(batch))
-        plans: list[tuple[int, ChatPlan]] = []
+        chats: list[tuple[int, Chat]] = []
         problems, stamped = res.problems, res.stamped
         for i, (lineno, item) in enumerate(batch):
             res.linenos.append(lineno)
@@ -114,9 +114,14 @@ class BatchConverter:
                 problems[i] = (exc.field, exc.problem)
                 continue
             stamped.append(chat.arrival is not None)
+            chats.append((i, chat))
+        template, opts = self.tok.template, self.opts
+        if template is not None and not opts.reference and opts.turns != "first":
+            template.prefill([(chat.messages, chat.tools) for _, chat in chats if chat.template])
+        plans: list[tuple[int, ChatPlan]] = []
+        for i, chat in chats:
             try:
-                plans.append((i, plan_chat(chat, self.tok.template, self.opts.turns, self.opts.default_output_tokens,
-                                           not self.opts.reference)))
+                plans.append((i, plan_chat(chat, template, opts.turns, opts.default_output_tokens, not opts.reference)))
             except FieldProblem as exc:
                 problems[i] = (exc.field, exc.problem)
         pieces = [p for _, plan in plans for p in plan.pieces]

@@ -165,6 +165,21 @@ class ChatTemplate:
         return PartsRenderer(parts, lambda compiled, variables: self._chunks(compiled, name, variables), messages,
                              tools)
 
+    def prefill(self, chats: Sequence[tuple[Sequence[Mapping[str, Any]], Sequence[Any] | None]]) -> None:
+        """Render the messages of many ``(messages, tools)`` chats ahead, in one jinja call per
+        split template (``TemplateParts.prefill``), so that :meth:`parts` of each chat finds its
+        message texts cached; changes no text. Templates that do not split: nothing to do."""
+        groups: dict[str, list[Mapping[str, Any]]] = {}
+        for messages, tools in chats:
+            name = "tool_use" if tools and "tool_use" in self._compiled else "default"
+            if self._parts.get(name) is not None:
+                groups.setdefault(name, []).extend(messages)
+        for name, messages in groups.items():
+            parts = self._parts[name]
+            assert parts is not None
+            parts.prefill(lambda compiled, variables, name=name: self._chunks(compiled, name, variables),  # type: ignore[misc]
+                          messages)
+
     def _run(self, compiled: jinja2.Template, name: str, variables: dict[str, Any]) -> str:
         return "".join(self._chunks(compiled, name, variables))
 

@@ -106,20 +106,7 @@ class TemplateParts:
             new.append(m)
         if not new:
             return found, None  # type: ignore[return-value]  # every entry is a text
-        done: list[str] = []
-        error: Exception | None = None
-        part: list[str] = []
-        try:
-            for chunk in chunks(self.bodies, {"messages": new, _MARK_NAME: _MARK}):
-                if chunk is _MARK:
-                    done.append("".join(part))
-                    part = []
-                else:
-                    part.append(chunk)
-        except Exception as exc:  # kept for the turn that reaches this message
-            error = exc
-        if error is None and len(done) != len(new):  # pragma: no cover - jinja yields each output node
-            raise AssertionError("a split chat template lost a message's end marker")
+        done, error = self._render(chunks, new)
         out: list[str] = []
         at = 0
         for entry in found:
@@ -135,6 +122,46 @@ class TemplateParts:
                 entry = text
             out.append(entry)
         return out, error
+
+    def _render(self, chunks: ChunksFn, messages: list[Any]) -> tuple[list[str], Exception | None]:
+        """The body's text of each message in one jinja call (cut at the markers), up to the first
+        that fails to render, and that one's error (None: all rendered)."""
+        done: list[str] = []
+        part: list[str] = []
+        try:
+            for chunk in chunks(self.bodies, {"messages": messages, _MARK_NAME: _MARK}):
+                if chunk is _MARK:
+                    done.append("".join(part))
+                    part = []
+                else:
+                    part.append(chunk)
+        except Exception as exc:  # kept for the turn that reaches this message
+            return done, exc
+        if len(done) != len(messages):  # pragma: no cover - jinja yields each output node
+            raise AssertionError("a split chat template lost a message's end marker")
+        return done, None
+
+    def prefill(self, chunks: ChunksFn, messages: Sequence[Any]) -> None:
+        """Cache the body texts of ``messages`` (many chats' messages) in as few jinja calls as
+        possible: the per-chat call then finds them cached. A message whose text is not cached
+        (not a dict of strings) is left to its chat; one that fails to render is skipped (its chat
+        renders it and raises there). Changes no text: a body's text is a function of its keys."""
+        cache, keys = self._cache, self.keys
+        todo: dict[tuple[Any, ...], Any] = {}
+        for m in messages:
+            if type(m) is dict:
+                key = tuple(map(m.get, keys))
+                if key not in cache and key not in todo and all(type(v) is str for v in key):
+                    todo[key] = m
+        if len(cache) + len(todo) > BODY_CACHE_LIMIT:
+            cache.clear()
+        items = list(todo.items())
+        while items:
+            done, error = self._render(chunks, [m for _, m in items])
+            cache.update(zip([key for key, _ in items], done))
+            if error is None:
+                return
+            items = items[len(done) + 1:]
 
     def tail_text(self, chunks: ChunksFn, gen: bool) -> str:
         text = self._tails.get(gen)
