@@ -25,6 +25,7 @@ ENGINE_MODULES = (
     "sim.core.kv_cache_manager",
     "sim.core.full_attention_coordinator",
     "sim.core.executor",
+    "sim.core.step_price",  # the decode fast-forward's compiled step price
     "sim.replay.step_runner",
     "sim.replay.sync_loop",
     "sim.replay.decode_window",

@@ -38,6 +38,7 @@ from sim.core.executor import StepShape
 from sim.core.kv_cache_spec import cdiv
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
+from sim.core.step_price import RooflinePrice
 
 
 @dataclass(slots=True)
@@ -160,9 +161,12 @@ def plan_window(
     next_arrival: float,
     *,
     observed: bool = False,
+    step_price: RooflinePrice | None = None,
 ) -> Window | None:
     """The longest allowed window of at least 2 steps, or None (then run a plain step).
-    ``price(shape, step)`` is the duration of the window's step that gets index ``step``.
+    ``price(shape, step)`` is the duration of the window's step that gets index ``step``;
+    ``step_price``, when given, the same duration computed in compiled code from the shape's sums
+    (``sim.core.step_price``: no Python call per step).
 
     ``observed``: the engine's state is read at ``next_arrival`` from outside (a cluster's router
     reads a replica's gauges, KV events and in-flight requests when it routes). A window plays its
@@ -288,7 +292,10 @@ def plan_window(
         if used + need > free:
             break
         shape = StepShape(n_seqs, n_dec, new_tot, pf_tok, ctx, pairs)
-        d = price(shape, scheduler.step_index + j)  # the index step j will get (apply_window)
+        if step_price is not None:
+            d = step_price.step_time(n_seqs, new_tot, ctx, pairs)
+        else:
+            d = price(shape, scheduler.step_index + j)  # the index step j will get (apply_window)
         if observed and start + d >= next_arrival:
             break  # an observed window is over before the next arrival (see the docstring)
         # commit step j

@@ -25,6 +25,7 @@ from sim.core.kv_cache_spec import cdiv
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.core.scheduler_output import SchedulerOutput
+from sim.core.step_price import RooflinePrice
 from sim.core.transfer_job import KVConnectorOutput
 from sim.replay.decode_window import Window, plan_window
 from sim.replay.errors import ReplayError
@@ -107,6 +108,8 @@ class StepRunner:
         # (with an offload tier, only while its connector is quiet: sim.replay.tier_window)
         self.fast_forward = fast_forward and hasattr(executor, "price") and not scheduler.config.async_scheduling
         self.kv_worker = kv_worker
+        # the executor's compiled pricing of a window step, when it has one (sim.core.step_price)
+        self.step_price: RooflinePrice | None = getattr(executor, "step_price", None)
         # finished requests whose tokens are dropped after the next schedule(): with an offload tier
         # its build_connector_meta makes their final store pass (vLLM _build_store_jobs visits the
         # requests finished since the previous step), which reads their tokens and block hashes
@@ -236,6 +239,7 @@ class StepRunner:
             self.clock.now,
             self.intake.next_arrival - ARRIVAL_EPS_S,
             observed=self.intake.observed,
+            step_price=self.step_price,
         )
         if tier is not None and window is not None and not window_allowed(self.scheduler, tier, window):
             return None

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from sim.core.executor import StepShape
+from sim.core.step_price import RooflinePrice
 from sim.timing.latency import LatencyModel
 
 GIB = 1 << 30
@@ -363,6 +364,12 @@ class RooflineLatency(LatencyModel):
         compute = flops / self._flops_per_s
         memory = (self._weights + self._kv * (s.context_tokens + 2 * s.num_new_tokens)) / self._bytes_per_s
         return (compute if compute > memory else memory) + self.overhead_s
+
+    def step_price(self) -> RooflinePrice:
+        """The same step time as compiled arithmetic over a step's sums (``sim.core.step_price``:
+        the decode fast-forward's pricing, equal to :meth:`step_time` bit for bit)."""
+        return RooflinePrice(self._dense, self._lm_head, self._attn, self._flops_per_s, self._weights, self._kv,
+                             self._bytes_per_s, self.overhead_s)
 
     def describe(self) -> dict[str, object]:
         m, g = self.model, self.gpu

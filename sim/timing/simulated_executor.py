@@ -14,7 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sim.core.executor import StepResult, StepShape, planned_samples, step_shape
+from sim.core.step_price import RooflinePrice
 from sim.timing.latency import LatencyModel
+from sim.timing.roofline import RooflineLatency
 from sim.timing.step_noise import StepNoise
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,6 +30,10 @@ class SimulatedExecutor:
     def __init__(self, latency_model: LatencyModel, noise: StepNoise | None = None) -> None:
         self.latency_model = latency_model
         self.noise = noise
+        # the fast-forward's compiled pricing (sim.core.step_price), the same doubles as price():
+        # offered for the roofline alone (a subclass may price otherwise) and without jitter
+        self.step_price: RooflinePrice | None = (
+            latency_model.step_price() if type(latency_model) is RooflineLatency and noise is None else None)
 
     def execute(self, output: SchedulerOutput) -> StepResult:
         if output.is_empty():  # no forward pass for an empty batch (vLLM's EMPTY_MODEL_RUNNER_OUTPUT)
