@@ -9,8 +9,8 @@ tier, so the store **is** that tier's mechanism, shared -- no second one:
   its own: ``sim.core.offload.manager_impl``) -- one capacity, one LRU or ARC policy, chunks of one
   GPU block: the offload key is the block's hash, equal on every replica that hashes alike; every
   replica's engine is built with an offload tier
-  (``CacheConfig.offload``: :meth:`KVStore.offload_config`) whose connector's manager is swapped for
-  the store's right after the engine is built (:meth:`KVStore.attach`), before any request;
+  (``CacheConfig.offload``: :meth:`KVStore.offload_config`) whose connector is handed the store's
+  manager at construction (:meth:`KVStore.scheduler`: it builds none of its own), before any request;
 * so each replica runs vLLM's connector protocol unchanged against the shared store: after the GPU
   lookup, ``get_num_new_matched_tokens`` counts the store's consecutive blocks (external matched
   tokens), the admission starts an async load, the request waits in ``WAITING_FOR_REMOTE_KVS`` and the
@@ -47,10 +47,10 @@ Imports neither simpy nor torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.core.config import OffloadConfig
+from sim.core.config import CacheConfig, OffloadConfig, SchedulerConfig
+from sim.core.hashing import BlockHasher
 from sim.core.offload.events import OffloadingEventsTracker
 from sim.core.offload.manager_impl import OffloadingManager, make_offloading_manager
 from sim.core.scheduler import Scheduler
@@ -134,24 +134,27 @@ class KVStore:
         self._last: Scheduler | None = None  # the engine attached last
 
     def offload_config(self) -> OffloadConfig:
-        """Query: the tier each replica's engine is built with (its own manager is then replaced)."""
+        """Query: the tier each replica's engine is built with (its connector given the store's manager)."""
         return OffloadConfig(num_cpu_chunks=self.spec.num_blocks, blocks_per_chunk=1, policy=self.spec.policy)  # type: ignore[arg-type]
 
+    def scheduler(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                  hasher: BlockHasher | None) -> Scheduler:
+        """A replica's engine on the store: built with :meth:`offload_config` in ``cache_config`` and
+        the store's manager handed to its connector (``Scheduler(offload_manager=...)``: the
+        connector builds no manager of its own), then attached (:meth:`attach`)."""
+        return self.attach(Scheduler(scheduler_config, cache_config, hasher, offload_manager=self.manager))
+
     def attach(self, sched: Scheduler) -> Scheduler:
-        """Point ``sched``'s connector at the store (its manager and its event tracker); ``sched``
-        was just built with :meth:`offload_config` and has seen no request."""
+        """Point ``sched``'s connector at the store's event tracker; ``sched`` was just built with
+        :meth:`offload_config` and the store's manager, and has seen no request."""
         tier = sched.tier
-        if tier is None or tier.connector.blocks_per_chunk != 1:
-            raise ValueError("a store replica's engine needs the store's offload config (one block per chunk)")
+        if tier is None or tier.connector.blocks_per_chunk != 1 or tier.connector.manager is not self.manager:
+            raise ValueError("a store replica's engine needs the store's offload config (one block per chunk) "
+                             "and its manager (Scheduler(offload_manager=store.manager))")
         assert not tier.connector.req_status, "attach the store before any request"
-        tier.connector.manager = self.manager
         tier.connector.events_tracker = self.tracker
         self._last = sched  # its worker comes next (sim.cluster.replica builds engine, executor, worker)
         return sched
-
-    def wrap(self, build: Callable[[], Scheduler]) -> Callable[[], Scheduler]:
-        """``build`` followed by :meth:`attach` (each incarnation of a replica)."""
-        return lambda: self.attach(build())
 
     def build_worker(self) -> StoreKVWorker:
         """The link to the store and the connector worker of the engine attached last."""

@@ -44,6 +44,7 @@ from sim.core.kv_cache_coordinator import NO_HITS
 from sim.core.kv_cache_manager import KVCacheManager
 from sim.core.kv_events import EventSink
 from sim.core.offload.admission import schedule_waiting
+from sim.core.offload.manager_impl import OffloadingManager
 from sim.core.offload.tier import OffloadTier
 from sim.core.prefill_cadence import PrefillCadence
 from sim.core.prefix_cache_stats import PrefixCacheStats
@@ -65,6 +66,7 @@ class Scheduler:
         *,
         log_stats: bool = True,
         event_sink: EventSink | None = None,
+        offload_manager: OffloadingManager | None = None,
     ) -> None:
         self.config = scheduler_config
         self.cache_config = cache_config
@@ -86,8 +88,9 @@ class Scheduler:
         self.track_in_flight = scheduler_config.async_scheduling and self.profile.stale_output_skip
         self.cadence = PrefillCadence(scheduler_config.prefill_schedule_interval)
         self.deferred_waiting: set[str] = set()  # vLLM 0.33 deferred_waiting: skipped, not yet admitted
-        # vLLM 0.33.0's offload connector path (sim.core.offload.tier), None without CacheConfig.offload
-        self.tier: OffloadTier | None = None if cache_config.offload is None else OffloadTier(self)
+        # vLLM 0.33.0's offload connector path (sim.core.offload.tier), None without CacheConfig.offload;
+        # offload_manager: its manager built already (a fleet's shared store), else the connector builds one
+        self.tier: OffloadTier | None = None if cache_config.offload is None else OffloadTier(self, offload_manager)
 
     @property
     def event_sink(self) -> EventSink | None:

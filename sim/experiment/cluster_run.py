@@ -130,8 +130,9 @@ def replica_specs(
                              engine.offload is not None and mine is None)  # (a store is no replica's CPU tier)
 
         def scheduler(engine: EngineDescription = engine, mine: KVStore | None = mine) -> Scheduler:
-            sched = Scheduler(engine.scheduler_config, engine.cache_config, engine.block_hasher())
-            return sched if mine is None else mine.attach(sched)
+            if mine is not None:  # (its connector takes the store's manager, building none of its own)
+                return mine.scheduler(engine.scheduler_config, engine.cache_config, engine.block_hasher())
+            return Scheduler(engine.scheduler_config, engine.cache_config, engine.block_hasher())
 
         def executor(sched: Scheduler, sub: ExperimentConfig = sub) -> Executor:
             return executor_factory(sub, sched)

@@ -57,17 +57,17 @@ if TYPE_CHECKING:  # pragma: no cover
 class OffloadingConnectorScheduler:
     """The connector (see the module docstring). Methods change state unless they say Query."""
 
-    def __init__(self, config: OffloadConfig, block_size: int, manager_impl: str = "compiled") -> None:
+    def __init__(self, config: OffloadConfig, block_size: int, manager_impl: str = "compiled",
+                 manager: OffloadingManager | None = None) -> None:
         self.config = config
         self.block_size = block_size
         self.blocks_per_chunk = config.blocks_per_chunk
         self.tokens_per_chunk = block_size * config.blocks_per_chunk
         self.hashes_per_chunk = config.blocks_per_chunk  # the hash block size is the block size
         self.offload_prompt_only = config.offload_prompt_only
-        # (manager_impl: sim.core.offload.manager_impl -- the compiled LRU table or the Python manager)
-        self.manager: OffloadingManager = make_offloading_manager(
-            config.num_cpu_chunks, config.policy, config.store_threshold, self.tokens_per_chunk, manager_impl
-        )
+        # (sim.core.offload.manager_impl's choice, or ``manager``: one built already -- a fleet's shared store)
+        self.manager: OffloadingManager = manager if manager is not None else make_offloading_manager(
+            config.num_cpu_chunks, config.policy, config.store_threshold, self.tokens_per_chunk, manager_impl)
         self.req_status: dict[str, RequestOffloadState] = {}
         self.jobs: dict[int, JobStatus] = {}
         self._job_counter = 0
@@ -95,7 +95,7 @@ class OffloadingConnectorScheduler:
         """Start tracking a request (``Scheduler.add_request``)."""
         self.req_status[request.request_id] = RequestOffloadState(
             request, ReqContext(request.request_id), track_positions=self.manager.needs_positions()
-        )  # (read per request: a fleet's shared store may swap the manager in after construction)
+        )  # (read per request: the manager may be a fleet's shared store, handed in at construction)
 
     def state(self, request_id: str) -> RequestOffloadState:
         """Query: a tracked request's state."""

@@ -33,6 +33,7 @@ from sim.core.request_queue import RequestQueue, create_request_queue
 from sim.core.transfer_job import KVConnectorOutput
 
 if TYPE_CHECKING:  # pragma: no cover
+    from sim.core.offload.manager_impl import OffloadingManager
     from sim.core.scheduler_output import SchedulerOutput
 
 
@@ -43,7 +44,9 @@ def _cdiv(a: int, b: int) -> int:
 class OffloadTier:
     """The connector state a :class:`~sim.core.scheduler.Scheduler` with an offload tier keeps."""
 
-    def __init__(self, sched: SchedulerHost) -> None:
+    def __init__(self, sched: SchedulerHost, manager: OffloadingManager | None = None) -> None:
+        """``manager``: the connector's CPU-tier manager when built already (a fleet's shared store,
+        ``sim.cluster.kv_store``); None: the connector builds its own from ``CacheConfig.offload``."""
         cache = sched.cache_config
         offload = cache.offload
         assert offload is not None
@@ -57,7 +60,7 @@ class OffloadTier:
         assert isinstance(coord, UnitaryFullAttentionCoordinator)
         self.sched = sched
         self.coordinator = coord
-        self.connector = OffloadingConnectorScheduler(offload, cache.block_size)
+        self.connector = OffloadingConnectorScheduler(offload, cache.block_size, manager=manager)
         self.kv_holding_waiting: RequestQueue = create_request_queue(sched.config.policy)
         self.finished_recving: set[str] = set()
         self.inflight_prefills: dict[str, Request] = {}
