@@ -31,9 +31,10 @@ from typing import Any
 
 from workloads.convert.conversation import Chat, ChatPlan, build_requests, plan_chat, turn_requests
 from workloads.convert.formats import openai_chat, vllm_bench_chat
+from workloads.convert.json_record import decode_record
 from workloads.convert.tokenizer import Tokenizer, load_tokenizer
 from workloads.trace_format import request_to_json
-from workloads.trace_json import FieldProblem, decode_line
+from workloads.trace_json import FieldProblem
 
 Item = tuple[int, bytes | Chat | FieldProblem]
 
@@ -91,7 +92,7 @@ class BatchConverter:
         if isinstance(item, Chat):
             return item
         try:
-            obj = decode_line(item)
+            obj = decode_record(item)
         except FieldProblem:
             if lineno == 1 and item.lstrip().startswith(b"["):
                 raise FieldProblem(None, SHAREGPT_AS_JSONL) from None

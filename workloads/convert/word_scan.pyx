@@ -17,6 +17,10 @@ kept beside it (the fallback where this is not built, and the tests' oracle).
   neither table are returned, first seen first (``word_cache.fill_known``).
 * ``missing`` / ``joined``: the segment cache's missing parts, and each list of parts' ids text
   and count (``tokenizer.missing_parts`` / ``joined_parts``).
+* ``key_marks(raw)`` / ``count_keys(obj)``: the checks that let a record decoded by msgspec stand
+  for the strict decoder's (``json_record.key_marks`` / ``count_keys``): the ``":`` in a JSON
+  text (-1 when a quote is followed by whitespace and a colon), and the keys of a decoded value's
+  objects (-1 past a depth).
 
 ``tests/test_convert_word_scan.py`` checks each against its definition on random texts. Imports
 nothing.
@@ -25,6 +29,7 @@ nothing.
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_Tailmatch
+from libc.string cimport memchr
 
 
 cdef object _known_one(str piece, dict first, dict later):
@@ -160,3 +165,50 @@ def joined(list cuts, dict cache):
                     total += count
         out.append((u",".join(texts), total))
     return out
+
+
+def key_marks(bytes raw):
+    cdef const char* s = raw
+    cdef const char* hit
+    cdef Py_ssize_t n = len(raw), i = 0, j, count = 0
+    while i < n:
+        hit = <const char*>memchr(s + i, 34, n - i)  # the next double quote
+        if hit is NULL:
+            break
+        j = hit - s + 1
+        if j < n and s[j] == 58:  # ':'
+            count += 1
+        else:
+            while j < n and (s[j] == 32 or s[j] == 9 or s[j] == 10 or s[j] == 13):
+                j += 1
+            if j < n and s[j] == 58 and j > hit - s + 1:
+                return -1
+        i = hit - s + 1
+    return count
+
+
+cdef Py_ssize_t _keys(object value, int depth):
+    cdef Py_ssize_t total = 0, sub
+    cdef object item
+    if depth > 200:
+        return -1
+    if type(value) is dict:
+        total = len(<dict>value)
+        for item in (<dict>value).values():
+            if type(item) is dict or type(item) is list:
+                sub = _keys(item, depth + 1)
+                if sub < 0:
+                    return -1
+                total += sub
+    elif type(value) is list:
+        for item in <list>value:
+            if type(item) is dict or type(item) is list:
+                sub = _keys(item, depth + 1)
+                if sub < 0:
+                    return -1
+                total += sub
+    return total
+
+
+def count_keys(value):
+    return _keys(value, 0)
