@@ -13,7 +13,11 @@ Invariants (checked by ``check_integrity``):
   twice under one key; lookups return the first-inserted block still present;
 * free order: ``free_blocks`` puts blocks that reach ``ref_cnt == 0`` without a hash at the head
   (reused first) and hashed ones at the tail, each list in the given order; callers free a
-  request's blocks in reverse, so its chain tail is evicted before its head.
+  request's blocks in reverse, so its chain tail is evicted before its head;
+* the pool grows with the blocks it touches: ``blocks`` holds the blocks ever handed out (ids
+  ``0 .. len(blocks) - 1``, block 0 the null block); a block never handed out has no object yet
+  and sits, free, uncached and unreferenced, in the queue's run of never-used ids
+  (:mod:`sim.core.free_block_queue`), which keeps vLLM's order exactly.
 
 An optional ``observer`` (:mod:`sim.core.cache_observer`, set after construction like
 ``event_sink``) is told about every caching and every dropped key; it changes nothing.
@@ -57,8 +61,9 @@ class BlockPool:
             raise ValueError(f"num_gpu_blocks must be >= 2 (block 0 is the null block), got {num_gpu_blocks}")
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
-        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
-        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        # made as they are first handed out (the free queue appends them): ids 0 .. len - 1
+        self.blocks: list[KVCacheBlock] = []
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks, num_gpu_blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
@@ -206,11 +211,16 @@ class BlockPool:
             self.free_block_queue.append_n(with_hash)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        """Drop the hashes of the given blocks, even in-use ones, without freeing them."""
+        """Drop the hashes of the given blocks, even in-use ones, without freeing them (a block
+        never handed out has none); IndexError for an id outside ``0 .. num_gpu_blocks - 1``."""
+        blocks = self.blocks
         for bid in block_ids:
-            block = self.blocks[bid]
-            if block.block_hash is not None:
-                self._evict(block, EVICT_EXPLICIT)
+            if not 0 <= bid < self.num_gpu_blocks:
+                raise IndexError(f"block id {bid} is not in a pool of {self.num_gpu_blocks} blocks")
+            if bid < len(blocks):
+                block = blocks[bid]
+                if block.block_hash is not None:
+                    self._evict(block, EVICT_EXPLICIT)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every hash; only allowed when no block is in use (the null block aside)."""
@@ -240,9 +250,10 @@ class BlockPool:
         return self.free_block_queue.block_ids()
 
     def check_integrity(self) -> None:
-        """Assert every pool invariant; O(num_gpu_blocks). Used after each step in tests."""
+        """Assert every pool invariant; O(blocks handed out). Used after each step in tests."""
         assert self.null_block.block_id == 0 and self.null_block.block_hash is None
         assert self.null_block not in self.free_block_queue, "null block in free queue"
+        self.free_block_queue.check_integrity()
         n_cached = 0
         for block in self.blocks[1:]:
             assert block.ref_cnt >= 0, f"block {block.block_id} ref_cnt {block.ref_cnt} < 0"
