@@ -15,7 +15,10 @@ state in C arrays:
   table with an empty list -- a lookup of it checks the list and misses -- until the table is
   rebuilt (when used slots pass half its size), so an eviction never probes or deletes;
 * range APIs: ``get_new_blocks(n)``, ``cache_full_blocks`` over a range, ``free_blocks`` and
-  ``longest_cached_prefix(keys, max_blocks)`` are one call each.
+  ``longest_cached_prefix(keys, max_blocks)`` are one call each;
+* it grows with the blocks it touches: a block's object and C state are made when it is first
+  handed out (``blocks`` holds ids ``0 .. len(blocks) - 1``, the blocks ever handed out), the
+  never-used ones being a run of ids in the free queue (``compiled_pool_queue.pxi``).
 
 Blocks are :class:`CompiledBlock` objects (``block_id``, ``ref_cnt``, ``block_hash``,
 ``group_id``, ``is_null``: read like :class:`sim.core.kv_cache_block.KVCacheBlock`); keys must be
@@ -28,7 +31,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_INCREF, PyObject
 from libc.stdint cimport int32_t, int64_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Realloc
 from libc.string cimport memcmp, memcpy
 
 from collections.abc import Set
@@ -54,35 +57,25 @@ cdef inline object _external_hash(object raw):
     return v
 
 
-# The module is one Cython compilation unit in four files (each under the 400-line house rule):
-# the C layout, the index primitives, this file's BlockPool API, and the read-only views.
+# The module is one Cython compilation unit in five files (each under the 400-line house rule):
+# the C layout, the index primitives, the free queue, this file's BlockPool API, and the views.
 include "compiled_pool_layout.pxi"
 include "compiled_pool_index.pxi"
+include "compiled_pool_queue.pxi"
 
 
-cdef class CompiledBlockPool(_PoolIndex):
-    """Owns all blocks, the free queue and the hash index; emits KV events to an optional sink
+cdef class CompiledBlockPool(_PoolQueue):
+    """Owns the blocks, the free queue and the hash index; emits KV events to an optional sink
     (``event_sink`` may be set after construction). Queries say so; every other method changes
     state. Drop-in for :class:`sim.core.block_pool.BlockPool`. Its C state and primitives are
-    :class:`_PoolIndex`'s (``compiled_pool_index.pxi``)."""
+    :class:`_PoolIndex`'s and :class:`_PoolQueue`'s (``compiled_pool_index.pxi``,
+    ``compiled_pool_queue.pxi``)."""
 
     def __init__(self, int num_gpu_blocks, bint enable_caching=True, event_sink=None):
-        cdef int i, n = num_gpu_blocks
-        cdef Link* l
-        self.num_gpu_blocks = n
         self.enable_caching = enable_caching
         self.event_sink = event_sink
         self.observer = None
-        self.blocks = [CompiledBlock(i) for i in range(n)]
-        for i in range(n):
-            self._ring[i] = i
-            self._rpos[i] = RING_BASE + i
-            l = &self._link[i]
-            l.hprev = l.hnext = l.slot = NONE
-            l.pad = 0
-        self._rhead = RING_BASE
-        self._rtail = RING_BASE + n
-        self._nfree = n
+        self.blocks = []  # made as they are first handed out (_make_virgin): ids 0 .. len - 1
         self.null_block = self._popleft()
         self.null_block.is_null = True
         self.num_cached_blocks = 0
@@ -205,13 +198,15 @@ cdef class CompiledBlockPool(_PoolIndex):
         its turn -- after churn the LRU order is random in memory."""
         cdef int i
         cdef CompiledBlock blk
-        cdef int32_t* ids = self._scratch
+        cdef int32_t* ids
         if num_blocks > self._nfree:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         if num_blocks <= 0:
             if self.enable_caching and self.event_sink is None and self.observer is not None:
                 self.observer.on_evict([], EVICT_REUSED)  # as BlockPool does for an empty pop
             return []
+        self._make_virgin(num_blocks)  # (may grow, so move, _scratch)
+        ids = self._scratch
         self._pop_ids(num_blocks, ids)
         for i in range(num_blocks):
             __builtin_prefetch(&self._link[ids[i]])  # for the slot prefetches below
@@ -304,12 +299,16 @@ cdef class CompiledBlockPool(_PoolIndex):
         return n_head
 
     def evict_blocks(self, block_ids):
-        """Drop the hashes of the given blocks, even in-use ones, without freeing them."""
+        """Drop the hashes of the given blocks, even in-use ones, without freeing them (a block
+        never handed out has none); IndexError for an id outside ``0 .. num_gpu_blocks - 1``."""
         cdef CompiledBlock blk
         for bid in block_ids:
-            blk = <CompiledBlock>self.blocks[bid]
-            if blk._key is not None:
-                self._evict(blk, EVICT_EXPLICIT)
+            if not 0 <= bid < self.num_gpu_blocks:
+                raise IndexError(f"block id {bid} is not in a pool of {self.num_gpu_blocks} blocks")
+            if bid < self._next_virgin:
+                blk = self._block(bid)
+                if blk._key is not None:
+                    self._evict(blk, EVICT_EXPLICIT)
 
     def reset_prefix_cache(self):
         """Forget every hash; only allowed when no block is in use (the null block aside)."""
@@ -319,13 +318,13 @@ cdef class CompiledBlockPool(_PoolIndex):
             return False
         if self.observer is not None:
             self.observer.on_evict([b for b in self.blocks if (<CompiledBlock>b)._key is not None], EVICT_RESET)
-        for i in range(self.num_gpu_blocks):
+        for i in range(self._next_virgin):  # (a never-used block has no key)
             self._block(i)._key = None
             l = &self._link[i]
             l.hprev = l.hnext = l.slot = NONE
-        free(self._slots)
+        PyMem_Free(self._slots)
         self._slots = NULL
-        self._alloc_table(_table_size(self.num_gpu_blocks))
+        self._alloc_table(_table_size(self._cap))
         self.num_cached_blocks = 0
         if self.event_sink is not None:
             self.event_sink(AllBlocksCleared())
@@ -339,17 +338,6 @@ cdef class CompiledBlockPool(_PoolIndex):
     def get_usage(self):
         """Query: vLLM's KV usage metric, ``1 - free / (num_gpu_blocks - 1)``."""
         return 1.0 - self._nfree / <double>(self.num_gpu_blocks - 1)
-
-    def free_block_ids(self):
-        """Query: free block ids, head (next reused) first."""
-        out = []
-        cdef int64_t p
-        cdef int32_t b
-        for p in range(self._rhead, self._rtail):
-            b = self._ring[p & self._rmask]
-            if self._rpos[b] == p:
-                out.append(b)
-        return out
 
 
 include "compiled_pool_views.pxi"

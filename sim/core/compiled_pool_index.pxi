@@ -1,17 +1,15 @@
 """The compiled pool's index mechanics (included by ``compiled_pool.pyx``): :class:`_PoolIndex`
-owns the C arrays -- the intrusive free list and the open-addressing key table -- and their
-primitive operations; :class:`CompiledBlockPool` builds vLLM's BlockPool API on top of them.
-Invariants (checked by ``check_integrity``): a block is in the free list iff its ``ref_cnt`` is 0;
-a block with a key is linked in exactly that key's slot list, first-inserted first.
+owns the C arrays -- the free-queue ring (its operations in ``compiled_pool_queue.pxi``) and the
+open-addressing key table -- and the table's primitive operations; :class:`CompiledBlockPool`
+builds vLLM's BlockPool API on top of them. Invariant (checked by ``check_integrity``): a block
+with a key is linked in exactly that key's slot list, first-inserted first.
 
-The free queue is a ring of block ids read from head to tail, with lazy removal: each free block
-records the ring position of its entry (``_rpos``), an entry whose block records another position
-is stale and skipped, and taking a block out of the middle (a prefix hit on a free cached block)
-only marks it not free. A pop of n blocks reads the ring in order, so its reads do not wait on each
-other as a linked list's would (each next id read from the last one's links, one cache miss after
-another); appending at the tail or, for freed blocks without a hash, at the head writes one entry.
-When the ring is full it is compacted in place, in order; at least half of it is stale then
-(``_ring_size``).
+Every array grows with the blocks the pool has handed out, not with ``num_gpu_blocks``
+(``_PoolQueue._grow``): the per-block arrays hold ``_cap`` blocks, the table ``_table_size(_cap)``
+slots, so a pool that used a few hundred of its blocks holds a few hundred blocks' state (taken
+with ``PyMem_*``, so ``tracemalloc`` counts it). A table
+that grows is rebuilt at the new size; its slot order is nowhere observable (the Python pool's
+dict has another order, and every result is the same with either pool).
 """
 
 
@@ -34,7 +32,11 @@ cdef class _PoolIndex:
     cdef int32_t* _ring  # the free queue: block ids from position _rhead to _rtail (mod its size)
     cdef int64_t* _rpos  # per block: the position of its live ring entry, NOT_FREE when in use
     cdef int64_t _rhead, _rtail
-    cdef int32_t _rmask, _nfree
+    cdef int32_t _rmask, _nfree  # (_nfree counts the never-used blocks too)
+    cdef int32_t _cap  # blocks the per-block arrays (_rpos, _link, _scratch) hold
+    cdef int32_t _next_virgin  # the lowest never-used block id (num_gpu_blocks when none is left)
+    cdef int64_t _vpos  # the ring position the run of never-used ids sits at, while there is one
+    cdef int32_t _nhead  # free blocks before the run (ring positions below _vpos), while there is one
     cdef Link* _link
     cdef int32_t* _scratch  # block ids of one pop, or of one free's blocks bound for the head
     cdef Slot* _slots
@@ -44,30 +46,32 @@ cdef class _PoolIndex:
     def __cinit__(self, int num_gpu_blocks, bint enable_caching=True, event_sink=None):
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be >= 2 (block 0 is the null block), got {num_gpu_blocks}")
-        cdef int32_t ring = _ring_size(num_gpu_blocks)
-        self._ring = <int32_t*>calloc(ring, sizeof(int32_t))  # zeroed: pops prefetch past the tail
-        self._rpos = <int64_t*>malloc(num_gpu_blocks * sizeof(int64_t))
-        self._rmask = ring - 1
-        self._link = <Link*>malloc(num_gpu_blocks * sizeof(Link))
-        self._scratch = <int32_t*>malloc(num_gpu_blocks * sizeof(int32_t))
-        if self._ring == NULL or self._rpos == NULL or self._link == NULL or self._scratch == NULL:
-            raise MemoryError()
+        self.num_gpu_blocks = num_gpu_blocks
+        self._ring = NULL  # every array is allocated by _PoolQueue._grow, and grows there
+        self._rpos = NULL
+        self._link = NULL
+        self._scratch = NULL
         self._slots = NULL
-        self._alloc_table(_table_size(num_gpu_blocks))
+        self._cap = 0
+        self._rmask = 0
+        self._rhead = self._rtail = self._vpos = RING_BASE
+        self._nfree = num_gpu_blocks
+        self._next_virgin = 0
+        self._nhead = 0
 
     def __dealloc__(self):
-        free(self._ring)
-        free(self._rpos)
-        free(self._link)
-        free(self._scratch)
-        free(self._slots)
+        PyMem_Free(self._ring)
+        PyMem_Free(self._rpos)
+        PyMem_Free(self._link)
+        PyMem_Free(self._scratch)
+        PyMem_Free(self._slots)
 
     # -- C internals --------------------------------------------------------------------------
     cdef inline CompiledBlock _block(self, int32_t bid):
         return <CompiledBlock>PyList_GET_ITEM(self.blocks, bid)
 
     cdef void _alloc_table(self, int32_t cap) except *:
-        cdef Slot* t = <Slot*>calloc(cap, sizeof(Slot))
+        cdef Slot* t = <Slot*>PyMem_Calloc(cap, sizeof(Slot))
         if t == NULL:
             raise MemoryError()
         self._slots = t
@@ -118,15 +122,15 @@ cdef class _PoolIndex:
         cdef int32_t s = self._find(key)
         return -1 if s < 0 else self._slots[s].head
 
-    cdef void _rebuild(self) except *:
-        """Drop the keys whose list is empty (lazy evictions), at the same size: a live key holds a
-        cached block, so at most a quarter of the slots are live (``_table_size``) and the home
-        slot of a key never changes."""
+    cdef void _rebuild(self, int32_t cap) except *:
+        """Drop the keys whose list is empty (lazy evictions), into a table of ``cap`` slots (the
+        same size, or a larger one when the pool grows): a live key holds a cached block, so at
+        most a quarter of the slots are live (``_table_size``)."""
         cdef Slot* old = self._slots
         cdef list okeys = self._tkeys
         cdef int32_t old_cap = self._tcap, s, t, b
         cdef bint found
-        self._alloc_table(old_cap)
+        self._alloc_table(cap)
         for s in range(old_cap):
             if old[s].klen and old[s].head != NONE:
                 key = <object>PyList_GET_ITEM(okeys, s)
@@ -140,7 +144,7 @@ cdef class _PoolIndex:
                 while b != NONE:
                     self._link[b].slot = t
                     b = self._link[b].hnext
-        free(old)
+        PyMem_Free(old)
 
     cdef void _insert(self, CompiledBlock blk, object key) except *:
         """Cache ``blk`` under ``key`` after any block already there (no de-duplication)."""
@@ -157,7 +161,7 @@ cdef class _PoolIndex:
         s = self._probe_at(home, k0, k1, n, key, &found)
         if not found:
             if (self._tn_used + 1) * 2 > self._tcap:
-                self._rebuild()
+                self._rebuild(self._tcap)
                 s = self._probe(k0, k1, n, key, &found)
             t = &self._slots[s]
             t.k0 = k0
@@ -211,123 +215,7 @@ cdef class _PoolIndex:
             raw = key if blk.group_id == 0 else key[:len(key) - 4]
             self.event_sink(BlockRemoved(block_hashes=[_external_hash(raw)], group_idx=blk.group_id))
 
-    cdef inline void _unlink_free(self, int32_t bid) noexcept:
-        """Take a free block out of the queue (its entry goes stale)."""
-        self._rpos[bid] = NOT_FREE
-        self._nfree -= 1
-
-    cdef inline void _link_tail(self, int32_t bid) noexcept:
-        if self._rtail - self._rhead > self._rmask:
-            self._compact()
-        self._ring[self._rtail & self._rmask] = bid
-        self._rpos[bid] = self._rtail
-        self._rtail += 1
-        self._nfree += 1
-
-    cdef inline void _link_head(self, int32_t bid) noexcept:
-        if self._rtail - self._rhead > self._rmask:
-            self._compact()
-        self._rhead -= 1
-        self._ring[self._rhead & self._rmask] = bid
-        self._rpos[bid] = self._rhead
-        self._nfree += 1
-
-    cdef void _compact(self) noexcept:
-        """Move the live entries together at the head, in order (in place: each goes to a position
-        at or before its own)."""
-        cdef int64_t p, w = self._rhead
-        cdef int32_t bid, mask = self._rmask
-        for p in range(self._rhead, self._rtail):
-            bid = self._ring[p & mask]
-            if self._rpos[bid] == p:
-                self._ring[w & mask] = bid
-                self._rpos[bid] = w
-                w += 1
-        self._rtail = w
-
-    cdef void _pop_ids(self, int32_t n, int32_t* ids) noexcept:
-        """Take the first ``n`` free blocks (``n <= _nfree``) into ``ids``, head first."""
-        cdef int64_t p = self._rhead
-        cdef int32_t k = 0, bid, mask = self._rmask
-        while k < n:
-            __builtin_prefetch(&self._rpos[self._ring[(p + GROUP) & mask]])
-            bid = self._ring[p & mask]
-            if self._rpos[bid] == p:
-                self._rpos[bid] = NOT_FREE
-                ids[k] = bid
-                k += 1
-            p += 1
-        self._rhead = p
-        self._nfree -= n
-
-    cdef CompiledBlock _popleft(self):
-        if self._nfree == 0:
-            raise ValueError("No free blocks available")
-        cdef int32_t bid
-        self._pop_ids(1, &bid)
-        return self._block(bid)
-
-    cdef bint _is_free(self, int32_t bid) noexcept:
-        return self._rpos[bid] != NOT_FREE
-
     cdef object _slot_key(self, int32_t s):
         """The key object of a slot with a block (its head block's key)."""
         return self._block(self._slots[s].head)._key
 
-    def check_integrity(self):
-        """Assert every pool invariant and the C structures' consistency; O(num_gpu_blocks + table)."""
-        cdef int32_t b, prev, s, n_free = 0, n_live = 0, n_used = 0
-        cdef int i
-        cdef CompiledBlock blk
-        cdef bint found
-        cdef uint64_t k0 = 0, k1 = 0
-        assert self.null_block.block_id == 0 and self.null_block._key is None
-        assert not self._is_free(0), "null block in free queue"
-        assert 0 <= self._rtail - self._rhead <= self._rmask + 1, "free-queue ring overfull"
-        cdef int64_t p
-        for p in range(self._rhead, self._rtail):
-            b = self._ring[p & self._rmask]
-            if self._rpos[b] == p:
-                assert 0 < b < self.num_gpu_blocks, f"ring entry {b} is not a block"
-                n_free += 1
-        assert n_free == self._nfree, (n_free, self._nfree)
-        for i in range(self.num_gpu_blocks):
-            if self._rpos[i] != NOT_FREE:
-                p = self._rpos[i]
-                assert self._rhead <= p < self._rtail and self._ring[p & self._rmask] == i, (
-                    f"free block {i} is not in the ring at its position"
-                )
-        n_cached = 0
-        for i in range(1, self.num_gpu_blocks):
-            blk = self._block(i)
-            assert blk.ref_cnt >= 0, f"block {i} ref_cnt {blk.ref_cnt} < 0"
-            assert self._is_free(i) == (blk.ref_cnt == 0), (
-                f"block {i}: ref_cnt={blk.ref_cnt} but in_free_queue={self._is_free(i)}"
-            )
-            if blk._key is not None:
-                n_cached += 1
-                _digest(blk._key, &k0, &k1)
-                s = self._probe(k0, k1, PyBytes_GET_SIZE(blk._key), blk._key, &found)
-                assert found and s == self._link[i].slot, f"block {i} has a hash but is not in the map under it"
-            else:
-                assert self._link[i].slot == NONE, f"uncached block {i} linked in the map"
-        n_mapped = 0
-        for s in range(self._tcap):
-            if not self._slots[s].klen:
-                continue
-            n_used += 1
-            assert (self._tkeys[s] is None) == (self._slots[s].klen == 16), f"slot {s} key object"
-            prev = NONE
-            b = self._slots[s].head
-            if b != NONE:
-                n_live += 1
-            while b != NONE:
-                assert self._link[b].hprev == prev and self._link[b].slot == s, f"hash list broken at block {b}"
-                _digest(self._block(b)._key, &k0, &k1)
-                assert k0 == self._slots[s].k0 and k1 == self._slots[s].k1, f"block {b} is under another key"
-                n_mapped += 1
-                prev = b
-                b = self._link[b].hnext
-            assert prev == self._slots[s].tail, f"hash list tail of slot {s}"
-        assert n_used == self._tn_used and n_live == self._tlive, (n_used, self._tn_used, n_live, self._tlive)
-        assert n_mapped == n_cached == self.num_cached_blocks, (n_mapped, n_cached, self.num_cached_blocks)
