@@ -71,7 +71,7 @@ def test_a_window_hands_out_the_blocks_its_steps_would(pool_impl: str, events: b
     assert a == b
     assert sum(len(v) for v in a["blocks"].values()) > 6 * 4  # blocks were handed out inside the window
     assert set(freed) & {bid for v in a["blocks"].values() for bid in v}  # and cached ones were evicted
-    assert window.per_step[-1][:2] == b["gauges"]
+    assert (window.free_blocks[-1], window.cached_blocks[-1]) == b["gauges"]
     windowed.check_integrity()
     if events:
         assert list(windowed.event_sink) == list(plain.event_sink)

@@ -54,19 +54,26 @@ class _TailStep:
 
 @dataclass(slots=True)
 class Window:
-    """k predictable steps: per-step shapes and durations, and each tail request's schedule."""
+    """k predictable steps: per-step shape columns and durations, and each tail request's schedule.
+
+    Columns, not a ``StepShape`` per step: a fleet's windows play hundreds of thousands of steps,
+    and the step table takes columns (``sim.replay.sync_loop.window_steps``)."""
 
     bulk: list[Request]
     tail: list[Request]
     tail_steps: list[list[_TailStep]]
-    shapes: list[StepShape]
+    num_seqs: list[int]  # the StepShape fields the step table records, per step
+    num_new_tokens: list[int]
+    num_prefill_tokens: list[int]
+    num_decode_seqs: list[int]
     durations: list[float]
     lookups: list[bool]  # whether the waiting head is looked up (and refused) in the step
-    first_tokens: list[list[Request]]  # requests sampling their first-ever token, per step
+    first_tokens: list[tuple[int, list[Request]]]  # (step, requests sampling their first-ever token), when any
     lookup_head: Request | None = None
     bulk_blocks: list[int] = field(default_factory=list)  # blocks each bulk request holds at the start
     tail_blocks: list[int] = field(default_factory=list)  # same for the tail
-    per_step: list[tuple[int, int, int]] = field(default_factory=list)  # free, cached, finished
+    free_blocks: list[int] = field(default_factory=list)  # the pool's free blocks after each step (apply_window)
+    cached_blocks: list[int] = field(default_factory=list)  # its cached blocks after each step
     starts: list[float] = field(default_factory=list)  # each step's start, then the window's end
     finished: list[Request] = field(default_factory=list)  # freed at the last step (apply_window)
 
@@ -239,10 +246,17 @@ def plan_window(
     tail_blocks = kvm.num_blocks_held(tail)
     t_blocks = list(tail_blocks)
     tail_steps: list[list[_TailStep]] = [[] for _ in tail]
-    shapes: list[StepShape] = []
+    # the shape columns: per step with a tail; a bulk alone has the same shape but its context
+    # at every step, so its columns are made once at the end
+    seqs_col: list[int] = []
+    new_col: list[int] = []
+    prefill_col: list[int] = []
+    decode_col: list[int] = []
     durations: list[float] = []
     lookups: list[bool] = []
-    first_tokens: list[list[Request]] = []
+    first_tokens: list[tuple[int, list[Request]]] = []
+    no_plan: list[tuple[int, int, int, bool]] = []  # (never appended to: the tail-less steps' plan)
+    has_tail = bool(tail)
     # constant over the window: no admission or finish before its last step, and an arrival ends
     # it unless requests already wait (so a lone request stays alone: 0.33's threshold rule)
     threshold = scheduler.long_prefill_threshold()
@@ -259,8 +273,7 @@ def plan_window(
         n_seqs, n_dec, new_tot, pf_tok = n_bulk, n_bulk, n_bulk, 0
         ctx = bulk_ctx + j * n_bulk
         pairs = ctx + n_bulk
-        step_plan: list[tuple[int, int, int, bool]] = []
-        firsts: list[Request] = []
+        step_plan = [] if has_tail else no_plan
         step_finishes = False
         for i, r in enumerate(tail):
             if budget <= 0:
@@ -291,34 +304,46 @@ def plan_window(
             break  # this step would look the head up (see budget_gate)
         if used + need > free:
             break
-        shape = StepShape(n_seqs, n_dec, new_tot, pf_tok, ctx, pairs)
         if step_price is not None:
             d = step_price.step_time(n_seqs, new_tot, ctx, pairs)
-        else:
-            d = price(shape, scheduler.step_index + j)  # the index step j will get (apply_window)
+        else:  # the index step j will get (apply_window)
+            d = price(StepShape(n_seqs, n_dec, new_tot, pf_tok, ctx, pairs), scheduler.step_index + j)
         if observed and start + d >= next_arrival:
             break  # an observed window is over before the next arrival (see the docstring)
         # commit step j
         used += need
-        for i, n, nb_new, samples in step_plan:
-            c = t_comp[i]
-            tail_steps[i].append(_TailStep(j, n, c, min(c + n, t_tokens[i]), samples))
-            t_comp[i] = c + n
-            t_blocks[i] += nb_new
-            if samples:
-                if t_outs[i] == 0:
-                    firsts.append(tail[i])
-                t_outs[i] += 1
-                t_tokens[i] += 1
-        shapes.append(shape)
+        if has_tail:
+            firsts: list[Request] = []
+            for i, n, nb_new, samples in step_plan:
+                c = t_comp[i]
+                tail_steps[i].append(_TailStep(j, n, c, min(c + n, t_tokens[i]), samples))
+                t_comp[i] = c + n
+                t_blocks[i] += nb_new
+                if samples:
+                    if t_outs[i] == 0:
+                        firsts.append(tail[i])
+                    t_outs[i] += 1
+                    t_tokens[i] += 1
+            if firsts:
+                first_tokens.append((j, firsts))
+            seqs_col.append(n_seqs)
+            new_col.append(new_tot)
+            prefill_col.append(pf_tok)
+            decode_col.append(n_dec)
         durations.append(d)
         lookups.append(head is not None and budget > 0)
-        first_tokens.append(firsts)
         start = start + d  # the same float arithmetic as the plain loop's clock
         starts.append(start)
         if step_finishes:
             break
-    if len(durations) < 2:
+    k = len(durations)
+    if k < 2:
         return None
-    return Window(bulk, tail, tail_steps, shapes, durations, lookups, first_tokens,
-                  head if isinstance(head, Request) else None, bulk_blocks, tail_blocks, starts=starts)
+    if not has_tail:  # every step: the bulk's decodes alone
+        seqs_col = [n_bulk] * k
+        new_col = seqs_col
+        decode_col = seqs_col
+        prefill_col = [0] * k
+    return Window(bulk, tail, tail_steps, seqs_col, new_col, prefill_col, decode_col, durations, lookups,
+                  first_tokens, head if isinstance(head, Request) else None, bulk_blocks, tail_blocks,
+                  starts=starts)

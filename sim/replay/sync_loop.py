@@ -72,21 +72,23 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
     # arrivals inside a window are allowed only while admissions are blocked (plan_window); each
     # still counts as waiting from the first step that starts at or after it (the plain loop admits
     # it there), and joins the queue at the window's end, before anything else happens
-    waiting = [n_waiting, *(n_waiting + n for n in run.intake.due_counts(starts[1:k]))]
-    for j, firsts in enumerate(window.first_tokens):
+    counts = run.intake.due_counts(starts[1:k])
+    waiting = [n_waiting] * k if not any(counts) else [n_waiting, *(n_waiting + n for n in counts)]
+    for j, firsts in window.first_tokens:
         for r in firsts:
             rec.first_token(r, starts[j + 1])
     total_blocks = sched.kv_cache_manager.block_pool.num_gpu_blocks - 1
-    free, cached, n_finished = map(list, zip(*window.per_step))
-    shapes = window.shapes
+    free = window.free_blocks
+    n_finished = [0] * k
+    n_finished[-1] = len(window.finished)
     durations = window.durations
     if run.kv_worker is not None:  # a tiered step records its end minus its start (StepRunner._transfers)
         durations = [starts[j + 1] - starts[j] for j in range(k)]
+    zeros = [0] * k
     rec.steps(  # (columns as lists: sim.replay.column_table.NumericColumnTable.extend)
-        list(range(first_step, first_step + k)), starts[:k], durations, [s.num_seqs for s in shapes],
-        [s.num_new_tokens for s in shapes], [s.num_prefill_tokens for s in shapes],
-        [s.num_decode_seqs for s in shapes], [0] * k, [0] * k, n_finished, [n_running] * k, waiting,
-        free, cached, [1.0 - f / total_blocks for f in free],
+        list(range(first_step, first_step + k)), starts[:k], durations, window.num_seqs, window.num_new_tokens,
+        window.num_prefill_tokens, window.num_decode_seqs, zeros, zeros, n_finished, [n_running] * k, waiting,
+        free, window.cached_blocks, [1.0 - f / total_blocks for f in free],
     )
     now = starts[k]
     for r in window.finished:  # in running order (apply_window frees them in that order)

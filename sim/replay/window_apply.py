@@ -29,9 +29,10 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     """Play the window's steps on the scheduler, KV manager and pool (see the module docstring);
     right after ``plan_window``, on the state it was planned on (it reuses the block counts read there).
 
-    Fills ``window.per_step`` with ``(free_blocks, cached_blocks, finished)`` after each step.
-    Finished requests (last step only) are freed in ``running`` order, as ``update_from_output``,
-    and listed in ``window.finished``.
+    Fills ``window.free_blocks`` and ``window.cached_blocks`` with the pool's gauges after each
+    step (before the last step's frees: finished requests, last step only, are freed in
+    ``running`` order, as ``update_from_output``, listed in ``window.finished``, and the last
+    step's gauges are read again after them).
     """
     k = window.k
     kvm = scheduler.kv_cache_manager
@@ -74,30 +75,35 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
                 n_blocks += nb
             ops.append((1, r, s.cache_upto))
 
-    per_step = window.per_step
+    frees = window.free_blocks
+    cached = window.cached_blocks
     base_step = scheduler.step_index
     head = window.lookup_head
     # The head's lookup (recorded in PrefixCacheStats, then refused -- see decode_window's docstring)
     # only changes when a block of its hit chain is handed out again; walk it again only then.
     head_chain: set[int] = set()  # ids of the blocks of the head's hit chain
     head_hits = -1
-    no_ops: list[tuple[int, Request, int]] = []
+    n_free, n_cached = pool.get_num_free_blocks(), pool.num_cached_blocks
     for j in range(k):
         scheduler.step_index = base_step + j  # KV events of step j are attributed to it
-        for kind, r, arg in events.get(j, no_ops):
-            if kind == 0:
-                new_blocks = kvm.allocate_new_blocks(r.request_id, arg)
-                if head_chain and not head_chain.isdisjoint(map(id, new_blocks)):
-                    head_hits = -1
-            else:
-                kvm.cache_blocks(r, arg)
-        if head is not None and window.lookups[j]:
+        step_ops = events.get(j)
+        if step_ops is not None:  # (a step without block operations leaves the gauges as they were)
+            for kind, r, arg in step_ops:
+                if kind == 0:
+                    new_blocks = kvm.allocate_new_blocks(r.request_id, arg)
+                    if head_chain and not head_chain.isdisjoint(map(id, new_blocks)):
+                        head_hits = -1
+                else:
+                    kvm.cache_blocks(r, arg)
+            n_free, n_cached = pool.get_num_free_blocks(), pool.num_cached_blocks
+        if head is not None and window.lookups[j]:  # (a lookup changes neither gauge)
             if head_hits < 0:
                 hit_blocks, head_hits = kvm.get_computed_blocks(head)
                 head_chain = set(map(id, chain.from_iterable(hit_blocks)))  # C loops: hits run to hundreds of blocks
             else:
                 kvm.repeat_lookup(head, head_hits)
-        per_step.append((pool.get_num_free_blocks(), pool.num_cached_blocks, 0))
+        frees.append(n_free)
+        cached.append(n_cached)
 
     for r in window.bulk:
         r.num_computed_tokens += k
@@ -115,5 +121,6 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     if finished:
         done = {id(r) for r in finished}
         scheduler.running = [r for r in scheduler.running if id(r) not in done]
-        per_step[-1] = (pool.get_num_free_blocks(), pool.num_cached_blocks, len(finished))
+        frees[-1] = pool.get_num_free_blocks()
+        cached[-1] = pool.num_cached_blocks
     scheduler.step_index = base_step + k
