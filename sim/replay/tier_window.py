@@ -155,7 +155,7 @@ def play_window_transfers(
                 st.update_offload_keys(hpc, tpc)  # (a prefill's keys: all hashed at admission)
                 for s in steps:
                     offers[s.step].append((st, s.computed_before + s.num_new))
-    late: list[tuple[int, RequestOffloadState, list[int]]] = []
+    late: list[tuple[int, RequestOffloadState, int, int, list[int]]] = []
     last: KVConnectorOutput | None = None
     if offerers or worker.has_pending():
         first = sched.step_index
@@ -184,7 +184,8 @@ def play_window_transfers(
 
 
 def after_tier_window(
-    sched: Scheduler, tier: OffloadTier, window: Window, late: list[tuple[int, RequestOffloadState, list[int]]]
+    sched: Scheduler, tier: OffloadTier, window: Window,
+    late: list[tuple[int, RequestOffloadState, int, int, list[int]]],
 ) -> None:
     """Changes state: the connector after a played window (see the module docstring)."""
     conn = tier.connector
@@ -198,9 +199,12 @@ def after_tier_window(
     for r, steps in zip(window.tail, window.tail_steps, strict=True):
         if any(s.samples for s in steps):  # scheduled past its prefill (vLLM _update_after_schedule)
             tier.inflight_prefills.pop(r.request_id, None)
-    for job_id, st, chunk_ids in late:  # the window's store jobs get their source blocks
+    for job_id, st, first, end, chunk_ids in late:  # the window's store jobs get their source blocks
         job = conn.jobs.get(job_id)
         if job is not None:
-            bids = st.block_ids
-            job.source_block_ids = [b for i in chunk_ids for b in bids[i * bpc : (i + 1) * bpc]]
-            assert len(job.source_block_ids) == len(chunk_ids) * bpc and 0 not in job.source_block_ids
+            blocks = st.blocks
+            if chunk_ids:  # (some chunks of the offer were not stored)
+                job.source_blocks = [b for i in chunk_ids for b in blocks[i * bpc : (i + 1) * bpc]]
+            else:
+                job.source_blocks = blocks[first * bpc : end * bpc]
+            assert len(job.source_blocks) == len(job.keys) * bpc

@@ -31,10 +31,11 @@ manager when this module is not built. Imports neither simpy nor torch.
 """
 
 cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.ref cimport PyObject
-from libc.stdint cimport int32_t, int64_t
-from libc.string cimport memmove
+from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.string cimport memcpy, memmove
 from libc.stdlib cimport free, malloc, qsort, realloc
 
 from sim.core.offload.manager import LookupResult, ManagerStats, PrepareStoreOutput
@@ -57,6 +58,25 @@ cdef inline bint _less(const Entry* a, const Entry* b) noexcept nogil:
 
 cdef int _compare(const void* a, const void* b) noexcept nogil:
     return -1 if _less(<const Entry*>a, <const Entry*>b) else (1 if _less(<const Entry*>b, <const Entry*>a) else 0)
+
+
+cdef uint64_t _GOLD = 0x9E3779B97F4A7C15, _M1 = 0xBF58476D1CE4E5B9, _M2 = 0x94D049BB133111EB
+
+
+cdef inline Py_hash_t _key_hash(object key) except? -1:
+    """The key table's hash of ``key``: a 16-byte key (every block hash the engine makes) mixed
+    from its two words by splitmix64's finaliser -- Python's ``hash`` of a bytes object runs
+    SipHash over it once per object, the costliest step of a store -- else Python's hash. Only
+    this table reads it (a hit is confirmed by comparing the keys), so any spread will do."""
+    cdef uint64_t a, b
+    if PyBytes_CheckExact(key) and PyBytes_GET_SIZE(key) == 16:
+        memcpy(&a, PyBytes_AS_STRING(key), 8)
+        memcpy(&b, PyBytes_AS_STRING(key) + 8, 8)
+        a ^= b * _GOLD
+        a = (a ^ (a >> 30)) * _M1
+        a = (a ^ (a >> 27)) * _M2
+        return <Py_hash_t>((a ^ (a >> 31)) >> 1)
+    return hash(key)
 
 
 include "chunk_table_groups.pxi"
@@ -271,7 +291,7 @@ cdef class _TableCore:
     # -- helpers ------------------------------------------------------------------------------
     cdef inline int32_t _slot(self, object key) except -2:
         """Query: ``key``'s chunk id, or -1."""
-        cdef Py_hash_t h = hash(key)
+        cdef Py_hash_t h = _key_hash(key)
         cdef size_t i = <size_t>h & self.tbl_mask
         cdef int32_t s
         while True:
@@ -286,7 +306,7 @@ cdef class _TableCore:
 
     cdef void _index_add(self, object key, int32_t s) except *:
         """``key`` (absent) is now held by chunk ``s``."""
-        cdef Py_hash_t h = hash(key)
+        cdef Py_hash_t h = _key_hash(key)
         cdef size_t i = <size_t>h & self.tbl_mask
         while self.tbl_slot[i] >= 0:
             i = (i + 1) & self.tbl_mask
@@ -295,7 +315,7 @@ cdef class _TableCore:
     cdef void _index_del(self, object key, int32_t s) except *:
         """``key``, held by chunk ``s``, leaves the table; the entries after it in its probe run move
         back where their own probe would find them first (no tombstones)."""
-        cdef size_t mask = self.tbl_mask, i = <size_t>hash(key) & mask, j, home
+        cdef size_t mask = self.tbl_mask, i = <size_t>_key_hash(key) & mask, j, home
         while self.tbl_slot[i] != s:
             i = (i + 1) & mask
         j = i

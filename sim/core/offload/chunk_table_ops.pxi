@@ -111,8 +111,11 @@ cdef class LRUChunkTable(_TableCore):
         if n == 0:
             return PrepareStoreOutput([], [])
         if fresh:  # every key absent and unseen (a prefill's new chunks): observed, all stored
-            for i in range(n):
-                self._see(acc, first + i, <object>PyList_GET_ITEM(keys, i))
+            if first == PyList_GET_SIZE(acc.seen):  # (the usual case: the record grows by the offer)
+                acc.seen.extend(keys)
+            else:
+                for i in range(n):
+                    self._see(acc, first + i, <object>PyList_GET_ITEM(keys, i))
             self._rank(acc)
             return self._store(keys, first, n, n, acc)
         for i in range(n):
@@ -227,20 +230,25 @@ cdef class LRUChunkTable(_TableCore):
         ``PrepareStoreOutput`` (still pending: no lookup needed)."""
         cdef list key_list = keys if isinstance(keys, list) else list(keys)
         cdef int32_t s
+        cdef int32_t* slots = NULL
         cdef list ready
-        cdef bint fast = bool(chunks) and len(chunks) == len(key_list)
+        cdef Py_ssize_t i, n = len(key_list)
+        cdef bint fast = isinstance(chunks, list) and n > 0 and PyList_GET_SIZE(chunks) == n
         cdef int64_t grank
         cdef _Group g
-        if fast:
-            for c in chunks:
-                if self.ref_cnt[<int32_t>c] >= 0:
+        if fast:  # (the ids read once, into the scratch buffer)
+            slots = self._scratch(n)
+            for i in range(n):
+                s = <int32_t><object>PyList_GET_ITEM(chunks, i)
+                if self.ref_cnt[s] >= 0:
                     fast = False
                     break
+                slots[i] = s
         if fast:  # (one request's store: its chunks go on its stack, chunk_table_groups.pxi)
-            grank = self.major[<int32_t>chunks[0]]
+            grank = self.major[slots[0]]
             g = _group_of(self, grank)
-            for c in chunks:
-                s = <int32_t>c
+            for i in range(n):
+                s = slots[i]
                 self.ref_cnt[s] = 0
                 self.num_evictable += 1
                 _push_stored(self, s, g if self.major[s] == grank else None)

@@ -119,10 +119,9 @@ class OffloadingConnectorScheduler:
         return bool(self.jobs)
 
     def has_step_work(self) -> bool:
-        """Query: the next ``build_connector_meta`` has this step's jobs to hand out, or a request
-        finished since the last step still has chunks to offer (the replay's decode windows wait
-        while it does; a finished request's commit alone can run at a window's start:
-        :meth:`commit_finished`)."""
+        """Query: the next ``build_connector_meta`` has jobs to hand out, or a request finished since
+        the last step still has chunks to offer (decode windows wait; a commit alone can run at a
+        window's start: :meth:`commit_finished`)."""
         if self._batch_load_jobs or self._batch_jobs_to_flush:
             return True
         tpc, bpc, prompt_only = self.tokens_per_chunk, self.blocks_per_chunk, self.offload_prompt_only
@@ -145,7 +144,7 @@ class OffloadingConnectorScheduler:
         """CPU-hit tokens past the GPU hit ``num_computed_tokens`` (None: defer the request this
         step) and whether they load asynchronously. Resets the request's store progress."""
         st = self.req_status[request.request_id]
-        st.block_ids.clear()
+        st.blocks.clear()
         st.next_stored_chunk_idx = 0  # restarting at token 0: offer every chunk again
         if st.transfer_jobs:
             self.stats.deferred_lookups += 1
@@ -235,11 +234,10 @@ class OffloadingConnectorScheduler:
             st = status[req.request_id]
             st.update_offload_keys(hpc, tpc)
             if s.admitted:  # the whole block table
-                st.block_ids.clear()
-            if s.new_blocks:
-                ids = [b.block_id for b in s.new_blocks]
-                st.block_ids.extend(ids)
-                allocated.add_ids(ids)
+                st.blocks.clear()
+            if s.new_blocks:  # (the blocks themselves: their ids are read only where needed)
+                st.blocks.extend(s.new_blocks)
+                allocated.add_new(s.new_blocks)
             n_after = s.num_computed_before + s.num_new_tokens
             prompt = req.num_prompt_tokens
             if prompt_only and n_after >= prompt and st.next_stored_chunk_idx * tpc > prompt - tpc:
@@ -253,9 +251,7 @@ class OffloadingConnectorScheduler:
                 flush.update(st_p.transfer_jobs - load_ids)
         pending = self.block_id_to_pending_jobs
         if pending and not pending.keys().isdisjoint(allocated.ids()):
-            for bid in allocated.ids():
-                if bid in pending:
-                    flush.update(pending[bid])
+            flush.update(*[pending[bid] for bid in allocated.ids() if bid in pending])
         # NOTE: vLLM iterates the finished_req_ids *set* (an order that depends on str hashing);
         # here the requests go in the order they finished (deterministic; see coord notes)
         finished = self._finished_order
@@ -295,12 +291,13 @@ class OffloadingConnectorScheduler:
         st: RequestOffloadState,
         num_tokens_after_batch: int,
         out: list[TransferJob],
-        late_sources: list[tuple[int, RequestOffloadState, list[int]]] | None = None,
+        late_sources: list[tuple[int, RequestOffloadState, int, int, list[int]]] | None = None,
     ) -> None:
         """Offer one request's next chunks (vLLM ``_build_store_jobs``' loop body); ``num_tokens_after_batch``
-        < 0 marks a finished request. With ``late_sources`` (a decode window's prefill: its new block ids are
-        known once the window is played) a store job's ``(job id, state, chunk indices)`` is appended there
-        for its source blocks (``sim.replay.tier_window``); its block count is its chunks' (no null block)."""
+        < 0 marks a finished request. With ``late_sources`` (a decode window's prefill: its new blocks are
+        known once the window is played) a store job's ``(job id, state, first, end, chunk indices)`` is
+        appended there for its source blocks -- the chunks ``[first, end)``, or the listed indices when not
+        all of them were stored (``sim.replay.tier_window``); its block count is its chunks'."""
         req = st.req
         req_id = req.request_id
         tpc, bpc = self.tokens_per_chunk, self.blocks_per_chunk
@@ -334,33 +331,35 @@ class OffloadingConnectorScheduler:
             return
         if self.events_tracker is not None:  # vLLM record_store in _build_store_jobs
             self.events_tracker.record_store(st, start, new_keys, result.keys_to_store)
-        bids = st.block_ids
-        everything = len(result.keys_to_store) == len(new_keys)  # (the usual case)
-        chunk_ids = [] if everything and late_sources is None else stored_indices(new_keys, result.keys_to_store, start)
-        src = []
+        blocks = st.blocks
+        to_store = result.keys_to_store  # (a list of its own: the job keeps it)
+        everything = len(to_store) == len(new_keys)  # (the usual case: chunks [start, num_chunks))
+        chunk_ids = [] if everything else stored_indices(new_keys, to_store, start)
+        src: list[KVCacheBlock] = []
+        # (no null block is a source: OffloadTier's one full-attention group never holds one)
         if late_sources is not None:
             pass
         elif everything:
-            src = bids[start * bpc : num_chunks * bpc]
-        else:
+            src = blocks[start * bpc : num_chunks * bpc]
+        else:  # (block by block: a slice per chunk cost more than the offer itself)
             for i in chunk_ids:
-                src.extend(bids[i * bpc : (i + 1) * bpc])
-        if 0 in src:  # (the null block is no source)
-            src = [b for b in src if b != 0]
+                for j in range(i * bpc, (i + 1) * bpc):
+                    src.append(blocks[j])
         st.next_stored_chunk_idx = max(st.next_stored_chunk_idx, num_chunks)
         job_id = self._new_job_id()
         st.transfer_jobs.add(job_id)
-        self.jobs[job_id] = JobStatus(req_id, list(result.keys_to_store), True, src, result.chunks)
+        self.jobs[job_id] = JobStatus(req_id, to_store, True, src, result.chunks)
         num_blocks = len(src)
         if late_sources is not None:
-            late_sources.append((job_id, st, chunk_ids))
-            num_blocks = len(chunk_ids) * bpc
+            late_sources.append((job_id, st, start, num_chunks, chunk_ids))
+            num_blocks = len(to_store) * bpc
         out.append(TransferJob(job_id, req_id, "store", num_blocks))
         self.stats.store_jobs += 1
         self.stats.blocks_stored += num_blocks
         if finished:  # its blocks are free now: watch them for re-allocation
             allocated = self._batch_allocated.ids()
-            for bid in src:
+            for b in src:
+                bid = b.block_id
                 self.block_id_to_pending_jobs.setdefault(bid, set()).add(job_id)
                 if bid in allocated:
                     self._batch_jobs_to_flush.add(job_id)
@@ -390,10 +389,11 @@ class OffloadingConnectorScheduler:
                 del pending[bid]
 
     def check_integrity(self) -> None:
-        """Query: assert the jobs and request states agree, and the manager's invariants."""
+        """Query: assert the jobs and request states agree (no null block held), and the manager's invariants."""
         self.manager.check_integrity()
         owned = {j for st in self.req_status.values() for j in st.transfer_jobs}
         assert owned == self.jobs.keys(), (owned, set(self.jobs))
         for st in self.req_status.values():
             kinds = {self.jobs[j].is_store for j in st.transfer_jobs}
             assert len(kinds) <= 1 and (kinds != {False} or len(st.transfer_jobs) == 1)
+            assert all(b.block_id != 0 for b in st.blocks)

@@ -3,7 +3,7 @@
 offloading/scheduler.py``, for one full-attention KV group).
 
 Invariants: ``keys[i]`` is the hash of the request's GPU block ``(i + 1) * blocks_per_chunk - 1``
-(full chunks only) and its position is ``(i + 1) * tokens_per_chunk``; ``block_ids`` is the
+(full chunks only) and its position is ``(i + 1) * tokens_per_chunk``; ``blocks`` is the
 request's GPU block table as the scheduler reported it (cleared at every lookup, whole on admission,
 extended by each step's new blocks); ``next_stored_chunk_idx`` only grows between lookups; at any
 time ``transfer_jobs`` holds either one load or any number of stores. Imports nothing from the
@@ -45,8 +45,15 @@ class JobStatus:
     req_id: str
     keys: list[OffloadKey]
     is_store: bool
-    source_block_ids: list[int] = field(default_factory=list)
+    # the source blocks themselves, their ids read only when asked (source_block_ids): a pool's
+    # block is one object for its id's lifetime, and most stores never need the ids
+    source_blocks: list[KVCacheBlock] = field(default_factory=list)
     chunks: list[Any] = field(default_factory=list)  # the manager's records of them (opaque here)
+
+    @property
+    def source_block_ids(self) -> list[int]:
+        """Query: the ids of the source blocks (vLLM's ``TransferJobStatus`` block ids)."""
+        return [b.block_id for b in self.source_blocks]
 
 
 @dataclass(slots=True)
@@ -57,7 +64,9 @@ class RequestOffloadState:
     req: Request
     ctx: ReqContext
     keys: list[OffloadKey] = field(default_factory=list)
-    block_ids: list[int] = field(default_factory=list)
+    # the GPU block table as reported, as block objects (a block's id is read only for the stores
+    # that need it: a finished request's watched sources, the GPU backend's copies)
+    blocks: list[KVCacheBlock] = field(default_factory=list)
     next_stored_chunk_idx: int = 0
     num_locally_computed_tokens: int = 0  # the GPU hit of the last lookup
     num_loaded_tokens: int = 0  # the CPU hit of the last load (0: none)
@@ -92,7 +101,7 @@ class RequestOffloadState:
 
     def storable_chunks(self, num_offloadable_tokens: int, tokens_per_chunk: int, blocks_per_chunk: int) -> int:
         """Query: leading chunks that are computed, allocated and keyed (vLLM ``storable_chunks``)."""
-        return min(num_offloadable_tokens // tokens_per_chunk, len(self.block_ids) // blocks_per_chunk, len(self.keys))
+        return min(num_offloadable_tokens // tokens_per_chunk, len(self.blocks) // blocks_per_chunk, len(self.keys))
 
     def advance_stored_idx(self, num_offloadable_tokens: int, tokens_per_chunk: int, blocks_per_chunk: int) -> None:
         """Skip the chunks nothing needs to store (vLLM ``advance_stored_idx``; never backwards)."""
@@ -118,10 +127,17 @@ def stored_indices(offered: list[OffloadKey], stored: list[OffloadKey], start: i
     """Query: the chunk indices of the ``stored`` keys of an offer of ``offered`` (the request's keys
     from index ``start``); ``stored`` is a subsequence of ``offered`` in its order (``prepare_store``
     keeps the offer's order) and a request's keys are distinct, so one walk pairs them."""
+    n = len(stored)
+    k = len(offered) - n
+    j = 0
+    while j < n and offered[k + j] is stored[j]:  # (the usual partial offer: a resident head, the rest new)
+        j += 1
+    if j == n:  # (a key has one position in the offer: the stored keys are its last n)
+        return list(range(start + k, start + k + n))
     out: list[int] = []
-    j, n = 0, len(stored)
+    j = 0
     for i, key in enumerate(offered):
-        if j < n and key == stored[j]:
+        if j < n and (key is stored[j] or key == stored[j]):  # (both managers return the offered objects)
             out.append(start + i)
             j += 1
     assert j == n, "the stored keys are not a subsequence of the offer"
@@ -130,17 +146,17 @@ def stored_indices(offered: list[OffloadKey], stored: list[OffloadKey], start: i
 
 class StepAllocations:
     """The block ids allocated in one step (vLLM's ``_current_batch_allocated_block_ids``): the
-    lists the step hands over, made a set only when read -- only a finished request's store in
+    block lists the step hands over, made a set of ids only when read -- only a finished request's store in
     flight reads it (its source blocks are watched for re-allocation), so most steps never do."""
 
     def __init__(self) -> None:
-        self._ids: list[list[int]] = []
         self._blocks: list[list[KVCacheBlock]] = []
         self._set: set[int] | None = None
 
-    def add_ids(self, ids: list[int]) -> None:
-        """Note ``ids`` as allocated in this step."""
-        self._ids.append(ids)
+    def add_new(self, blocks: list[KVCacheBlock]) -> None:
+        """Note ``blocks`` (a step's own list of new blocks, never changed after) as allocated in
+        this step."""
+        self._blocks.append(blocks)
         self._set = None
 
     def add_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
@@ -153,8 +169,6 @@ class StepAllocations:
         out = self._set
         if out is None:
             out = set()
-            for part in self._ids:
-                out.update(part)
             for blocks in self._blocks:
                 out.update([b.block_id for b in blocks])
             out.discard(0)
@@ -192,7 +206,7 @@ def catch_up(
     hashes_per_chunk: int, tokens_per_chunk: int,
 ) -> None:
     """Bring the states of ``requests`` up to date after a decode window (whose steps never ran the
-    connector): their keys, and their block ids, to which the blocks the window allocated are
+    connector): their keys, and their block tables, to which the blocks the window allocated are
     appended (a table only grows in a window; a request that finished at its last step holds none)."""
     held = kvm.request_ids()
     for r in requests:
@@ -203,6 +217,6 @@ def catch_up(
         st.update_offload_keys(hashes_per_chunk, tokens_per_chunk)
         if rid in held:
             blocks = kvm.get_blocks(rid)
-            n = len(st.block_ids)
+            n = len(st.blocks)
             if len(blocks) > n:
-                st.block_ids.extend([b.block_id for b in blocks[n:]])
+                st.blocks.extend(blocks[n:])
