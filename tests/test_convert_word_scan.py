@@ -7,6 +7,7 @@ added tokens that overlap, nest or share a first character."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -79,3 +80,41 @@ def test_cut_with_many_first_characters() -> None:
     firsts = {t[0]: (t,) for t in tokens}
     texts = ["A0>xB1>" + "".join(tokens[::3]) + "zz", "", "plain", "Z25>Z26>"]
     assert word_scan.cut(texts, firsts) == [split.split(t) for t in texts]
+
+
+def _tables(first: dict[str, str], later: dict[str, str]) -> tuple[Any, Any]:
+    tables = (word_scan.WordTable(), word_scan.WordTable())
+    for table, words in zip(tables, (first, later), strict=True):
+        for word, text in words.items():
+            table.add(word, text)
+    return tables
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_text, max_size=6), st.data())
+def test_fill_over_the_compiled_tables_equals_the_interpreted_fill(pieces: list[str], data: st.DataObject) -> None:
+    cuts = [split_words(p) for p in pieces]
+    words = [split_words(part) for c in cuts for part in c]
+    first = {c[0]: f"{len(c[0])}," for c in words if data.draw(st.booleans())}
+    later = {w: f"{len(w)},{len(w)}," for c in words for w in c[1:] if data.draw(st.integers(0, 5))}
+    if data.draw(st.booleans()):
+        first[""] = ""  # a word without ids
+    cache: dict[str, Encoded] = {p: ("5", 1, None) for c in cuts for p in c if data.draw(st.integers(0, 3)) == 0}
+    mine = dict(cache)
+    assert word_scan.fill_tables(cuts, cache, *_tables(first, later)) == fill_known(cuts, mine, first, later)
+    assert cache == mine
+
+
+def test_word_tables_grow_replace_and_clear() -> None:
+    words = {f"w{k}\u00e9{'x' * (k % 7)}" if k % 3 else f"w{k}\U0001f600": f"{k},{k + 1}," for k in range(5000)}
+    first, later = _tables(words, {"b": "2,"})
+    first.add("w3\U0001f600", "9,")  # replaced, not added
+    words["w3\U0001f600"] = "9,"
+    assert len(first) == 5000
+    pieces = [[f"{w} b" for w in list(words)[::7]] + ["w1\u00e9x b b"]]
+    cache: dict[str, Encoded] = {}
+    mine: dict[str, Encoded] = {}
+    assert word_scan.fill_tables(pieces, cache, first, later) == fill_known(pieces, mine, words, {"b": "2,"}) == []
+    assert cache == mine
+    first.clear()
+    assert len(first) == 0 and word_scan.fill_tables([["b"]], {}, first, later) == ["b"]

@@ -94,6 +94,8 @@ class WordCache:
         # words keyed without the space they start with
         self._first: dict[str, str] = {}
         self._later: dict[str, str] = {}
+        # compiled mirrors of the two dicts, looked up without a str per word (None: not built)
+        self._tables: tuple[Any, Any] | None = (_WordTable(), _WordTable()) if _WordTable is not None else None
 
     def _learn(self, first: list[str], later: list[str]) -> None:
         """Tokenize words not seen yet (one library call)."""
@@ -105,6 +107,10 @@ class WordCache:
                     table[word] = "".join([text[i] + "," for i in enc.ids])
                 except IndexError:  # an id beyond the vocabulary's table (not from a well-formed tokenizer)
                     table[word] = "".join([f"{i}," for i in enc.ids])
+        if self._tables is not None:
+            for words, table, mirror in ((first, self._first, self._tables[0]), (later, self._later, self._tables[1])):
+                for word in words:
+                    mirror.add(word, table[word])
 
     def encode(self, pieces: Sequence[str]) -> list[str]:
         """Each piece's ids as ``",".join(map(str, ids))`` (a lookup but for new words)."""
@@ -118,6 +124,8 @@ class WordCache:
         if len(first) + len(later) + len(new_first) + len(new_later) > WORDS_LIMIT:
             first.clear()
             later.clear()
+            for mirror in self._tables or ():
+                mirror.clear()
             new_first, new_later = list({c[0] for _, c in new}), list({w for _, c in new for w in c[1:]})
         self._learn(new_first, new_later)
         for k, c in new:
@@ -128,7 +136,10 @@ class WordCache:
         """Put every part of ``cuts`` missing from the segment cache ``cache`` in it as
         ``(ids text, count, None)``: parts whose words are all known in one compiled pass, the
         others through :meth:`encode` (which learns their new words)."""
-        unknown = _fill(cuts, cache, self._first, self._later)
+        if self._tables is not None:
+            unknown = _fill_tables(cuts, cache, *self._tables)
+        else:
+            unknown = _fill(cuts, cache, self._first, self._later)
         for part, text in zip(unknown, self.encode(unknown), strict=True):
             cache[part] = (text, text.count(",") + 1 if text else 0, None)
 
@@ -169,6 +180,13 @@ try:
     from workloads.convert.word_scan import known as _known
 except ImportError:  # pragma: no cover - exercised where the extension is not built
     _known = known_words
+_WordTable: Any = None
+_fill_tables: Any = None
+try:
+    from workloads.convert.word_scan import WordTable as _WordTable
+    from workloads.convert.word_scan import fill_tables as _fill_tables
+except ImportError:  # pragma: no cover - an extension built before the tables were added, or none
+    pass
 _fill: Callable[[list[list[str]], dict[str, tuple[str, int, Any]], dict[str, str], dict[str, str]], list[str]]
 try:
     from workloads.convert.word_scan import fill as _fill

@@ -17,6 +17,8 @@ kept beside it (the fallback where this is not built, and the tests' oracle).
   neither table are returned, first seen first (``word_cache.fill_known``).
 * ``missing`` / ``joined``: the segment cache's missing parts, and each list of parts' ids text
   and count (``tokenizer.missing_parts`` / ``joined_parts``).
+* ``WordTable`` / ``fill_tables`` (``word_table.pxi``): ``fill`` with the words looked up in
+  compiled tables, without a str per word.
 * ``key_marks(raw)`` / ``count_keys(obj)``: the checks that let a record decoded by msgspec stand
   for the strict decoder's (``json_record.key_marks`` / ``count_keys``): the ``":`` in a JSON
   text (-1 when a quote is followed by whitespace and a colon), and the keys of a decoded value's
@@ -212,3 +214,6 @@ cdef Py_ssize_t _keys(object value, int depth):
 
 def count_keys(value):
     return _keys(value, 0)
+
+
+include "word_table.pxi"
