@@ -8,26 +8,19 @@ through ``apcsim run``."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pytest
+from pd_same_routing import replay_pd, replay_same_routing, shared_prefix_stream
 
-from sim.cluster.cluster import ClusterReplay, ClusterResult
-from sim.cluster.disagg import DisaggSpec, PDClusterReplay
-from sim.cluster.disagg_router import PDRouter
+from sim.cluster.cluster import ClusterResult
 from sim.cluster.kv_store import MEDIUM_STORE
-from sim.cluster.router import Decision, Router, RouterRequest
-from sim.experiment.cluster_run import build_router, replica_specs
-from sim.experiment.cluster_store import build_store, store_replicas
+from sim.experiment.cluster_store import store_replicas
 from sim.experiment.config import ExperimentConfig, config_from_dict
-from sim.experiment.engine_description import resolve
-from sim.experiment.run import build_latency, replay_experiment, simulated_executor
+from sim.experiment.run import replay_experiment
 from sim.replay.attribution_records import check_attribution
-from workloads.trace_format import TraceRequest
 
 ENGINE = {"block_size": 16, "num_gpu_blocks": 400, "max_model_len": 2048, "vllm_version": "0.33.0"}
 STORE = {"capacity_blocks": 300, "read_gb_s": 5.0, "write_gb_s": 5.0, "latency_s": 0.0005}
@@ -104,27 +97,6 @@ def test_attribution_adds_up_with_a_store_and_pd() -> None:
     assert (moved["prompt_tokens"] - moved["decode_hit_tokens"] == 1).all()  # the read is still the NIXL path
 
 
-class _Fixed(Router):
-    """Routes each request to the replica a table names (a replay of another run's choices)."""
-
-    name = "fixed"
-
-    def __init__(self, table: dict[str, int]) -> None:
-        super().__init__(0)
-        self.table = table
-
-    def route(self, request: RouterRequest) -> Decision:
-        return Decision(self.table[request.request_id])
-
-
-def _stream(n: int, groups: int = 3, gap: float = 0.02) -> list[TraceRequest]:
-    rng = np.random.default_rng(3)
-    prefixes = [np.arange(g * 10_000, g * 10_000 + 320) for g in range(groups)]
-    return [TraceRequest(f"r{i}", i * gap, np.concatenate(
-        [prefixes[i % groups], rng.integers(1_000_000, 2_000_000, size=int(rng.integers(8, 60)))]), 2)
-        for i in range(n)]
-
-
 def _cfg(replicas: int, store: dict[str, Any], pd_pools: tuple[int, int] | None = None) -> ExperimentConfig:
     cluster: dict[str, Any] = {"replicas": replicas, "router": "dynamo", "kv_store": store}
     if pd_pools is not None:
@@ -138,25 +110,12 @@ def test_instant_read_prefill_pool_is_a_plain_store_fleet_of_one_token_requests(
     operations of a plain fleet of its replicas against the same store, every request sent where
     the P/D run prefilled it with one output token: same GPU hits, same loads from the store, same
     store counters -- the store sits behind the prefill's connector as behind a plain replica's."""
-    reqs = _stream(90, groups=8)  # 8 prefixes of 20 blocks: more than a 60-block pool keeps
+    reqs = shared_prefix_stream(90, groups=8)  # 8 prefixes of 20 blocks: more than a 60-block pool keeps
     store = {"capacity_blocks": 150, "read_gb_s": 2.0, "write_gb_s": 2.0, "writers": "prefill"}
-    cfg = _cfg(4, store, (2, 2))
-    kv = build_store(cfg, [resolve(cfg)] * 4)
-    specs, _ = replica_specs(cfg, simulated_executor, build_latency, kv)
-    p, info = build_router(cfg)
-    d, _ = build_router(cfg)
-    router = PDRouter(p.name, p, d, range(2), range(2, 4), 0)
-    spec = DisaggSpec(2, 2, math.inf, 0.0, (131_072,) * 4)
-    res = PDClusterReplay(specs, router, reqs, disagg=spec, router_info=info, integrity_check=True,
-                          kv_store=kv).run()
+    res = replay_pd(_cfg(4, store, (2, 2)), reqs)
     rq = res.requests.set_index("request_id")
     assert (rq["transfer_s"] == 0).all() and (rq["kv_wait_s"] == 0).all()
-    plain_cfg = _cfg(2, store)
-    plain_kv = build_store(plain_cfg, [resolve(plain_cfg)] * 2)
-    plain_specs, _ = replica_specs(plain_cfg, simulated_executor, build_latency, plain_kv)
-    table = {str(rid): int(x) for rid, x in rq["prefill_replica"].items()}
-    one_token = [TraceRequest(r.id, r.arrival, r.tokens, 1) for r in reqs]
-    plain = ClusterReplay(plain_specs, _Fixed(table), one_token, integrity_check=True, kv_store=plain_kv).run()
+    plain = replay_same_routing(_cfg(2, store), res.requests, reqs)
     prq = plain.requests.set_index("request_id").loc[rq.index]
     assert rq["remote_hit_tokens"].sum() > 0 and plain.summary["kv_store"]["blocks_evicted"] > 0
     for col in ("hit_tokens", "remote_hit_tokens", "kv_wait_steps"):

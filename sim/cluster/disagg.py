@@ -52,10 +52,10 @@ without fast-forward windows (a landing may come at any instant, not only at arr
 Miss attribution (``sim.cluster.fleet_attribution``) observes the prefill pool, where the prefix hit
 happens: a request's causes are its prefill leg's (its prompt less its prefill hit; routed_away
 looks at the other prefill replicas); the decode pool's loads are no misses and are not observed.
-With a shared store (``sim.experiment.cluster_store``) a prefill reads and writes it as a plain
-replica does; the read to the decode side stays this path.
-Not modelled here (refused by the config): faults, CPU offload tiers, attribution with decode-only
-serving, hybrid KV groups. Imports neither simpy nor torch.
+With a shared store (``sim.experiment.cluster_store``) or its own CPU tier a prefill reads and
+writes it as a plain replica does (a decode's connector offers the blocks it received); the read
+to the decode side stays this path. Not modelled here (refused by the config): faults, attribution
+with decode-only serving, hybrid KV groups. Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ class PDClusterReplay(ClusterReplay, Holds):
                 request = replica.intake.pending.pop()
                 request.num_computed_tokens = request.num_tokens - 1
                 replica.scheduler.add_request(request)
-                if replica.scheduler.tier is not None:  # (a store's connector: the read is its GPU prefix)
+                if replica.scheduler.tier is not None:  # (its connector: the read is its GPU prefix)
                     replica.scheduler.tier.connector.state(rid).num_locally_computed_tokens = request.num_tokens - 1
                 self._front(d)
             replica.wake()

@@ -11,7 +11,7 @@ llm-d's default, always disaggregates).
 Refused, each in one line naming the key: 0 prefill or 0 decode replicas, a bandwidth <= 0, counts
 that are not the fleet's, a router without a P/D rule (``cluster.router``; the ones with one:
 :data:`PD_ROUTERS`), faults, and ``cluster.compare`` with such a router; the replay
-(``sim.experiment.disagg_run``) refuses CPU offload tiers and miss attribution with decode-only
+(``sim.experiment.disagg_run``) refuses hybrid KV groups and miss attribution with decode-only
 serving. Imports only pydantic.
 """
 

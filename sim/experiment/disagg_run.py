@@ -1,9 +1,11 @@
 """Building a disaggregated replay (``sim.cluster.disagg``) from a config whose
 ``cluster.disaggregation`` is set (``sim.experiment.disagg_config``): one router per pool, the KV
-bytes per block of each replica's model, and the refusals the replay needs (CPU offload tiers,
-hybrid KV groups, miss attribution with llm-d's decode-only serving: one line naming the key). A
-shared store (``cluster.kv_store``) comes in as the plain fleet's: the replicas that reach it
-(``sim.experiment.cluster_store.store_replicas``) were built with its connector.
+bytes per block of each replica's model, and the refusals the replay needs (hybrid KV groups, miss
+attribution with llm-d's decode-only serving: one line naming the key). A shared store
+(``cluster.kv_store``) comes in as the plain fleet's: the replicas that reach it
+(``sim.experiment.cluster_store.store_replicas``) were built with its connector; so do replicas'
+own CPU tiers (``engine.kv_offloading_size`` / ``num_cpu_blocks``: each engine built with its tier
+and its link, as in a plain fleet).
 Imports neither simpy nor torch.
 """
 
@@ -44,10 +46,6 @@ def disagg_replay(cfg: ExperimentConfig, specs: list[ReplicaSpec], engines: list
     cluster = cfg.cluster
     assert cluster is not None and cluster.disaggregation is not None
     pd = cluster.disaggregation
-    if kwargs.get("kv_store") is None and any(e.offload is not None for e in engines):  # (a store's engines
-        # have its offload tier: sim.experiment.cluster_store, which refuses replicas' own CPU tiers beside it)
-        raise ConfigError(f"{cfg.source}: cluster.disaggregation: CPU offload tiers (engine.offload) are not "
-                          "modelled in a disaggregated fleet")
     if any(e.hybrid for e in engines):
         raise ConfigError(f"{cfg.source}: cluster.disaggregation: one full-attention KV group only")
     if cfg.replay.attribution != "off" and pd.non_cached_tokens:
