@@ -68,9 +68,10 @@ _chat = st.builds(
     st.one_of(st.none(), st.just([{"name": "f"}])))
 
 
-def _plan(template: ChatTemplate, chat: Chat, turns: str, parts: bool) -> tuple[object, ...]:
+def _plan(template: ChatTemplate, chat: Chat, turns: str, parts: bool,
+          bodies: list[str] | None = None) -> tuple[object, ...]:
     try:
-        plan = plan_chat(chat, template, turns, 7, parts)  # type: ignore[arg-type]
+        plan = plan_chat(chat, template, turns, 7, parts, bodies)  # type: ignore[arg-type]
     except FieldProblem as exc:
         return ("problem", exc.field, exc.problem)
     return plan.pieces, [(t.prompt_pieces, t.answer_piece, t.answer_tokens) for t in plan.turns], plan.defaulted
@@ -92,15 +93,16 @@ def test_split_plans_equal_whole_renders(name: str, chats: list[Chat], turns: st
 @given(st.sampled_from(sorted(SPLITTING)), st.lists(_chat, min_size=1, max_size=5),
        st.sampled_from(["all", "last", "first"]))
 def test_prefilled_plans_equal_whole_renders(name: str, chats: list[Chat], turns: str) -> None:
-    """The messages of every chat rendered ahead (raising ones among them skipped) change no piece,
-    turn or problem of any chat."""
+    """The messages of every chat rendered ahead (raising ones among them skipped) and handed to
+    each chat's plan change no piece, turn or problem of any chat; a chat whose messages cannot
+    all be given gets None and renders its own."""
     split = ChatTemplate({"default": SPLITTING[name]}, {"bos_token": "<s>"})
     whole = ChatTemplate({"default": SPLITTING[name]}, {"bos_token": "<s>"})
-    split.prefill([(chat.messages, chat.tools) for chat in chats])
-    parts = split._parts["default"]
-    assert parts is not None and parts._cache or all(m["role"] == "tool" for c in chats for m in c.messages)
-    for chat in chats:
-        assert _plan(split, chat, turns, True) == _plan(whole, chat, turns, False)
+    given = split.prefill([(chat.messages, chat.tools) for chat in chats])
+    assert len(given) == len(chats)
+    for chat, bodies in zip(chats, given, strict=True):
+        assert bodies is None or len(bodies) == len(chat.messages)
+        assert _plan(split, chat, turns, True, bodies) == _plan(whole, chat, turns, False)
 
 
 def test_prefill_skips_a_raising_message_and_renders_the_rest() -> None:
@@ -108,11 +110,11 @@ def test_prefill_skips_a_raising_message_and_renders_the_rest() -> None:
     messages = [{"role": "user", "content": "q"}, {"role": "tool", "content": "t"},
                 {"role": "assistant", "content": "a"}, {"role": "tool", "content": "u"},
                 {"role": "user", "content": "z"}]
-    template.prefill([(messages[:3], None), (messages[3:], None)])
+    given = template.prefill([(messages[:3], None), (messages[4:], None), ([{"role": "user", "content": None}], None)])
     parts = template._parts["default"]
     assert parts is not None
     assert sorted(parts._cache) == [("a", "assistant"), ("q", "user"), ("z", "user")]
-    assert parts._cache[("q", "user")] == "user: q\n"
+    assert given == [None, ["user: z\n"], None]  # a raising message, then one not cached by its keys
 
 
 def test_a_raising_message_gives_the_whole_renders_problem_and_line() -> None:

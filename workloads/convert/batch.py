@@ -117,12 +117,14 @@ class BatchConverter:
             stamped.append(chat.arrival is not None)
             chats.append((i, chat))
         template, opts = self.tok.template, self.opts
+        bodies: list[list[str] | None] = [None] * len(chats)
         if template is not None and not opts.reference and opts.turns != "first":
-            template.prefill([(chat.messages, chat.tools) for _, chat in chats if chat.template])
+            bodies = template.prefill([(chat.messages if chat.template else [], chat.tools) for _, chat in chats])
         plans: list[tuple[int, ChatPlan]] = []
-        for i, chat in chats:
+        for (i, chat), given in zip(chats, bodies, strict=True):
             try:
-                plans.append((i, plan_chat(chat, template, opts.turns, opts.default_output_tokens, not opts.reference)))
+                plans.append((i, plan_chat(chat, template, opts.turns, opts.default_output_tokens, not opts.reference,
+                                           given)))
             except FieldProblem as exc:
                 problems[i] = (exc.field, exc.problem)
         pieces = [p for _, plan in plans for p in plan.pieces]

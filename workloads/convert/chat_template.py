@@ -154,31 +154,37 @@ class ChatTemplate:
             "messages": messages, "tools": tools or None, "documents": None,
             "add_generation_prompt": add_generation_prompt})
 
-    def parts(self, messages: Sequence[Mapping[str, Any]],
-              tools: Sequence[Any] | None = None) -> PartsRenderer | None:
+    def parts(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
+              bodies: list[str] | None = None) -> PartsRenderer | None:
         """The chat's texts from the template's parts where it splits exactly
-        (``workloads.convert.template_parts``: each message rendered once), else None."""
+        (``workloads.convert.template_parts``: each message rendered once), else None; ``bodies``:
+        the messages' texts from :meth:`prefill`."""
         name = "tool_use" if tools and "tool_use" in self._compiled else "default"
         parts = self._parts.get(name)
         if parts is None:
             return None
         return PartsRenderer(parts, lambda compiled, variables: self._chunks(compiled, name, variables), messages,
-                             tools)
+                             tools, bodies)
 
-    def prefill(self, chats: Sequence[tuple[Sequence[Mapping[str, Any]], Sequence[Any] | None]]) -> None:
-        """Render the messages of many ``(messages, tools)`` chats ahead, in one jinja call per
-        split template (``TemplateParts.prefill``), so that :meth:`parts` of each chat finds its
-        message texts cached; changes no text. Templates that do not split: nothing to do."""
-        groups: dict[str, list[Mapping[str, Any]]] = {}
-        for messages, tools in chats:
+    def prefill(self, chats: Sequence[tuple[Sequence[Mapping[str, Any]], Sequence[Any] | None]]
+                ) -> list[list[str] | None]:
+        """The message texts of many ``(messages, tools)`` chats, the new ones rendered in one
+        jinja call per split template (``TemplateParts.prefill``), for :meth:`parts`; None for a
+        chat its split template cannot give them for, or whose template does not split."""
+        out: list[list[str] | None] = [None] * len(chats)
+        groups: dict[str, list[int]] = {}
+        for k, (_, tools) in enumerate(chats):
             name = "tool_use" if tools and "tool_use" in self._compiled else "default"
             if self._parts.get(name) is not None:
-                groups.setdefault(name, []).extend(messages)
-        for name, messages in groups.items():
+                groups.setdefault(name, []).append(k)
+        for name, at in groups.items():
             parts = self._parts[name]
             assert parts is not None
-            parts.prefill(lambda compiled, variables, name=name: self._chunks(compiled, name, variables),  # type: ignore[misc]
-                          messages)
+            texts = parts.prefill(lambda compiled, variables, name=name: self._chunks(compiled, name, variables),  # type: ignore[misc]
+                                  [chats[k][0] for k in at])
+            for k, bodies in zip(at, texts, strict=True):
+                out[k] = bodies
+        return out
 
     def _run(self, compiled: jinja2.Template, name: str, variables: dict[str, Any]) -> str:
         return "".join(self._chunks(compiled, name, variables))

@@ -97,10 +97,11 @@ def _turn_points(chat: Chat) -> list[tuple[int, bool]]:
 
 
 def plan_chat(chat: Chat, template: ChatTemplate | None, turns: TurnMode, default_output: int,
-              parts: bool = True) -> ChatPlan:
+              parts: bool = True, bodies: list[str] | None = None) -> ChatPlan:
     """Render ``chat`` and cut it into pieces (see the module docstring); raises ``FieldProblem``.
     ``parts``: put the prompts together from the template's parts where it splits exactly
-    (``ChatTemplate.prefixes``; same text), else render each prompt whole (the former path)."""
+    (``ChatTemplate.parts``; same text), else render each prompt whole (the former path);
+    ``bodies``: its messages' texts already rendered (``ChatTemplate.prefill``)."""
     points = _turn_points(chat)
     if turns == "last":
         points = points[-1:]
@@ -116,7 +117,7 @@ def plan_chat(chat: Chat, template: ChatTemplate | None, turns: TurnMode, defaul
         _final(plan, 1)
     else:
         need = points[-1][0] + points[-1][1]  # the most messages a render below reads
-        split = template.parts(chat.messages[:need], chat.tools) if parts else None
+        split = template.parts(chat.messages[:need], chat.tools, bodies and bodies[:need]) if parts else None
         if split is not None:
             _cut_parts(plan, split, points)
         else:

@@ -141,27 +141,58 @@ class TemplateParts:
             raise AssertionError("a split chat template lost a message's end marker")
         return done, None
 
-    def prefill(self, chunks: ChunksFn, messages: Sequence[Any]) -> None:
-        """Cache the body texts of ``messages`` (many chats' messages) in as few jinja calls as
-        possible: the per-chat call then finds them cached. A message whose text is not cached
-        (not a dict of strings) is left to its chat; one that fails to render is skipped (its chat
-        renders it and raises there). Changes no text: a body's text is a function of its keys."""
+    def prefill(self, chunks: ChunksFn, chats: Sequence[Sequence[Any]]) -> list[list[str] | None]:
+        """The body texts of each chat's messages (``chats``: message lists), the new ones of all
+        chats rendered in as few jinja calls as possible and cached; None for a chat with a message
+        that is not cached by its keys (not a dict of strings) or that fails to render -- its own
+        parts render then handles it, and raises at the same turn. Changes no text: a body's text is
+        a function of the keys it reads."""
         cache, keys = self._cache, self.keys
         todo: dict[tuple[Any, ...], Any] = {}
-        for m in messages:
-            if type(m) is dict:
+        rows: list[list[Any] | None] = []
+        for messages in chats:
+            row: list[Any] | None = []
+            for m in messages:
+                if type(m) is not dict:
+                    row = None
+                    break
                 key = tuple(map(m.get, keys))
-                if key not in cache and key not in todo and all(type(v) is str for v in key):
-                    todo[key] = m
+                for v in key:
+                    if type(v) is not str:
+                        break
+                else:
+                    text = cache.get(key)
+                    if text is None:
+                        todo[key] = m
+                        row.append(key)  # type: ignore[union-attr]
+                    else:
+                        row.append(text)  # type: ignore[union-attr]
+                    continue
+                row = None
+                break
+            rows.append(row)
+        if not todo:
+            return rows  # every entry is a text
         if len(cache) + len(todo) > BODY_CACHE_LIMIT:
             cache.clear()
         items = list(todo.items())
+        rendered: dict[tuple[Any, ...], str] = {}
         while items:
             done, error = self._render(chunks, [m for _, m in items])
-            cache.update(zip([key for key, _ in items], done))
+            rendered.update(zip([key for key, _ in items], done))
             if error is None:
-                return
+                break
             items = items[len(done) + 1:]
+        cache.update(rendered)
+        out: list[list[str] | None] = []
+        for row in rows:
+            if row is not None:
+                try:
+                    row = [entry if type(entry) is str else rendered[entry] for entry in row]
+                except KeyError:  # a message that failed to render
+                    row = None
+            out.append(row)
+        return out
 
     def tail_text(self, chunks: ChunksFn, gen: bool) -> str:
         text = self._tails.get(gen)
@@ -177,9 +208,10 @@ class PartsRenderer:
     then the messages in order, then the tail)."""
 
     def __init__(self, parts: TemplateParts, chunks: ChunksFn, messages: Sequence[Any],
-                 tools: Sequence[Any] | None) -> None:
+                 tools: Sequence[Any] | None, bodies: list[str] | None = None) -> None:
         self.parts, self._chunks, self.messages, self.tools = parts, chunks, messages, tools
         self.head: str | None = None
+        self._given = bodies  # the messages' texts when already rendered (TemplateParts.prefill)
         self._bodies: list[str] = []
         self._error: Exception | None = None
 
@@ -188,7 +220,10 @@ class PartsRenderer:
         render raises."""
         if self.head is None:
             self.head = self.parts.head_text(self._chunks, self.tools)
-            self._bodies, self._error = self.parts.body_texts(self._chunks, self.messages)
+            if self._given is not None:
+                self._bodies = self._given
+            else:
+                self._bodies, self._error = self.parts.body_texts(self._chunks, self.messages)
         if n > len(self._bodies):
             assert self._error is not None, "render asked for more messages than given"
             raise self._error
