@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.cluster import kv_event_pipeline
 from sim.cluster.kv_event_pipeline import KVEventPipeline
 from sim.cluster.kv_view import EventCacheView
 from sim.cluster.prefix_index import KVEventIndex, make_kv_event_index
@@ -167,6 +168,26 @@ def test_pipeline_collector_equals_the_queue(seed: int, tiered: bool, ops: int) 
     fast.deliver_until(float("inf"))
     plain.deliver_until(float("inf"))
     assert got == plain.got
+
+
+@pytest.mark.skipif(kv_event_pipeline._StepTagger is None, reason="sim.cluster.compiled_index is not built")
+def test_the_compiled_sink_collects_what_the_closure_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(5)
+    script = [(rng.randrange(3), BlockRemoved([rng.randrange(1 << 64)])) for _ in range(300)]
+
+    def collect() -> tuple[list[int], list[Any]]:
+        pipeline = KVEventPipeline(1, lambda: 0.0, lambda r, b: None)
+        sched = _Sched(None)
+        sink = pipeline.sink(0, sched)
+        for advance, ev in script:
+            sched.step_index += advance
+            sink(ev)
+        c = pipeline._collected[0]
+        return c.steps, c.events
+
+    compiled = collect()
+    monkeypatch.setattr(kv_event_pipeline, "_StepTagger", None)
+    assert collect() == compiled
 
 
 def _facts(n: int) -> list[ReplicaFacts]:

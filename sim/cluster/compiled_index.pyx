@@ -255,3 +255,24 @@ cdef int _bits_to(dict out, uint64_t mask, Py_ssize_t value) except -1:
         out[r] = value
         mask ^= low
     return 0
+
+
+cdef class StepTagger:
+    """A block pool's KV-event sink for ``sim.cluster.kv_event_pipeline``: each event is appended to
+    ``events`` and tagged in ``steps`` with the scheduler's ``step_index`` at that moment -- what
+    the pipeline's Python closure does, without a Python frame per event (a 16-replica Dynamo
+    fleet on 2,000 Mooncake requests emits a million, almost all one ``BlockRemoved`` per
+    evicted block)."""
+
+    cdef list _steps
+    cdef list _events
+    cdef object _scheduler
+
+    def __cinit__(self, list steps, list events, scheduler):
+        self._steps = steps
+        self._events = events
+        self._scheduler = scheduler
+
+    def __call__(self, event):
+        self._steps.append(self._scheduler.step_index)
+        self._events.append(event)

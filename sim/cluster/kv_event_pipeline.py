@@ -25,10 +25,16 @@ from __future__ import annotations
 import heapq
 import random
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sim.core.kv_events import EventSink, KVCacheEvent
+
+_StepTagger: Callable[[list[int], list[Any], Any], EventSink] | None
+try:  # the sink in C (sim.cluster.compiled_index): the same appends without a Python frame per event
+    from sim.cluster.compiled_index import StepTagger as _StepTagger
+except ImportError:  # pragma: no cover - not built: the closure below, same lists
+    _StepTagger = None
 
 DelaySampler = Callable[[], float]
 
@@ -126,6 +132,8 @@ class KVEventPipeline:
             c.sorted = False  # (kept for the rest of the run: a later incarnation has the same tier)
         tag, keep = c.steps.append, c.events.append
         recorded = self.recorded
+        if recorded is None and _StepTagger is not None:
+            return _StepTagger(c.steps, c.events, scheduler)
         if recorded is None:
             def collect(event: KVCacheEvent) -> None:
                 tag(scheduler.step_index)
@@ -151,7 +159,7 @@ class KVEventPipeline:
         self._seq += 1
         heapq.heappush(self._in_flight, (due, self._seq, replica, self._epoch[replica], batch))
 
-    def publish_rows(self, replica: int, steps: list[int], ends: list[float]) -> None:
+    def publish_rows(self, replica: int, steps: Sequence[int], ends: list[float]) -> None:
         """Changes state: :meth:`publish` for each of a window's steps, in step order (the events
         were all collected before: the window's engine work is done when its rows are recorded)."""
         c = self._collected[replica]
