@@ -22,7 +22,7 @@ worker (tested against that intersection). Imports neither simpy nor torch.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, _count_elements  # type: ignore[attr-defined]  # (Counter.update's C loop)
 from collections.abc import Iterable
 
 HOLDERS_FROM = 32
@@ -44,8 +44,7 @@ class ActiveBlocks:
         """Changes state: a request with these prompt hashes is active on ``worker``."""
         refs = self.refs[worker]
         if not self.keep_holders:
-            for h in hashes:
-                refs[h] = refs.get(h, 0) + 1
+            _count_elements(refs, hashes)  # refs[h] = refs.get(h, 0) + 1 for each h, in C
             return
         holders, bit = self.holders, 1 << worker
         for h in hashes:
