@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from workloads.convert.chat_template import ChatTemplate, _environment
 from workloads.convert.conversation import Chat, plan_chat
-from workloads.convert.template_parts import split_template
+from workloads.convert.template_parts import message_rows, resolve_rows, split_template
 from workloads.convert.tokenizer import APPROX_TEMPLATE
 from workloads.trace_json import FieldProblem
 
@@ -135,3 +135,23 @@ def test_message_texts_are_cached_by_the_keys_read() -> None:
     chat = Chat("c", [{"role": "user", "content": "q", "name": "x"}, {"role": "assistant", "content": None}])
     plan_chat(chat, template, "all", 7)
     assert list(parts._cache) == [("q", "user")]  # a None content is rendered each time, not cached
+
+
+_field = st.one_of(st.sampled_from(["a", "b", ""]), st.none(), st.integers(0, 1), st.just(["x"]))
+_loose_message = st.one_of(
+    st.fixed_dictionaries({"role": _field, "content": _field}, optional={"name": st.just("n")}),
+    st.fixed_dictionaries({"role": _field}), st.just("not a dict"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_loose_message, max_size=4), max_size=4), st.data())
+def test_the_compiled_rows_equal_their_definitions(chats: list[list[object]], data: st.DataObject) -> None:
+    word_scan = pytest.importorskip("workloads.convert.word_scan")
+    keys = ("content", "role")
+    cache = {(c, r): f"{r}:{c}" for c in "ab" for r in "ab" if data.draw(st.booleans())}
+    rows, todo = word_scan.message_rows(chats, keys, cache)
+    want_rows, want_todo = message_rows(chats, keys, cache)  # type: ignore[arg-type]
+    assert rows == want_rows
+    assert list(todo) == list(want_todo) and all(todo[k] is want_todo[k] for k in todo)
+    rendered = {key: f"<{key}>" for key in todo if data.draw(st.integers(0, 3))}
+    assert word_scan.resolve_rows(rows, rendered) == resolve_rows(want_rows, rendered)

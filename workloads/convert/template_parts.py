@@ -147,30 +147,8 @@ class TemplateParts:
         that is not cached by its keys (not a dict of strings) or that fails to render -- its own
         parts render then handles it, and raises at the same turn. Changes no text: a body's text is
         a function of the keys it reads."""
-        cache, keys = self._cache, self.keys
-        todo: dict[tuple[Any, ...], Any] = {}
-        rows: list[list[Any] | None] = []
-        for messages in chats:
-            row: list[Any] | None = []
-            for m in messages:
-                if type(m) is not dict:
-                    row = None
-                    break
-                key = tuple(map(m.get, keys))
-                for v in key:
-                    if type(v) is not str:
-                        break
-                else:
-                    text = cache.get(key)
-                    if text is None:
-                        todo[key] = m
-                        row.append(key)  # type: ignore[union-attr]
-                    else:
-                        row.append(text)  # type: ignore[union-attr]
-                    continue
-                row = None
-                break
-            rows.append(row)
+        cache = self._cache
+        rows, todo = _message_rows(list(chats), self.keys, cache)
         if not todo:
             return rows  # every entry is a text
         if len(cache) + len(todo) > BODY_CACHE_LIMIT:
@@ -184,21 +162,64 @@ class TemplateParts:
                 break
             items = items[len(done) + 1:]
         cache.update(rendered)
-        out: list[list[str] | None] = []
-        for row in rows:
-            if row is not None:
-                try:
-                    row = [entry if type(entry) is str else rendered[entry] for entry in row]
-                except KeyError:  # a message that failed to render
-                    row = None
-            out.append(row)
-        return out
+        return _resolve_rows(rows, rendered)
 
     def tail_text(self, chunks: ChunksFn, gen: bool) -> str:
         text = self._tails.get(gen)
         if text is None:
             text = self._tails[gen] = _join(chunks(self.tail, {"add_generation_prompt": gen}))
         return text
+
+
+def message_rows(chats: list[Sequence[Any]], keys: tuple[str, ...], cache: dict[tuple[Any, ...], str]
+                 ) -> tuple[list[list[Any] | None], dict[tuple[Any, ...], Any]]:
+    """Per chat its messages' texts from ``cache`` or, for a message not cached yet, its key (the
+    values of ``keys``), None for a chat with a message that is not a dict whose keys read all hold
+    strings; and the keys to render, each with its first message. The definition the compiled
+    ``word_scan.message_rows`` runs."""
+    todo: dict[tuple[Any, ...], Any] = {}
+    rows: list[list[Any] | None] = []
+    for messages in chats:
+        row: list[Any] | None = []
+        for m in messages:
+            if type(m) is not dict:
+                row = None
+                break
+            key = tuple(map(m.get, keys))
+            if not all(type(v) is str for v in key):
+                row = None
+                break
+            text = cache.get(key)
+            if text is None:
+                todo.setdefault(key, m)
+                row.append(key)  # type: ignore[union-attr]
+            else:
+                row.append(text)  # type: ignore[union-attr]
+        rows.append(row)
+    return rows, todo
+
+
+def resolve_rows(rows: list[list[Any] | None], rendered: dict[tuple[Any, ...], str]) -> list[list[str] | None]:
+    """``message_rows``' rows with every key replaced by its rendered text (None for a row with a key
+    not rendered). The definition the compiled ``word_scan.resolve_rows`` runs."""
+    out: list[list[str] | None] = []
+    for row in rows:
+        if row is not None:
+            try:
+                row = [entry if type(entry) is str else rendered[entry] for entry in row]
+            except KeyError:  # a message that failed to render
+                row = None
+        out.append(row)
+    return out
+
+
+_message_rows: Callable[..., tuple[list[list[Any] | None], dict[tuple[Any, ...], Any]]] = message_rows
+_resolve_rows: Callable[..., list[list[str] | None]] = resolve_rows
+try:
+    from workloads.convert.word_scan import message_rows as _message_rows
+    from workloads.convert.word_scan import resolve_rows as _resolve_rows
+except ImportError:  # pragma: no cover - an extension built before these were added, or none
+    pass
 
 
 class PartsRenderer:

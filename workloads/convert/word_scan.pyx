@@ -19,6 +19,8 @@ kept beside it (the fallback where this is not built, and the tests' oracle).
   and count (``tokenizer.missing_parts`` / ``joined_parts``).
 * ``WordTable`` / ``fill_tables`` (``word_table.pxi``): ``fill`` with the words looked up in
   compiled tables, without a str per word.
+* ``message_rows`` / ``resolve_rows``: a batch's message texts from the split template's cache,
+  and the keys left to render (``template_parts.message_rows`` / ``resolve_rows``).
 * ``key_marks(raw)`` / ``count_keys(obj)``: the checks that let a record decoded by msgspec stand
   for the strict decoder's (``json_record.key_marks`` / ``count_keys``): the ``":`` in a JSON
   text (-1 when a quote is followed by whitespace and a colon), and the keys of a decoded value's
@@ -214,6 +216,61 @@ cdef Py_ssize_t _keys(object value, int depth):
 
 def count_keys(value):
     return _keys(value, 0)
+
+
+
+def message_rows(list chats, tuple keys, dict cache):
+    cdef dict todo = {}
+    cdef list rows = [], row, values
+    cdef object messages, m, v, key
+    cdef PyObject* hit
+    cdef str k
+    for messages in chats:
+        row = []
+        for m in messages:
+            if type(m) is not dict:
+                row = None
+                break
+            values = []
+            for k in keys:
+                hit = PyDict_GetItem(<dict>m, k)
+                if hit is NULL or type(<object>hit) is not str:
+                    row = None
+                    break
+                values.append(<object>hit)
+            if row is None:
+                break
+            key = tuple(values)
+            hit = PyDict_GetItem(cache, key)
+            if hit is NULL:
+                if PyDict_GetItem(todo, key) is NULL:
+                    todo[key] = m
+                row.append(key)
+            else:
+                row.append(<object>hit)
+        rows.append(row)
+    return rows, todo
+
+
+def resolve_rows(list rows, dict rendered):
+    cdef list out = [], row, done
+    cdef object entry
+    cdef PyObject* hit
+    for row in rows:
+        if row is not None:
+            done = []
+            for entry in row:
+                if type(entry) is str:
+                    done.append(entry)
+                else:
+                    hit = PyDict_GetItem(rendered, entry)
+                    if hit is NULL:
+                        done = None
+                        break
+                    done.append(<object>hit)
+            row = done
+        out.append(row)
+    return out
 
 
 include "word_table.pxi"
