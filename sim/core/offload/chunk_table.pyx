@@ -238,7 +238,11 @@ cdef class _TableCore:
     cdef Entry _pop_min(self):
         """The smallest entry, removed (there must be one)."""
         cdef Entry e
-        if self.group_entries and _group_head(self) and (
+        # (the groups' heap top, live or stale, is at most every live group top: when it is not below
+        # the FIFO's head and the heap's top, neither is any group, and _group_head's check is skipped)
+        if self.group_entries and self.gheap.size and (
+            self.fifo_head == self.fifo_tail or _less(&self.gheap.data[0], &self.fifo[self.fifo_head])
+        ) and (self.heap_size == 0 or _less(&self.gheap.data[0], &self.heap[0])) and _group_head(self) and (
             self.fifo_head == self.fifo_tail or _less(&self.gheap.data[0], &self.fifo[self.fifo_head])
         ) and (self.heap_size == 0 or _less(&self.gheap.data[0], &self.heap[0])):
             return _group_pop(self)
