@@ -283,3 +283,35 @@ def test_an_int64_column_refuses_a_larger_int_a_float64_column_takes_it_as_a_flo
             t.append(big, 0.5)
     t.append(2, 2**63)
     assert t.to_table().to_frame().to_dict("list") == {"i": [1, 2], "f": [0.5, 2.0**63]}
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_a_numeric_table_takes_array_columns_as_their_lists(data: st.DataObject) -> None:
+    """A window's constant columns come as int64 arrays (``sim.replay.sync_loop``): the table equals
+    the one fed the same values as lists, whether the column is int64 or float64 by then, and a
+    refused window leaves it as it was."""
+    from array import array
+
+    width = data.draw(st.integers(1, 4))
+    names = tuple(f"c{i}" for i in range(width))
+    as_lists, as_arrays = NumericColumnTable(names), NumericColumnTable(names)
+    for _ in range(data.draw(st.integers(1, 6))):
+        k = data.draw(st.integers(1, 5))
+        window: list[list[object]] = []
+        for _ in range(width):
+            if data.draw(st.booleans()):
+                window.append([data.draw(NUMBERS["small"])] * k)
+            else:
+                window.append([data.draw(st.one_of(NUMBERS["float"], NUMBERS["small"])) for _ in range(k)])
+        packed = [array("q", col) if all(type(v) is int for v in col) and data.draw(st.booleans()) else col
+                  for col in window]
+        as_lists.extend(*window)
+        as_arrays.extend(*packed)
+        assert len(as_arrays) == len(as_lists)
+    before = as_arrays.to_table().to_frame()
+    assert_frame_equal(before, as_lists.to_table().to_frame())
+    if width > 1:
+        with pytest.raises(ValueError, match="unequal length"):
+            as_arrays.extend(array("q", [1, 2]), *([[0.5]] * (width - 1)))
+        assert_frame_equal(as_arrays.to_table().to_frame(), before)

@@ -213,7 +213,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         if self.pipeline is not None:
             self.pipeline.publish(replica, row[0], row[1] + row[2])
 
-    def step_ends(self, replica: int, columns: tuple[list[Any], ...]) -> None:
+    def step_ends(self, replica: int, columns: tuple[Sequence[Any], ...]) -> None:
         # a window's rows in bulk: the metrics history and the KV-event batches are separate
         # structures, so filling one for every row and then the other is step_end row by row
         ends = step_end_times(columns)

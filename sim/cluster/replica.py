@@ -35,7 +35,7 @@ its tables equal ``Replay``'s exactly (tested). Imports neither simpy nor torch.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +87,7 @@ class ClusterHooks:
         """A step row was recorded (``sim.replay.metrics.STEP_COLUMNS`` order; see
         :func:`row_metrics`)."""
 
-    def step_ends(self, replica: int, columns: tuple[list[Any], ...]) -> None:
+    def step_ends(self, replica: int, columns: tuple[Sequence[Any], ...]) -> None:
         """A fast-forward window's rows were recorded, given as columns in ``STEP_COLUMNS`` order:
         the same as :meth:`step_end` on each row in step order (an override does it in bulk)."""
         for row in zip(*columns, strict=True):
@@ -99,12 +99,12 @@ def row_metrics(row: tuple[Any, ...]) -> ReplicaMetrics:
     return ReplicaMetrics(row[1] + row[2], row[_WAITING], row[_RUNNING], row[_KV_USAGE])
 
 
-def step_end_times(columns: tuple[list[Any], ...]) -> list[float]:
+def step_end_times(columns: tuple[Sequence[Any], ...]) -> list[float]:
     """Each row's end (start + duration, the same float :func:`row_metrics` computes)."""
     return list(map(operator.add, columns[1], columns[2]))
 
 
-def window_metrics(columns: tuple[list[Any], ...], ends: list[float]) -> Iterator[ReplicaMetrics]:
+def window_metrics(columns: tuple[Sequence[Any], ...], ends: list[float]) -> Iterator[ReplicaMetrics]:
     """:func:`row_metrics` of every row given as columns, in row order."""
     return map(ReplicaMetrics, ends, columns[_WAITING], columns[_RUNNING], columns[_KV_USAGE])
 
@@ -175,7 +175,7 @@ class ReplicaRecorder(ReplayRecorder):
         super().step(*values)
         self._hooks.step_end(self.index, values)
 
-    def steps(self, *columns: list[Any]) -> None:
+    def steps(self, *columns: Sequence[Any]) -> None:
         """A fast-forward window's rows: appended in one go, then reported to the cluster as step
         ends in step order (the router's gauges and the KV-event batches are per step, as in the
         plain loop; nothing else runs between a window's rows, so the order of the two is free)."""

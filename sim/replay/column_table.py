@@ -23,7 +23,7 @@ window (wrong width, unequal columns) leaves the table as it was. Imports numpy 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import chain
 from typing import Any
 
@@ -111,6 +111,18 @@ class ColumnTable:
 _INT, _FLOAT = "q", "d"  # array typecodes: int64, float64
 
 
+def _put(col: array[Any], values: Sequence[Any]) -> None:
+    """Append ``values`` to ``col``: a list converted value by value (``fromlist``), an array of the
+    column's own type copied as it is (a window's constant column, ``array("q", [v]) * k``: no value
+    converted), any other sequence as its list."""
+    if type(values) is list:
+        col.fromlist(values)
+    elif isinstance(values, array) and values.typecode == col.typecode:
+        col.extend(values)
+    else:
+        col.fromlist(list(values))
+
+
 def _fits(code: str, value: Any) -> bool:
     try:
         array(code, (value,))
@@ -150,9 +162,9 @@ class NumericColumnTable:
             return
         self._n += 1
 
-    def extend(self, *columns: list[Any]) -> None:
-        """Several rows given as columns (lists), in ``columns`` order (a fast-forward window's
-        steps)."""
+    def extend(self, *columns: Sequence[Any]) -> None:
+        """Several rows given as columns (lists, or arrays of int64 or float64), in ``columns``
+        order (a fast-forward window's steps)."""
         if len(columns) != len(self.columns):
             raise ValueError(f"{len(columns)} columns given for {len(self.columns)}")
         before = self._n
@@ -161,11 +173,11 @@ class NumericColumnTable:
             try:
                 # one C loop, as ColumnTable.extend; fromlist converts a list 3x faster than
                 # extend (no iterator) and leaves the array as it was when it refuses a value
-                any(map(array.fromlist, self._cols, columns))
+                any(map(_put, self._cols, columns))
             except (TypeError, OverflowError):
                 self._truncate(before)
                 for i, values in enumerate(columns):
-                    self._add(i, values)
+                    self._add(i, list(values))
             lengths = [len(col) - before for col in self._cols]
             if lengths and lengths.count(lengths[0]) != len(lengths):
                 raise ValueError(f"columns of unequal length: {lengths}")

@@ -30,7 +30,8 @@ queue already blocks admissions. Equality with the plain step loop is a test.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -62,10 +63,11 @@ class Window:
     bulk: list[Request]
     tail: list[Request]
     tail_steps: list[list[_TailStep]]
-    num_seqs: list[int]  # the StepShape fields the step table records, per step
-    num_new_tokens: list[int]
-    num_prefill_tokens: list[int]
-    num_decode_seqs: list[int]
+    # the StepShape fields the step table records, per step (int64 arrays when constant)
+    num_seqs: Sequence[int]
+    num_new_tokens: Sequence[int]
+    num_prefill_tokens: Sequence[int]
+    num_decode_seqs: Sequence[int]
     durations: list[float]
     lookups: list[bool]  # whether the waiting head is looked up (and refused) in the step
     first_tokens: list[tuple[int, list[Request]]]  # (step, requests sampling their first-ever token), when any
@@ -285,7 +287,7 @@ def plan_window(
             n = min(n, budget, max_len - c - 1)
             if n <= 0:
                 continue
-            blocks_needed = max(0, cdiv(c + n, bs) - t_blocks[i])
+            blocks_needed = max(0, -(-(c + n) // bs) - t_blocks[i])  # (cdiv inlined: a Python call from here)
             need += blocks_needed
             samples = c + n >= nt
             step_plan.append((i, n, blocks_needed, samples))
@@ -339,11 +341,11 @@ def plan_window(
     k = len(durations)
     if k < 2:
         return None
-    if not has_tail:  # every step: the bulk's decodes alone
-        seqs_col = [n_bulk] * k
-        new_col = seqs_col
-        decode_col = seqs_col
-        prefill_col = [0] * k
+    if not has_tail:  # every step: the bulk's decodes alone (copied by the step table, not converted)
+        bulk_col = array("q", [n_bulk]) * k
+        return Window(bulk, tail, tail_steps, bulk_col, bulk_col, array("q", [0]) * k, bulk_col, durations,
+                      lookups, first_tokens, head if isinstance(head, Request) else None, bulk_blocks,
+                      tail_blocks, starts=starts)
     return Window(bulk, tail, tail_steps, seqs_col, new_col, prefill_col, decode_col, durations, lookups,
                   first_tokens, head if isinstance(head, Request) else None, bulk_blocks, tail_blocks,
                   starts=starts)

@@ -9,7 +9,7 @@ the request rows stay rows (their fields are filled in as events happen).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sim.core.prefix_cache_stats import PrefixCacheStats
@@ -124,8 +124,9 @@ class ReplayRecorder:
         """One step row, in ``STEP_COLUMNS`` order."""
         self._steps.append(*values)
 
-    def steps(self, *columns: list[Any]) -> None:
-        """Several step rows given as columns, in ``STEP_COLUMNS`` order (a fast-forward window)."""
+    def steps(self, *columns: Sequence[Any]) -> None:
+        """Several step rows given as columns (lists, or arrays for a window's constant columns:
+        ``NumericColumnTable.extend``), in ``STEP_COLUMNS`` order (a fast-forward window)."""
         self._steps.extend(*columns)
 
     def add_stats(self, stats: PrefixCacheStats | None) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from itertools import chain
 
-from sim.core.kv_cache_spec import cdiv
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler import Scheduler
 from sim.replay.decode_window import Window
@@ -69,7 +68,7 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
             r.append_planned_outputs(n_samples)
         for s in steps:
             ops = events.setdefault(s.step, [])
-            nb = cdiv(s.computed_before + s.num_new, bs) - n_blocks
+            nb = -(-(s.computed_before + s.num_new) // bs) - n_blocks  # (cdiv, inlined)
             if nb > 0:
                 ops.append((0, r, s.computed_before + s.num_new))
                 n_blocks += nb
