@@ -31,9 +31,11 @@ def shared_prefix_stream(n: int, groups: int, gap: float = 0.02, out: int = 2, s
         for i in range(n)]
 
 
-def replay_pd(cfg: ExperimentConfig, requests: list[TraceRequest], link_gb_s: float = math.inf) -> ClusterResult:
+def replay_pd(cfg: ExperimentConfig, requests: list[TraceRequest], link_gb_s: float = math.inf,
+              attribution: str = "off") -> ClusterResult:
     """``cfg``'s fleet (its ``cluster.disaggregation`` pools, its store if any) over ``requests``,
-    with a link of ``link_gb_s``, integrity checks on."""
+    with a link of ``link_gb_s``, integrity checks on (with ``attribution``: each request's causes
+    checked to add up)."""
     assert cfg.cluster is not None and cfg.cluster.disaggregation is not None
     pools = cfg.cluster.disaggregation
     n = pools.prefill + pools.decode
@@ -44,7 +46,7 @@ def replay_pd(cfg: ExperimentConfig, requests: list[TraceRequest], link_gb_s: fl
     router = PDRouter(p.name, p, d, range(pools.prefill), range(pools.prefill, n), 0)
     spec = DisaggSpec(pools.prefill, pools.decode, link_gb_s, 0.0, (131_072,) * n)
     return PDClusterReplay(specs, router, requests, disagg=spec, router_info=info, integrity_check=True,
-                           kv_store=store).run()
+                           kv_store=store, attribution=attribution).run()
 
 
 def replay_same_routing(plain: ExperimentConfig, pd_requests: pd.DataFrame,
