@@ -304,8 +304,8 @@ def test_a_numeric_table_takes_array_columns_as_their_lists(data: st.DataObject)
                 window.append([data.draw(NUMBERS["small"])] * k)
             else:
                 window.append([data.draw(st.one_of(NUMBERS["float"], NUMBERS["small"])) for _ in range(k)])
-        packed = [array("q", col) if all(type(v) is int for v in col) and data.draw(st.booleans()) else col
-                  for col in window]
+        packed = [array("q", [int(v) for v in col])  # type: ignore[call-overload]  # (all ints here)
+                  if all(type(v) is int for v in col) and data.draw(st.booleans()) else col for col in window]
         as_lists.extend(*window)
         as_arrays.extend(*packed)
         assert len(as_arrays) == len(as_lists)
