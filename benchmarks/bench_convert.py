@@ -236,7 +236,8 @@ def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
     if folder is not None:
         meta = {"benchmark": "bench_convert", "lines": args.lines, "log": args.log, "path": args.path,
                 "repeat": args.repeat, "workers": args.workers, "target_lines_per_s": TARGET,
-                "tokenizers": version("tokenizers"), "jinja2": version("jinja2")}
+                "tokenizers": version("tokenizers"), "jinja2": version("jinja2"), "msgspec": version("msgspec"),
+                "cpu_count": os.cpu_count()}
         print(f"results folder: {folder.write({'runs.json': runs, 'rows.json': rows, 'table.md': table}, meta)}")
 
 
