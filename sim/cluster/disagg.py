@@ -241,6 +241,9 @@ class PDClusterReplay(ClusterReplay, Holds):
             queue.popleft()
             if not too_big:  # the lookup's GPU-hit stats, once, at the load's allocation (vLLM 0.33)
                 kvm.record_prefix_cache_stats(probe, local)
+                if sched.tier is not None:  # a connector of its own learns the blocks now (vLLM: a
+                    # MultiConnector's update_state_after_alloc; a store job reading one is flushed)
+                    sched.tier.connector.update_state_after_alloc(probe, kvm.get_blocks(probe.request_id), 0)
             now = self.clock.now
             leg.held_decode = None if too_big else probe
             leg.transfer_start = now
