@@ -124,11 +124,14 @@ def test_instant_read_prefill_pool_is_a_plain_store_fleet_of_one_token_requests(
     assert {k: res.summary["kv_store"][k] for k in keys} == {k: plain.summary["kv_store"][k] for k in keys}
 
 
-def test_apcsim_run_replays_a_pd_store_config(tmp_path: Path) -> None:
+def test_apcsim_run_replays_a_pd_store_config(tmp_path: Path, capsys: Any) -> None:
+    """End to end: ``apcsim run`` of a P/D + store config with full attribution, then ``apcsim
+    explain`` of a request that loaded from the store, which names both of its replicas."""
     from sim.cli.main import main
 
     config = tmp_path / "pd_store.yaml"
-    data = _data({**STORE, "writers": "prefill"})
+    data = {**_data({**STORE, "capacity_blocks": 3000, "writers": "prefill"}), "replay": {"attribution": "full"}}
+    data["engine"] = {**ENGINE, "num_gpu_blocks": 200, "max_model_len": 3200}  # (GPU evictions: store hits)
     config.write_text(json.dumps(data))  # (YAML is a superset of JSON)
     out = tmp_path / "run"
     assert main(["run", str(config), "--set", "workload.limit=60", "--out", str(out), "--no-bounds"]) == 0
@@ -139,3 +142,9 @@ def test_apcsim_run_replays_a_pd_store_config(tmp_path: Path) -> None:
     assert {"remote_hit_tokens", "prefill_replica", "decode_replica", "transfer_bytes"} <= set(rq.columns)
     served = rq[rq["status"] != "rejected"]  # (prompts over max_model_len end at the prefill's intake)
     assert len(rq) == 60 and set(rq["prefill_replica"]) <= {0, 1} and set(served["decode_replica"]) <= {2, 3}
+    row = served[served["remote_hit_tokens"] > 0].iloc[0]
+    capsys.readouterr()
+    assert main(["explain", str(out), "--request", str(row["request_id"])]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert (f"prefilled on replica {row['prefill_replica']}, decoded on {row['decode_replica']}" in head
+            and f"{int(row['remote_hit_tokens'])} remote hit" in head)

@@ -124,6 +124,8 @@ def explain(run_dir: Path, request_id: str, router: str | None = None) -> dict[s
         out["remote_hit_tokens" if "remote_hit_tokens" in row.index else "cpu_hit_tokens"] = ext
     if "replica" in row.index:  # a cluster run: where it ran, under which router
         out.update(router=router or _primary_router(run_dir), replica=int(row["replica"]))
+        if _value(row.get("prefill_replica")) is not None and int(row["prefill_replica"]) >= 0:
+            out["prefill_replica"] = int(row["prefill_replica"])  # P/D: its hits are the prefill's
     out.update({
         "missed_tokens": int(row["prompt_tokens"]) - int(row["hit_tokens"]) - ext,
         "namespace": namespace,
@@ -207,6 +209,8 @@ def render(e: dict[str, Any], all_blocks: bool = False) -> str:
     source = "remote" if ext_key == "remote_hit_tokens" else "CPU"
     hits = f"{e['hit_tokens']} GPU hit, {e[ext_key]} {source} hit" if tier else f"{e['hit_tokens']} hit"
     where = f" on replica {e['replica']} ({e['router']} router)" if "replica" in e else ""
+    if "prefill_replica" in e:  # (a disaggregated fleet: the prompt's hits happened on the prefill replica)
+        where = f" prefilled on replica {e['prefill_replica']}, decoded on {e['replica']} ({e['router']} router)"
     lines = [
         f"request {e['request_id']}{where}: {e['prompt_tokens']} prompt tokens, {hits}, "
         f"{e['missed_tokens']} missed ({ns}{', prompt_logprobs' if e['prompt_logprobs'] else ''})",
