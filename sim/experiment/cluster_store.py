@@ -27,9 +27,11 @@ Mooncake paper (FAST '25, section 3 and figure 3) has the prefill nodes reuse KV
 the decode nodes receive the prompt's KV from the prefill node over the transfer engine, and
 llm-d's / Dynamo's P/D decode workers pull the prompt's KV from their prefill peer over NIXL
 (vLLM's ``NixlConnector``). ``writers: all`` connects the decode pool too (a ``MultiConnector``
-of NIXL and the store on every instance): a decode replica offers the prompt blocks it received
-(the store keeps one copy: resident keys are not stored again) and the prompts it served alone,
-and looks the store up for those (a landed P/D read is not looked up: it arrives computed).
+of NIXL and the store on every instance, ``v1/multi_connector.py``: a request goes to the first
+connector reporting matched tokens, and every connector is told its allocated blocks): a decode
+replica offers the prompt blocks it received (the store keeps one copy: resident keys are not
+stored again) and the prompts it served alone, and looks the store up for those (a landed P/D read
+is not looked up: it arrives computed).
 
 Imports neither simpy nor torch.
 """
