@@ -52,6 +52,11 @@ cdef struct Entry:
     int32_t version
 
 
+cdef struct Bucket:  # a key table entry: chunk id (-1: empty) and 32 bits of its key's hash, one load
+    int32_t slot
+    uint32_t hash
+
+
 cdef inline bint _less(const Entry* a, const Entry* b) noexcept nogil:
     return a.major < b.major or (a.major == b.major and a.minor < b.minor)
 
@@ -106,8 +111,8 @@ cdef class _TableCore:
     cdef readonly long num_write_pending
     cdef int64_t tokens_per_chunk
     cdef int64_t next_rank
-    cdef int32_t* tbl_slot  # the key table: chunk id per entry (-1: empty)
-    cdef Py_hash_t* tbl_hash  # the hash of that entry's key
+    cdef Bucket* tbl  # the key table
+    cdef uint32_t* slot_hash  # chunk id -> its key's hash (an eviction finds its entry without the key)
     cdef size_t tbl_mask
     cdef list slot_keys  # chunk id -> key (None: free)
     cdef list ids  # the chunk ids as Python ints, made once
@@ -142,8 +147,8 @@ cdef class _TableCore:
         while size < 2 * <size_t>num_chunks:
             size *= 2
         self.tbl_mask = size - 1
-        self.tbl_slot = <int32_t*>malloc(size * sizeof(int32_t))
-        self.tbl_hash = <Py_hash_t*>malloc(size * sizeof(Py_hash_t))
+        self.tbl = <Bucket*>malloc(size * sizeof(Bucket))
+        self.slot_hash = <uint32_t*>malloc(num_chunks * sizeof(uint32_t))
         self.slot_keys = [None] * num_chunks
         self.ids = list(range(num_chunks))
         self.ref_cnt = <int32_t*>malloc(num_chunks * sizeof(int32_t))
@@ -159,11 +164,11 @@ cdef class _TableCore:
         self.buf_cap = 1024
         self.buf = <int32_t*>malloc(self.buf_cap * sizeof(int32_t))
         if not (self.ref_cnt and self.major and self.minor and self.version and self.protected
-                and self.free_stack and self.heap and self.fifo and self.buf and self.tbl_slot and self.tbl_hash):
+                and self.free_stack and self.heap and self.fifo and self.buf and self.tbl and self.slot_hash):
             raise MemoryError()
         cdef size_t i
         for i in range(size):
-            self.tbl_slot[i] = -1
+            self.tbl[i].slot = -1
         for i in range(num_chunks):
             self.version[i] = 0
             self.protected[i] = 0
@@ -174,7 +179,7 @@ cdef class _TableCore:
         free(self.gheap.data)
         free(self.ref_cnt); free(self.major); free(self.minor); free(self.version)
         free(self.protected); free(self.free_stack); free(self.heap); free(self.fifo); free(self.buf)
-        free(self.tbl_slot); free(self.tbl_hash)
+        free(self.tbl); free(self.slot_hash)
 
     # -- the entries: a FIFO of ascending ranks and a heap of the rest ------------------------
     # A finish gives fresh ranks, larger than every rank before: they are appended to the FIFO,
@@ -295,14 +300,14 @@ cdef class _TableCore:
     # -- helpers ------------------------------------------------------------------------------
     cdef inline int32_t _slot(self, object key) except -2:
         """Query: ``key``'s chunk id, or -1."""
-        cdef Py_hash_t h = _key_hash(key)
+        cdef uint32_t h = <uint32_t>_key_hash(key)
         cdef size_t i = <size_t>h & self.tbl_mask
         cdef int32_t s
         while True:
-            s = self.tbl_slot[i]
+            s = self.tbl[i].slot
             if s < 0:
                 return -1
-            if self.tbl_hash[i] == h:
+            if self.tbl[i].hash == h:
                 other = <object>PyList_GET_ITEM(self.slot_keys, s)
                 if other is key or other == key:
                     return s
@@ -310,29 +315,30 @@ cdef class _TableCore:
 
     cdef void _index_add(self, object key, int32_t s) except *:
         """``key`` (absent) is now held by chunk ``s``."""
-        cdef Py_hash_t h = _key_hash(key)
+        cdef uint32_t h = <uint32_t>_key_hash(key)
         cdef size_t i = <size_t>h & self.tbl_mask
-        while self.tbl_slot[i] >= 0:
+        while self.tbl[i].slot >= 0:
             i = (i + 1) & self.tbl_mask
-        self.tbl_slot[i], self.tbl_hash[i] = s, h
+        self.tbl[i].slot, self.tbl[i].hash = s, h
+        self.slot_hash[s] = h
 
     cdef void _index_del(self, object key, int32_t s) except *:
         """``key``, held by chunk ``s``, leaves the table; the entries after it in its probe run move
         back where their own probe would find them first (no tombstones)."""
-        cdef size_t mask = self.tbl_mask, i = <size_t>_key_hash(key) & mask, j, home
-        while self.tbl_slot[i] != s:
+        cdef size_t mask = self.tbl_mask, i = <size_t>self.slot_hash[s] & mask, j, home
+        while self.tbl[i].slot != s:
             i = (i + 1) & mask
         j = i
         while True:
             j = (j + 1) & mask
-            if self.tbl_slot[j] < 0:
+            if self.tbl[j].slot < 0:
                 break
-            home = <size_t>self.tbl_hash[j] & mask
+            home = <size_t>self.tbl[j].hash & mask
             if ((j - home) & mask) < ((j - i) & mask):
                 continue  # (its home lies after the hole: it stays)
-            self.tbl_slot[i], self.tbl_hash[i] = self.tbl_slot[j], self.tbl_hash[j]
+            self.tbl[i] = self.tbl[j]
             i = j
-        self.tbl_slot[i] = -1
+        self.tbl[i].slot = -1
 
     cdef int32_t* _scratch(self, Py_ssize_t n) except NULL:
         if n > self.buf_cap:

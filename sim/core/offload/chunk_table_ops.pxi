@@ -347,7 +347,7 @@ cdef class LRUChunkTable(_TableCore):
         """Query: the index and the chunk ids agree, the counters count, and every evictable chunk
         has exactly one live heap entry."""
         cdef Py_ssize_t i
-        held = [self.tbl_slot[i] for i in range(self.tbl_mask + 1) if self.tbl_slot[i] >= 0]
+        held = [self.tbl[i].slot for i in range(self.tbl_mask + 1) if self.tbl[i].slot >= 0]
         assert len(held) == len(set(held)) == self.num_resident(), (len(held), self.num_resident())
         for s in held:
             key = self.slot_keys[s]
