@@ -40,7 +40,9 @@ cdef class _PoolIndex:
     cdef Link* _link
     cdef int32_t* _scratch  # block ids of one pop, or of one free's blocks bound for the head
     cdef Slot* _slots
-    cdef list _tkeys  # the key object of each slot whose key is not 16 bytes (exact compare), else None
+    # the key object of each slot whose key is not 16 bytes (exact compare), else None; the list
+    # itself is None until such a key is first inserted (keys of the default "fast" hash are 16)
+    cdef list _tkeys
     cdef int32_t _tcap, _tmask, _tn_used, _tlive
 
     def __cinit__(self, int num_gpu_blocks, bint enable_caching=True, event_sink=None):
@@ -75,11 +77,17 @@ cdef class _PoolIndex:
         if t == NULL:
             raise MemoryError()
         self._slots = t
-        self._tkeys = [None] * cap
+        self._tkeys = None
         self._tcap = cap
         self._tmask = cap - 1
         self._tn_used = 0
         self._tlive = 0
+
+    cdef void _set_tkey(self, int32_t s, object key) except *:
+        """Keep ``key`` (not 16 bytes) as slot ``s``'s key object, making the list on first use."""
+        if self._tkeys is None:
+            self._tkeys = [None] * self._tcap
+        self._tkeys[s] = key
 
     cdef inline int32_t _home(self, uint64_t k0, uint64_t k1) noexcept:
         """The slot a key's probe starts at."""
@@ -133,11 +141,11 @@ cdef class _PoolIndex:
         self._alloc_table(cap)
         for s in range(old_cap):
             if old[s].klen and old[s].head != NONE:
-                key = <object>PyList_GET_ITEM(okeys, s)
+                key = None if okeys is None else <object>PyList_GET_ITEM(okeys, s)
                 t = self._probe(old[s].k0, old[s].k1, old[s].klen, key, &found)
                 self._slots[t] = old[s]
                 if old[s].klen != 16:
-                    self._tkeys[t] = key
+                    self._set_tkey(t, key)
                 self._tn_used += 1
                 self._tlive += 1
                 b = old[s].head
@@ -169,7 +177,7 @@ cdef class _PoolIndex:
             t.klen = <int32_t>n
             t.head = t.tail = NONE
             if n != 16:
-                self._tkeys[s] = key
+                self._set_tkey(s, key)
             self._tn_used += 1
         t = &self._slots[s]
         tail = t.tail

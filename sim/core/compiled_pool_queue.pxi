@@ -262,7 +262,8 @@ cdef class _PoolQueue(_PoolIndex):
             if not self._slots[s].klen:
                 continue
             n_used += 1
-            assert (self._tkeys[s] is None) == (self._slots[s].klen == 16), f"slot {s} key object"
+            tkey = None if self._tkeys is None else self._tkeys[s]
+            assert (tkey is None) == (self._slots[s].klen == 16), f"slot {s} key object"
             prev = NONE
             b = self._slots[s].head
             if b != NONE:
