@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -104,8 +105,15 @@ def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
     print("\n" + table, end="")
     if folder is not None:
         meta = {"benchmark": "bench_memory", "cases": args.cases, "repeat": args.repeat,
-                "tree": str(Path(args.tree).resolve()) if args.tree else None}
+                "tree": str(Path(args.tree).resolve()) if args.tree else None,
+                "tree_commit": _commit(Path(args.tree)) if args.tree else None}
         print(f"results folder: {folder.write({'rows.json': rows, 'table.md': table}, meta)}")
+
+
+def _commit(root: Path) -> str | None:
+    """The commit checked out in ``root`` (None when git cannot say)."""
+    out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or None
 
 
 def _verdicts(cases: list[str], trees: list[str], rows: list[dict]) -> list[str]:
