@@ -53,8 +53,9 @@ _STATEFUL = (nodes.Assign, nodes.AssignBlock, nodes.Macro, nodes.CallBlock, node
 _MARK_NAME = "__apcsim_message_end"
 _NEVER = frozenset({"messages", "strftime_now", "lipsum", _MARK_NAME})
 _MARK = "".join(["<end of one message's text>"])  # a str object of its own: found by identity, never by value
-BODY_CACHE_LIMIT = 1 << 16
-"""Message texts a split template keeps (emptied when full)."""
+BODY_CACHE_LIMIT = 1 << 14
+"""Message texts a split template keeps (emptied when full; small for the reason of the tokenizer's
+``CACHE_LIMIT``)."""
 _MISSING = object()
 
 
