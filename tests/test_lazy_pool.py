@@ -229,7 +229,7 @@ _op = st.tuples(
     st.sampled_from(["new", "new", "new", "cache", "cache", "hit", "free", "free", "evict", "reset", "null",
                      "lookup"]),
     st.integers(0, 10**6),
-    st.integers(0, 40),
+    st.integers(0, 64),
 )
 
 
@@ -237,16 +237,16 @@ def _blocks_state(pool) -> list[tuple]:
     return [(b.block_id, b.ref_cnt, b.block_hash, b.group_id, b.is_null) for b in pool.blocks]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
-    num_blocks=st.integers(2, 200),
-    ops=st.lists(_op, max_size=80),
+    num_blocks=st.integers(2, 400),
+    ops=st.lists(_op, max_size=120),
     grouped=st.booleans(),
     caching=st.sampled_from([True, True, True, False]),
     observed=st.booleans(),
 )
 def test_lazy_pools_equal_the_eager_pool_on_random_operations(num_blocks, ops, grouped, caching, observed):
-    """Random pops (up to 40 blocks, so the compiled pool grows past its first arrays), caching,
+    """Random pops (up to 64 blocks, so the compiled pool grows past its first arrays), caching,
     hits, frees, explicit evictions, resets and null-block touches: the same answers, free order,
     counters, KV events and observer calls as the eager pool; the lazy pools made exactly the
     blocks handed out, equal to the eager pool's, and the eager pool's others are untouched."""
