@@ -95,3 +95,29 @@ def test_encode_json_across_cache_resets(monkeypatch: pytest.MonkeyPatch):
         for got, ids in zip(tok.encode_json(chunk), tok.encode_batch(chunk, cached=False), strict=True):
             assert got == (",".join(map(str, ids)), len(ids))
         assert len(tok._cache) <= 8 + len(chunk) * 3
+
+
+@settings(max_examples=40, deadline=None)
+@given(records=chat_logs(), stamps=st.lists(st.booleans(), min_size=5, max_size=5), ids=st.booleans())
+def test_a_batch_of_good_records_is_written_as_record_by_record(records, stamps, ids):
+    """The writer takes a batch whose records are all good and timestamped alike in one spool call:
+    the same bytes as batches of one record (walked one by one), with records that lack a timestamp
+    among stamped ones (rejected), repeated record ids (renamed) and bad records mixed in."""
+    for rec, stamped in zip(records, stamps):
+        if not stamped:
+            rec.pop("created", None)
+        if ids:
+            rec["id"] = "same"
+    folder = Path(tempfile.mkdtemp(dir=_TMP.name))
+    src = folder / "log.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    outputs = []
+    for batch in (1, 2, 64):
+        out = folder / f"{batch}.jsonl"
+        try:
+            convert(src, out, ConvertOptions(format="openai", tokenizer=str(_model()), skip_bad_lines=True,
+                                             progress=False, batch=batch))
+            outputs.append(out.read_bytes())
+        except Exception as exc:  # e.g. every record rejected: the same error every way
+            outputs.append(str(exc).encode())
+    assert outputs[0] == outputs[1] == outputs[2]
