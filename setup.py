@@ -21,10 +21,16 @@ build fails the install still succeeds and the same code runs interpreted (same 
   be an int), and instances take no attributes their class does not declare.
 
 In a checkout, ``python setup.py build_ext --inplace`` builds them next to their sources.
+
+Every build writes what it built, what failed and why to ``build/apcsim_compiled.json``, so that a
+module that silently fell back to its interpreted code is seen: ``tests/test_compiled_build.py``
+fails when one module failed where the others built (a code error, not a missing compiler), or when
+Cython or mypyc rejected the sources before compiling.
 """
 
 from __future__ import annotations
 
+import json
 import runpy
 from pathlib import Path
 
@@ -51,6 +57,8 @@ def _mypyc_modules() -> list[str]:
 
 
 _MYPYC_GROUP = "sim._engine"  # its shared library is the module sim._engine__mypyc
+_RECORD = Path(__file__).parent / "build" / "apcsim_compiled.json"  # read by tests/test_compiled_build.py
+_PROBLEMS: list[str] = []  # sources Cython or mypyc rejected before any compiler ran
 
 
 def _cython_extensions() -> list[Extension]:
@@ -68,6 +76,7 @@ def _cython_extensions() -> list[Extension]:
         return cythonize(exts, compiler_directives={"language_level": "3"}, quiet=True)
     except Exception as exc:  # a Cython error must not fail the install either
         print(f"apcsim: Cython failed ({exc}); building without the Cython modules")
+        _PROBLEMS.append(f"Cython: {exc}")
         return []
 
 
@@ -85,6 +94,7 @@ def _mypyc_extensions() -> list[Extension]:
                         opt_level="3", group_name=_MYPYC_GROUP)
     except (Exception, SystemExit) as exc:  # mypyc exits on a type error: the install goes on
         print(f"apcsim: mypyc failed ({exc!r}); the engine modules stay interpreted")
+        _PROBLEMS.append(f"mypyc: {exc!r}")
         return []
     for ext in exts:
         ext.optional = True
@@ -95,11 +105,16 @@ def _mypyc_extensions() -> list[Extension]:
 class _AllOrNone(build_ext):
     """``build_ext`` that removes every module of the mypyc group when one of them failed to
     build (an optional extension's failure is otherwise only a warning), so the group's modules
-    are all compiled or all interpreted."""
+    are all compiled or all interpreted. It writes the build record (``_RECORD``) at the end."""
 
     def run(self) -> None:
         self._mypyc_failed = False
+        self._built: list[str] = []
+        self._failed: dict[str, str] = {}
         super().run()
+        _RECORD.parent.mkdir(parents=True, exist_ok=True)
+        _RECORD.write_text(json.dumps({"built": self._built, "failed": self._failed, "problems": _PROBLEMS},
+                                      indent=1) + "\n")
         if self._mypyc_failed:
             for ext in self.extensions:
                 if getattr(ext, "_apcsim_mypyc", False):
@@ -109,10 +124,12 @@ class _AllOrNone(build_ext):
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
-        except Exception:  # an optional one's error is then caught and warned about by build_ext
+        except Exception as exc:  # an optional one's error is then caught and warned about by build_ext
+            self._failed[ext.name] = repr(exc)
             if getattr(ext, "_apcsim_mypyc", False):
                 self._mypyc_failed = True
             raise
+        self._built.append(ext.name)
 
 
 setup(ext_modules=_cython_extensions() + _mypyc_extensions(), cmdclass={"build_ext": _AllOrNone})
