@@ -223,3 +223,23 @@ def test_ray_tasks_ask_for_their_points_memory(tmp_path, monkeypatch):
     assert asked == expected
     small, large = sorted(expected.values())
     assert small < large  # 2 replicas' pools against 6 (6 requests) of 40
+
+
+@pytest.mark.parametrize("attribution", ["off", "full"])
+def test_a_config_run_releases_its_engines_once_the_clock_stops(monkeypatch, attribution):
+    """A config run (``replay_cluster``) drops every replica's engine before building the tables --
+    the pools would otherwise stay alive beside them, the peak memory of large fleets -- and that
+    changes no result: keeping the engines (``release`` a no-op) gives the same tables, summary and
+    events, with a fault taking a replica down before the end (its evictions counted once)."""
+    cfg = _cfg(4, {"kind": "dynamo"}, n=60, engine={"num_gpu_blocks": 140}, record_events=True, attribution=attribution,
+               faults=({"replica": 2, "down_at": 0.3},))
+    released, reps = _run(cfg, True, monkeypatch)
+    assert all(r.released for r in reps) and sum(r.built for r in reps) >= 2
+    with pytest.raises(RuntimeError, match="released after the run"):
+        _ = reps[0].scheduler  # (no fresh engine is built behind the results)
+    with monkeypatch.context() as m:
+        m.setattr(Replica, "release", lambda self: None)
+        kept, kept_reps = _run(cfg, True, monkeypatch)
+    assert not any(r.released for r in kept_reps)
+    _assert_equal(released, kept)
+    assert released.summary["num_evictions"] == kept.summary["num_evictions"] > 0

@@ -108,8 +108,9 @@ class ClusterReplay(ClusterHooks, ClusterView):
         record_events: bool = False,
         attribution: str = "off",
         kv_store: KVStore | None = None,  # the fleet's shared store (sim.cluster.kv_store): its summary keys
+        release_engines: bool = False,  # drop each replica's engine once the clock stops (Replica.release)
     ) -> None:
-        self.kv_store = kv_store
+        self.kv_store, self.release_engines = kv_store, release_engines
         if not specs:
             raise ValueError("a cluster needs at least one replica")
         if attribution not in ("off", "summary", "full"):
@@ -313,6 +314,8 @@ class ClusterReplay(ClusterHooks, ClusterView):
         left = sum(len(o) for o in self._outstanding)
         if left or self._finished != len(self._trace):
             raise ReplayError(f"cluster replay ended with {left} unfinished requests")
+        for r in self.replicas if self.release_engines else ():  # before the tables are built: the
+            r.release()  # pools would otherwise stay alive beside them (the peak RSS of large fleets)
         return self._result(time.perf_counter() - t0)
 
     def _replica_tables(self, r: Replica) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:

@@ -208,11 +208,13 @@ class Replica:
         self._intake: RoutedIntake | None = None
         self._runner: StepRunner | None = None
         self.tier_parts: list[tuple[OffloadTier, LinkKVWorker | None]] = []  # one per tiered incarnation
+        self.released = self.released_built = False  # the run is over, the engine (if any) dropped
 
     @property
     def built(self) -> bool:
-        """Query: this incarnation's engine exists (always, unless ``lazy`` and nothing used it yet)."""
-        return self._scheduler is not None
+        """Query: this incarnation's engine exists (always, unless ``lazy`` and nothing used it yet),
+        or existed until ``release``."""
+        return self._scheduler is not None or self.released_built
 
     @property
     def scheduler(self) -> Scheduler:
@@ -242,6 +244,8 @@ class Replica:
 
     def _build(self) -> None:
         """Changes state: build this incarnation's engine, intake and step runner."""
+        if self.released:  # (a router or test reading the engine after release would get a fresh one)
+            raise RuntimeError(f"replica {self.index}'s engine was released after the run")
         assert self.is_up, "a replica that is down has no engine"
         sched = self.spec.build_scheduler()
         if self.event_sink is not None:
@@ -283,6 +287,15 @@ class Replica:
         self.is_up = False
         for rid in held:
             self.rec.forget(rid)
+
+    def release(self) -> None:
+        """Changes state: after the run, drop this incarnation's engine -- its pool, tables and
+        intake, most of a used replica's memory -- keeping what the results read: ``rec``,
+        ``tier_parts``, ``end_time`` and the eviction count (``total_evictions`` is unchanged)."""
+        if self._scheduler is not None and self.is_up:  # (a replica down at the end counted them)
+            self.num_evictions += self._scheduler.kv_cache_manager.block_pool.num_evictions
+        self.released, self.released_built = True, self._scheduler is not None
+        self._scheduler = self._intake = self._runner = None
 
     def wake(self) -> None:
         if self.process is not None:

@@ -185,6 +185,7 @@ def replay_cluster(
         record_events=cfg.replay.record_events,
         attribution=cfg.replay.attribution,
         kv_store=store,
+        release_engines=True,  # nothing reads this replay's engines after its run
         **replay_kwargs,
     )
     result = replay.run()
