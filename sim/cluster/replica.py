@@ -292,8 +292,7 @@ class Replica:
         """Changes state: after the run, drop this incarnation's engine -- its pool, tables and
         intake, most of a used replica's memory -- keeping what the results read: ``rec``,
         ``tier_parts``, ``end_time`` and the eviction count (``total_evictions`` is unchanged)."""
-        if self._scheduler is not None and self.is_up:  # (a replica down at the end counted them)
-            self.num_evictions += self._scheduler.kv_cache_manager.block_pool.num_evictions
+        self.num_evictions = self.total_evictions  # (the live engine's folded in: a down one had its own)
         self.released, self.released_built = True, self._scheduler is not None
         self._scheduler = self._intake = self._runner = None
 
