@@ -149,7 +149,7 @@ class ChatTemplate:
                tools: Sequence[Any] | None = None) -> str:
         """The prompt text of ``messages`` (a lookup; changes nothing). Raises
         :class:`TemplateRenderError`."""
-        name = "tool_use" if tools and "tool_use" in self._compiled else "default"
+        name = self._name(tools)
         return self._run(self._compiled[name], name, {
             "messages": messages, "tools": tools or None, "documents": None,
             "add_generation_prompt": add_generation_prompt})
@@ -159,7 +159,7 @@ class ChatTemplate:
         """The chat's texts from the template's parts where it splits exactly
         (``workloads.convert.template_parts``: each message rendered once), else None; ``bodies``:
         the messages' texts from :meth:`prefill`."""
-        name = "tool_use" if tools and "tool_use" in self._compiled else "default"
+        name = self._name(tools)
         parts = self._parts.get(name)
         if parts is None:
             return None
@@ -174,7 +174,7 @@ class ChatTemplate:
         out: list[list[str] | None] = [None] * len(chats)
         groups: dict[str, list[int]] = {}
         for k, (_, tools) in enumerate(chats):
-            name = "tool_use" if tools and "tool_use" in self._compiled else "default"
+            name = self._name(tools)
             if self._parts.get(name) is not None:
                 groups.setdefault(name, []).append(k)
         for name, at in groups.items():
@@ -185,6 +185,10 @@ class ChatTemplate:
             for k, bodies in zip(at, texts, strict=True):
                 out[k] = bodies
         return out
+
+    def _name(self, tools: Sequence[Any] | None) -> str:
+        """The template a chat renders with: ``tool_use`` for a chat with tools where there is one."""
+        return "tool_use" if tools and "tool_use" in self._compiled else "default"
 
     def _run(self, compiled: jinja2.Template, name: str, variables: dict[str, Any]) -> str:
         return "".join(self._chunks(compiled, name, variables))
