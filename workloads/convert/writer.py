@@ -331,8 +331,9 @@ def _finish(spool: _Spool, target: Path, summary: ConvertSummary) -> None:
     origin = float(arrivals[order[0]])
     summary.span_s = float(arrivals[order[-1]]) - origin
     tmp = target.with_name(target.name + ".tmp")
-    starts = np.frombuffer(spool.offsets, dtype=np.int64)[order]
-    ends = np.append(np.frombuffer(spool.offsets, dtype=np.int64)[1:], spool.at)[order]
+    offsets = np.frombuffer(spool.offsets, dtype=np.int64)
+    starts = offsets[order]
+    ends = np.append(offsets[1:], spool.at)[order]
     rels = (arrivals[order] - origin).tolist()
     with open(spool.path, "rb") as src, open(tmp, "wb") as dst, \
             mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ) as lines:
