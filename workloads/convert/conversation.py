@@ -129,6 +129,16 @@ def plan_chat(chat: Chat, template: ChatTemplate | None, turns: TurnMode, defaul
     return plan
 
 
+def _not_prefix_stable(n: int) -> FieldProblem:
+    return FieldProblem("messages", f"the chat template renders the history before message {n} differently "
+                                    "once later messages follow (not prefix-stable); try --turns last")
+
+
+def _answer_not_after_prompt(n: int) -> FieldProblem:
+    return FieldProblem("messages", f"the chat template does not render the answer at message {n} right "
+                                    "after its generation prompt; try --turns last")
+
+
 def _cut(plan: ChatPlan, render: Callable[[int, bool], str], points: list[tuple[int, bool]]) -> None:
     """Render the turns at ``points`` (``render(n, gen)``: the template over the first ``n``
     messages) and append their pieces and turns to ``plan``."""
@@ -136,8 +146,7 @@ def _cut(plan: ChatPlan, render: Callable[[int, bool], str], points: list[tuple[
     for n, rendered_answer in points:
         prompt = _render(render, n, True)
         if not prompt.startswith(done):
-            raise FieldProblem("messages", f"the chat template renders the history before message {n} differently "
-                                           "once later messages follow (not prefix-stable); try --turns last")
+            raise _not_prefix_stable(n)
         plan.pieces.append(prompt[len(done):])
         done = prompt
         if not rendered_answer:
@@ -145,8 +154,7 @@ def _cut(plan: ChatPlan, render: Callable[[int, bool], str], points: list[tuple[
             break
         full = _render(render, n + 1, False)
         if not full.startswith(prompt) or len(full) == len(prompt):
-            raise FieldProblem("messages", f"the chat template does not render the answer at message {n} right "
-                                           "after its generation prompt; try --turns last")
+            raise _answer_not_after_prompt(n)
         plan.pieces.append(full[len(prompt):])
         plan.turns.append(_Turn(len(plan.pieces) - 1, len(plan.pieces) - 1, None))
         done = full
@@ -164,8 +172,7 @@ def _cut_parts(plan: ChatPlan, split: PartsRenderer, points: list[tuple[int, boo
             assert split.head is not None
             prompt = split.head + prompt
         elif not prompt.startswith(after):
-            raise FieldProblem("messages", f"the chat template renders the history before message {n} differently "
-                                           "once later messages follow (not prefix-stable); try --turns last")
+            raise _not_prefix_stable(n)
         plan.pieces.append(prompt[len(after or ""):])
         if not rendered_answer:
             _final(plan, len(plan.pieces))
@@ -173,8 +180,7 @@ def _cut_parts(plan: ChatPlan, split: PartsRenderer, points: list[tuple[int, boo
         full = _render(split.segment, n, n + 1, False)
         gen = split.tail(True)
         if not full.startswith(gen) or len(full) == len(gen):
-            raise FieldProblem("messages", f"the chat template does not render the answer at message {n} right "
-                                           "after its generation prompt; try --turns last")
+            raise _answer_not_after_prompt(n)
         plan.pieces.append(full[len(gen):])
         plan.turns.append(_Turn(len(plan.pieces) - 1, len(plan.pieces) - 1, None))
         after, m = split.tail(False), n + 1
