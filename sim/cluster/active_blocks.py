@@ -55,7 +55,7 @@ class ActiveBlocks:
 
     def release(self, worker: int, hashes: Iterable[int]) -> None:
         """Changes state: a request with these prompt hashes ended on ``worker`` (acquired before)."""
-        refs, holders, keep = self.refs[worker], self.holders, ~(1 << worker)
+        refs = self.refs[worker]
         if not self.keep_holders:
             for h in hashes:
                 c = refs[h] - 1
@@ -64,6 +64,7 @@ class ActiveBlocks:
                 else:
                     del refs[h]
             return
+        holders, keep = self.holders, ~(1 << worker)
         for h in hashes:
             c = refs[h] - 1
             if c:
@@ -78,8 +79,8 @@ class ActiveBlocks:
 
     def clear(self, worker: int) -> None:
         """Changes state: ``worker`` holds nothing (it left the pool)."""
-        bit = 1 << worker
         if self.keep_holders:
+            bit = 1 << worker
             for h in self.refs[worker]:
                 self._drop(h, bit)
         self.refs[worker].clear()
