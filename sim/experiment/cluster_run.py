@@ -121,9 +121,10 @@ def replica_specs(
     attached = store_replicas(cfg) if store is not None else range(0)
     for i, sub in enumerate(replica_configs(cfg)):
         mine = store if i in attached else None
-        if (id(sub), mine is None) not in cache:
-            cache[id(sub), mine is None] = (store_engine(resolve(sub), mine), build_latency(sub))
-        engine, latency = cache[id(sub), mine is None]
+        key = (id(sub), mine is None)
+        if key not in cache:
+            cache[key] = (store_engine(resolve(sub), mine), build_latency(sub))
+        engine, latency = cache[key]
         facts = ReplicaFacts(engine.block_size, engine.num_gpu_blocks,
                              engine.scheduler_config.max_num_batched_tokens, engine.hash_algo, engine.hash_seed,
                              latency, engine.num_hash_lookahead_tokens, engine.profile.tagged_extra_keys,
