@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_results import BenchFolder, bench_trees, child_json, run_with_folder
+from bench_results import BenchFolder, bench_trees, child_json, markdown_table, run_with_folder
 
 CASES = {  # replicas, limit, rate scale, targets (wall seconds, peak RSS MiB)
     "fleet": (16, None, 1.0, None),
@@ -130,8 +130,7 @@ def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
         r["cpu_over_single"] = round(r["cpu_s"] / single[r["tree"]], 2) if r["tree"] in single else None
     keys = ["tree", "run", "router", "replicas", "wall_s", "cpu_s", "sim_s_per_wall_s", "peak_rss_mib",
             "token_hit_rate", "ttft_p50_s", "steps", "kv_events", "cpu_over_single"]
-    table = "| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n"
-    table += "".join("| " + " | ".join(str(r[k]) for k in keys) + " |\n" for r in rows)
+    table = markdown_table(keys, rows)
     table += "\n" + _verdicts(args, trees, runs, rows, single)
     print("\n" + table, end="")
     if folder is not None:

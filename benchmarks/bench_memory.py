@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_results import BenchFolder, bench_trees, child_json, run_with_folder
+from bench_results import BenchFolder, bench_trees, child_json, markdown_table, run_with_folder
 
 MIB = 1 << 20
 SETTINGS = {  # case -> (label, router, replicas, limit, rate scale, num_gpu_blocks or None)
@@ -99,8 +99,7 @@ def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
                 print(json.dumps(rows[-1]), flush=True)
     keys = ["tree", "run", "setting", "router", "replicas", "requests", "num_gpu_blocks", "wall_s", "cpu_s",
             "peak_rss_mib", "token_hit_rate", "steps"]
-    table = "| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n"
-    table += "".join("| " + " | ".join(str(r[k]) for k in keys) + " |\n" for r in rows)
+    table = markdown_table(keys, rows)
     table += "\n" + "".join(_verdicts(args.cases, [t for t, _ in trees], rows))
     print("\n" + table, end="")
     if folder is not None:

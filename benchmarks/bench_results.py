@@ -107,6 +107,12 @@ def child_json(cmd: list[str], root: Path | None = None, cwd: Path | None = None
     return row
 
 
+def markdown_table(keys: list[str], rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of ``rows``: one column per key, ``str`` of each value."""
+    table = "| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n"
+    return table + "".join("| " + " | ".join(str(r[k]) for k in keys) + " |\n" for r in rows)
+
+
 def cpu_model() -> str | None:
     """The first ``model name`` of ``/proc/cpuinfo`` (None elsewhere)."""
     try:
