@@ -41,7 +41,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sim.core.offload.manager import LookupResult
-from sim.core.offload.request_state import RequestOffloadState, catch_up, prompt_offered, prompts_offered
+from sim.core.offload.request_state import (
+    RequestOffloadState,
+    catch_up,
+    chunk_blocks,
+    prompt_offered,
+    prompts_offered,
+)
 from sim.core.offload.tier import OffloadTier
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
@@ -202,9 +208,5 @@ def after_tier_window(
     for job_id, st, first, end, chunk_ids in late:  # the window's store jobs get their source blocks
         job = conn.jobs.get(job_id)
         if job is not None:
-            blocks = st.blocks
-            if chunk_ids:  # (some chunks of the offer were not stored)
-                job.source_blocks = [b for i in chunk_ids for b in blocks[i * bpc : (i + 1) * bpc]]
-            else:
-                job.source_blocks = blocks[first * bpc : end * bpc]
+            job.source_blocks = chunk_blocks(st.blocks, first, end, chunk_ids, bpc)
             assert len(job.source_blocks) == len(job.keys) * bpc

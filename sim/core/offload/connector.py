@@ -44,6 +44,7 @@ from sim.core.offload.request_state import (
     JobStatus,
     RequestOffloadState,
     StepAllocations,
+    chunk_blocks,
     stored_indices,
 )
 from sim.core.request import PREEMPTED, Request
@@ -331,20 +332,12 @@ class OffloadingConnectorScheduler:
             return
         if self.events_tracker is not None:  # vLLM record_store in _build_store_jobs
             self.events_tracker.record_store(st, start, new_keys, result.keys_to_store)
-        blocks = st.blocks
         to_store = result.keys_to_store  # (a list of its own: the job keeps it)
-        everything = len(to_store) == len(new_keys)  # (the usual case: chunks [start, num_chunks))
-        chunk_ids = [] if everything else stored_indices(new_keys, to_store, start)
-        src: list[KVCacheBlock] = []
+        # (the usual case: every offered chunk [start, num_chunks) is stored, no indices listed)
+        chunk_ids = [] if len(to_store) == len(new_keys) else stored_indices(new_keys, to_store, start)
         # (no null block is a source: OffloadTier's one full-attention group never holds one)
-        if late_sources is not None:
-            pass
-        elif everything:
-            src = blocks[start * bpc : num_chunks * bpc]
-        else:  # (block by block: a slice per chunk cost more than the offer itself)
-            for i in chunk_ids:
-                for j in range(i * bpc, (i + 1) * bpc):
-                    src.append(blocks[j])
+        src: list[KVCacheBlock] = [] if late_sources is not None else chunk_blocks(
+            st.blocks, start, num_chunks, chunk_ids, bpc)
         st.next_stored_chunk_idx = max(st.next_stored_chunk_idx, num_chunks)
         job_id = self._new_job_id()
         st.transfer_jobs.add(job_id)

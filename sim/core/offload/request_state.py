@@ -144,6 +144,20 @@ def stored_indices(offered: list[OffloadKey], stored: list[OffloadKey], start: i
     return out
 
 
+def chunk_blocks(
+    blocks: list[KVCacheBlock], first: int, end: int, chunk_ids: list[int], blocks_per_chunk: int
+) -> list[KVCacheBlock]:
+    """Query: a store job's source blocks in the request's block table ``blocks``: those of the chunks
+    ``[first, end)``, or of the listed ``chunk_ids`` when not all of them were stored (non-empty then)."""
+    if not chunk_ids:
+        return blocks[first * blocks_per_chunk : end * blocks_per_chunk]
+    out: list[KVCacheBlock] = []
+    for i in chunk_ids:  # (block by block: a slice per chunk cost more than the offer itself)
+        for j in range(i * blocks_per_chunk, (i + 1) * blocks_per_chunk):
+            out.append(blocks[j])
+    return out
+
+
 class StepAllocations:
     """The block ids allocated in one step (vLLM's ``_current_batch_allocated_block_ids``): the
     block lists the step hands over, made a set of ids only when read -- only a finished request's store in
