@@ -42,6 +42,12 @@ from sim.core.scheduler import Scheduler
 from sim.core.step_price import RooflinePrice
 
 
+def constant_column(value: int, k: int) -> array[int]:
+    """A window's constant int column: an int64 array the step table copies without converting a
+    value (``sim.replay.column_table.NumericColumnTable.extend``; a list's values are converted one by one)."""
+    return array("q", [value]) * k
+
+
 @dataclass(slots=True)
 class _TailStep:
     """What one tail request does in one window step."""
@@ -342,8 +348,8 @@ def plan_window(
     if k < 2:
         return None
     if not has_tail:  # every step: the bulk's decodes alone (copied by the step table, not converted)
-        bulk_col = array("q", [n_bulk]) * k
-        return Window(bulk, tail, tail_steps, bulk_col, bulk_col, array("q", [0]) * k, bulk_col, durations,
+        bulk_col = constant_column(n_bulk, k)
+        return Window(bulk, tail, tail_steps, bulk_col, bulk_col, constant_column(0, k), bulk_col, durations,
                       lookups, first_tokens, head if isinstance(head, Request) else None, bulk_blocks,
                       tail_blocks, starts=starts)
     return Window(bulk, tail, tail_steps, seqs_col, new_col, prefill_col, decode_col, durations, lookups,

@@ -17,10 +17,9 @@ A generator of :data:`~sim.replay.step_runner.Wait` values; imports neither simp
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Iterator
 
-from sim.replay.decode_window import Window
+from sim.replay.decode_window import Window, constant_column
 from sim.replay.errors import ReplayError
 from sim.replay.step_runner import StepRunner, Wait
 
@@ -74,34 +73,28 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
     # still counts as waiting from the first step that starts at or after it (the plain loop admits
     # it there), and joins the queue at the window's end, before anything else happens
     counts = run.intake.due_counts(starts[1:k])
-    waiting = _same(n_waiting, k) if not any(counts) else [n_waiting, *(n_waiting + n for n in counts)]
+    waiting = constant_column(n_waiting, k) if not any(counts) else [n_waiting, *(n_waiting + n for n in counts)]
     for j, firsts in window.first_tokens:
         for r in firsts:
             rec.first_token(r, starts[j + 1])
     total_blocks = sched.kv_cache_manager.block_pool.num_gpu_blocks - 1
     free = window.free_blocks
-    n_finished = _same(0, k)
+    n_finished = constant_column(0, k)
     n_finished[k - 1] = len(window.finished)
     durations = window.durations
     if run.kv_worker is not None:  # a tiered step records its end minus its start (StepRunner._transfers)
         durations = [starts[j + 1] - starts[j] for j in range(k)]
-    zeros = _same(0, k)
+    zeros = constant_column(0, k)
     rec.steps(  # (lists, and arrays where constant: sim.replay.column_table.NumericColumnTable.extend)
         list(range(first_step, first_step + k)), starts[:k], durations, window.num_seqs, window.num_new_tokens,
-        window.num_prefill_tokens, window.num_decode_seqs, zeros, zeros, n_finished, _same(n_running, k), waiting,
-        free, window.cached_blocks, [1.0 - f / total_blocks for f in free],
+        window.num_prefill_tokens, window.num_decode_seqs, zeros, zeros, n_finished, constant_column(n_running, k),
+        waiting, free, window.cached_blocks, [1.0 - f / total_blocks for f in free],
     )
     now = starts[k]
     for r in window.finished:  # in running order (apply_window frees them in that order)
         rec.finished(r, now)
         run.release(r)
     run.after_step()
-
-
-def _same(value: int, k: int) -> array[int]:
-    """A window's constant int column: an int64 array the step table copies without converting a
-    value (``NumericColumnTable.extend``; a list's values are converted one by one)."""
-    return array("q", [value]) * k
 
 
 def window_waits(now: float, end: float, durations: list[float]) -> list[float]:
