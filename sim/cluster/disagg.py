@@ -356,8 +356,10 @@ class PDClusterReplay(ClusterReplay, Holds):
     def _front(self, d: int) -> int:
         """Put the landed requests waiting on ``d`` first in its waiting queue, in their order
         (``kv_holding_waiting`` before ``waiting``); returns how many wait."""
-        sched = self.replicas[d].scheduler
         ids = {leg.rr.request_id for leg in self._admitting[d] if leg.held_decode is not None}
+        if not ids:  # (no scan of the waiting queue after each step once every load was admitted)
+            return 0
+        sched = self.replicas[d].scheduler
         queued = [r for r in sched.waiting if r.request_id in ids]
         if queued:
             sched.waiting.remove_where(lambda r: r.request_id in ids)
