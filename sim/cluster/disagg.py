@@ -319,8 +319,9 @@ class PDClusterReplay(ClusterReplay, Holds):
             self._check_replica(replica)
         if row[3] == 0 and row[2] == 0.0:  # an empty step of no time: a hold polled at its landing
             t, k = self._polls[replica]
-            self._polls[replica] = (row[1], k + 1 if t == row[1] else 1)
-            if k > 1000:  # (a landing is due in this instant; it cannot take a thousand polls)
+            k = k + 1 if t == row[1] else 1  # (the polls at this instant, this one included)
+            self._polls[replica] = (row[1], k)
+            if k > 1001:  # (a landing is due in this instant; it cannot take a thousand polls)
                 raise ReplayError(f"replica {replica} at t={row[1]:.6f}s: its engine polls for a P/D transfer "
                                   "that does not land")
 
