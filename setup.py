@@ -7,7 +7,8 @@ build fails the install still succeeds and the same code runs interpreted (same 
   ``sim/core/compiled_hash.pyx`` (the fast hash chain over runs), ``sim/core/offload/chunk_table.pyx``
   (the CPU tier's LRU chunk table), ``workloads/trace_scan.pyx``
   (the trace line scanner), ``workloads/bounds_scan.pyx`` (the policy loops of the offline
-  references) and ``sim/cluster/compiled_index.pyx`` (the routers' KV-event index). Without them
+  references), ``sim/cluster/compiled_index.pyx`` (the routers' KV-event index) and
+  ``sim/cluster/compiled_active.pyx`` (Dynamo's active blocks per worker). Without them
   ``sim.core.pool_impl`` says once that it falls back to the Python pool, the hash uses its numpy
   code, traces the stdlib ``json`` path, the offline references their Python loops and the
   routers the Python index, and the CPU tier the Python manager.
@@ -43,6 +44,7 @@ _MODULES = {
     "workloads.trace_scan": "workloads/trace_scan.pyx",
     "workloads.bounds_scan": "workloads/bounds_scan.pyx",
     "sim.cluster.compiled_index": "sim/cluster/compiled_index.pyx",
+    "sim.cluster.compiled_active": "sim/cluster/compiled_active.pyx",
     "sim.core.offload.chunk_table": "sim/core/offload/chunk_table.pyx",
     "workloads.convert.word_scan": "workloads/convert/word_scan.pyx",
 }

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cluster.active_blocks import ActiveBlocks
+from sim.cluster.active_blocks import ActiveBlocks, make_active_blocks
 
 
 @settings(max_examples=80, deadline=None)
@@ -52,3 +53,55 @@ def test_overlaps_equal_the_per_worker_intersection(seed: int, workers: int, hol
         assert all(blocks.holders.values())
         if not blocks.keep_holders:
             assert not blocks.holders
+
+
+compiled_active = pytest.importorskip("sim.cluster.compiled_active", reason="compiled active blocks not built")
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), workers=st.sampled_from([1, 3, 16, 64]))
+def test_compiled_twin_answers_as_the_python_class(seed: int, workers: int) -> None:
+    """Call for call on random streams (small tables: probing, tombstones and rebuilds happen),
+    hashes spread over the whole 64-bit range as vLLM's event form is."""
+    rng = random.Random(seed)
+    oracle = ActiveBlocks(workers)
+    native = compiled_active.CompiledActiveBlocks(workers, initial_slots=8)
+    pool = [rng.randrange(2**64) for _ in range(48)]
+    active: list[tuple[int, list[int]]] = []
+    for _ in range(120):
+        op = rng.random()
+        if op < 0.5:
+            w = rng.randrange(workers)
+            hashes = pool[: rng.randrange(0, 8)] + [rng.choice(pool) for _ in range(rng.randrange(0, 6))]
+            oracle.acquire(w, hashes)
+            native.acquire(w, iter(hashes) if op < 0.1 else hashes)
+            active.append((w, hashes))
+        elif op < 0.9 and active:
+            w, hashes = active.pop(rng.randrange(len(active)))
+            oracle.release(w, hashes)
+            native.release(w, hashes)
+        elif op >= 0.9:
+            w = rng.randrange(workers)
+            oracle.clear(w)
+            native.clear(w)
+            active = [(x, hs) for x, hs in active if x != w]
+        probe = {rng.choice(pool) for _ in range(rng.randrange(0, 16))}
+        assert native.overlaps(probe) == oracle.overlaps(probe)
+        assert [native.num_active(w) for w in range(workers)] == [oracle.num_active(w) for w in range(workers)]
+
+
+def test_compiled_twin_refuses_what_the_python_class_refuses() -> None:
+    native = compiled_active.CompiledActiveBlocks(2)
+    native.acquire(0, [5])
+    with pytest.raises(KeyError):
+        native.release(1, [5])  # never acquired on worker 1
+    with pytest.raises(IndexError):
+        native.acquire(2, [1])
+    with pytest.raises(ValueError, match="0 to 64 workers"):
+        compiled_active.CompiledActiveBlocks(65)
+
+
+def test_make_active_blocks_picks_the_compiled_twin_up_to_64_workers() -> None:
+    assert type(make_active_blocks(64)) is compiled_active.CompiledActiveBlocks
+    assert type(make_active_blocks(65)) is ActiveBlocks
+    assert type(make_active_blocks(16, compiled=False)) is ActiveBlocks

@@ -17,13 +17,34 @@ of C set operations cost less than keeping the masks on every acquire and releas
 Invariants: ``refs[w][h]`` is the number of ``w``'s active requests whose prompt has block ``h``
 (never 0: a released block is deleted); with the masks kept, bit ``w`` of ``holders[h]`` is set iff
 ``h in refs[w]`` (``holders`` has no zero mask). ``overlaps`` equals ``len(refs[w].keys() & hashes)`` for every
-worker (tested against that intersection). Imports neither simpy nor torch.
+worker (tested against that intersection). :func:`make_active_blocks` gives the compiled twin
+(``sim.cluster.compiled_active``: both tables in C, one pass per prompt, same answers call for call;
+this class is its oracle in the tests) for fleets of up to 64 workers where it is built. Imports
+neither simpy nor torch.
 """
 
 from __future__ import annotations
 
 from collections import Counter, _count_elements  # type: ignore[attr-defined]  # (Counter.update's C loop)
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+_Compiled: Callable[[int], ActiveCounts] | None
+try:  # the compiled twin (built by pip install -e . / setup.py build_ext)
+    from sim.cluster.compiled_active import MAX_WORKERS as _MAX_COMPILED
+    from sim.cluster.compiled_active import CompiledActiveBlocks as _Compiled
+except ImportError:  # pragma: no cover - where the extension is not built
+    _Compiled, _MAX_COMPILED = None, 0
+
+
+class ActiveCounts(Protocol):
+    """What Dynamo's router asks of its active blocks (:class:`ActiveBlocks` and its compiled twin)."""
+
+    def acquire(self, worker: int, hashes: Iterable[int]) -> None: ...
+    def release(self, worker: int, hashes: Iterable[int]) -> None: ...
+    def clear(self, worker: int) -> None: ...
+    def num_active(self, worker: int) -> int: ...
+    def overlaps(self, hashes: set[int]) -> dict[int, int]: ...
 
 HOLDERS_FROM = 32
 """Fleets of more workers than this keep each active hash's holder mask (see the module docstring)."""
@@ -113,3 +134,11 @@ class ActiveBlocks:
                 out[w] = out.get(w, 0) + n
                 mask ^= low
         return out
+
+
+def make_active_blocks(num_workers: int, compiled: bool = True) -> ActiveCounts:
+    """The active blocks of ``num_workers`` workers: the compiled twin when it is built, the fleet
+    has at most 64 workers and ``compiled`` (the default), else :class:`ActiveBlocks`."""
+    if compiled and _Compiled is not None and num_workers <= _MAX_COMPILED:
+        return _Compiled(num_workers)
+    return ActiveBlocks(num_workers)

@@ -38,7 +38,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sim.cluster.active_blocks import ActiveBlocks
+from sim.cluster.active_blocks import make_active_blocks
 from sim.cluster.kv_view import EventCacheView
 from sim.cluster.router import ClusterView, Decision, Router, RouterRequest, argbest
 from sim.cluster.tier_index import DYNAMO
@@ -70,7 +70,7 @@ class DynamoRouter(Router):
         n = view.num_replicas
         self.events = EventCacheView(view.facts, DYNAMO)
         self._active: dict[str, _Active] = {}
-        self._blocks = ActiveBlocks(n)  # active prompt blocks per worker (sim.cluster.active_blocks)
+        self._blocks = make_active_blocks(n)  # active prompt blocks per worker (sim.cluster.active_blocks)
         self._prefill_tokens = [0] * n
 
     def route(self, request: RouterRequest) -> Decision:

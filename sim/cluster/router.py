@@ -140,8 +140,10 @@ class RouterRequest:
     def probe(self, hasher: BlockHasher) -> Request:
         """A throwaway engine ``Request`` of this prompt (for hashing and the oracle's lookups)."""
         tr = self.trace
-        # Python ints and bools: the compiled Request takes no numpy scalars (sim.core.native_build)
-        return Request(tr.id, self.tokens(), trace_int(tr, "output_tokens", tr.output_tokens), cache_salt=tr.salt,
+        # the trace's own tokens: a prompt held as runs stays runs (hashed by the compiled chain over
+        # runs, same keys, never expanded); Python ints and bools: the compiled Request takes no
+        # numpy scalars (sim.core.native_build)
+        return Request(tr.id, tr.tokens, trace_int(tr, "output_tokens", tr.output_tokens), cache_salt=tr.salt,
                        lora_name=tr.lora, prompt_logprobs=bool(tr.prompt_logprobs), hasher=hasher)
 
 
