@@ -6,8 +6,10 @@
 (``tests/test_offload_chunk_table.py`` drives both with the same random calls) -- with the chunks'
 state in C arrays indexed by chunk id instead of one Python object per chunk.
 
-* a chunk slot holds its key (a list by chunk id), ``ref_cnt`` (-1 being stored, 0 evictable,
-  > 0 pinned by loads) and its LRU rank ``(major, minor)``; an open-addressing table (linear
+* a chunk slot is one 32-byte record (``Slot``: a chunk's operations touch one cache line, the
+  cost that dominates at ~50,000 chunks) holding its key (a reference owned by the table),
+  ``ref_cnt`` (-1 being stored, 0 evictable, > 0 pinned by loads), its LRU rank ``(major, minor)``
+  and its entries' version; an open-addressing table (linear
   probing, at most half full, deletion by backward shift) maps a key's hash to its chunk id, a hit
   confirmed by comparing the key itself (the same object, usually);
 * eviction takes the smallest ranks among the evictable, unprotected chunks, as vLLM's lazy
@@ -24,31 +26,44 @@ state in C arrays indexed by chunk id instead of one Python object per chunk.
   and a key's position is ``(index + 1) * tokens_per_chunk``; a request's keys are distinct (each
   hashes its whole prefix), and the finish re-ranks its observed keys by descending index, which
   is vLLM's ``reversed(order_request_keys(...))``;
-* freed chunk ids are reused last-freed first, after the never-used ones (``_free_list.pop()``).
+* freed chunk ids are reused last-freed first, after the never-used ones (``_free_list.pop()``);
+  an offer's chunk ids come back as one ``array('i')`` (no Python int per chunk).
 
 Built by setuptools (``pip install -e .``); :mod:`sim.core.offload.manager_impl` uses the Python
 manager when this module is not built. Imports neither simpy nor torch.
 """
 
 cimport cython
+from cpython cimport array
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
-from cpython.ref cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memmove
 from libc.stdlib cimport free, malloc, qsort, realloc
+
+import array
 
 from sim.core.offload.manager import LookupResult, ManagerStats, PrepareStoreOutput
 from sim.core.offload.policy import ChunkStatus
 
 
 _MISS, _HIT, _PENDING = LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING
+cdef array.array _IDS = array.array("i")  # the template of an offer's chunk ids
 
 
 cdef struct Entry:
     int64_t major
     int64_t minor
     int32_t slot
+    int32_t version
+
+
+cdef struct Slot:  # one chunk (module docstring)
+    int64_t major
+    int64_t minor
+    PyObject* key  # owned; NULL: free
+    int32_t ref_cnt
     int32_t version
 
 
@@ -89,16 +104,38 @@ include "chunk_table_groups.pxi"
 
 cdef class _Access:
     """One request's access record: ``seen[i]`` is its key at chunk index ``i`` once observed
-    (None before), ``rank`` its LRU rank (0: none yet), ``finished`` once committed."""
+    (None before), ``slots[i]`` that key's chunk id when last known (-1: none; the finish checks
+    it by identity), ``rank`` its LRU rank (0: none yet), ``finished`` once committed."""
 
     cdef list seen
+    cdef int32_t* slots
+    cdef Py_ssize_t cap
     cdef int64_t rank
     cdef bint finished
 
     def __cinit__(self) -> None:
         self.seen = []
+        self.slots = NULL
+        self.cap = 0
         self.rank = 0
         self.finished = False
+
+    def __dealloc__(self) -> None:
+        free(self.slots)
+
+    cdef int note(self, Py_ssize_t i, int32_t s) except -1:
+        """Chunk index ``i``'s key is held by chunk ``s`` now."""
+        cdef Py_ssize_t j, cap = self.cap
+        if i >= cap:
+            cap = max(i + 1, 2 * cap, 64)
+            self.slots = <int32_t*>realloc(self.slots, cap * sizeof(int32_t))
+            if not self.slots:
+                raise MemoryError()
+            for j in range(self.cap, cap):
+                self.slots[j] = -1
+            self.cap = cap
+        self.slots[i] = s
+        return 0
 
 
 cdef class _TableCore:
@@ -112,19 +149,12 @@ cdef class _TableCore:
     cdef int64_t tokens_per_chunk
     cdef int64_t next_rank
     cdef Bucket* tbl  # the key table
-    cdef uint32_t* slot_hash  # chunk id -> its key's hash (an eviction finds its entry without the key)
     cdef size_t tbl_mask
-    cdef list slot_keys  # chunk id -> key (None: free)
-    cdef list ids  # the chunk ids as Python ints, made once
-    cdef int32_t* ref_cnt
-    cdef int64_t* major
-    cdef int64_t* minor
-    cdef int32_t* version
+    cdef Slot* sl  # chunk id -> its record
     cdef char* protected
     cdef int32_t* free_stack
     cdef int num_free_stack
-    cdef Entry* heap
-    cdef Py_ssize_t heap_size, heap_cap
+    cdef Heap heap
     cdef Entry* fifo  # [fifo_head, fifo_tail): entries in ascending rank, pushed in that order
     cdef Py_ssize_t fifo_head, fifo_tail, fifo_cap
     cdef int32_t* buf  # scratch: a call's chunk ids
@@ -148,81 +178,38 @@ cdef class _TableCore:
             size *= 2
         self.tbl_mask = size - 1
         self.tbl = <Bucket*>malloc(size * sizeof(Bucket))
-        self.slot_hash = <uint32_t*>malloc(num_chunks * sizeof(uint32_t))
-        self.slot_keys = [None] * num_chunks
-        self.ids = list(range(num_chunks))
-        self.ref_cnt = <int32_t*>malloc(num_chunks * sizeof(int32_t))
-        self.major = <int64_t*>malloc(num_chunks * sizeof(int64_t))
-        self.minor = <int64_t*>malloc(num_chunks * sizeof(int64_t))
-        self.version = <int32_t*>malloc(num_chunks * sizeof(int32_t))
+        self.sl = <Slot*>malloc(num_chunks * sizeof(Slot))
         self.protected = <char*>malloc(num_chunks)
         self.free_stack = <int32_t*>malloc(num_chunks * sizeof(int32_t))
-        self.heap_cap = 1024
-        self.heap = <Entry*>malloc(self.heap_cap * sizeof(Entry))
         self.fifo_cap = 1024
         self.fifo = <Entry*>malloc(self.fifo_cap * sizeof(Entry))
         self.buf_cap = 1024
         self.buf = <int32_t*>malloc(self.buf_cap * sizeof(int32_t))
-        if not (self.ref_cnt and self.major and self.minor and self.version and self.protected
-                and self.free_stack and self.heap and self.fifo and self.buf and self.tbl and self.slot_hash):
+        if not (self.sl and self.protected and self.free_stack and self.fifo and self.buf and self.tbl):
             raise MemoryError()
         cdef size_t i
         for i in range(size):
             self.tbl[i].slot = -1
         for i in range(num_chunks):
-            self.version[i] = 0
+            self.sl[i].key = NULL
+            self.sl[i].version = 0
             self.protected[i] = 0
         self.events = None
         self.groups, self.group_ids, self.free_gids = {}, [], []
 
     def __dealloc__(self) -> None:
-        free(self.gheap.data)
-        free(self.ref_cnt); free(self.major); free(self.minor); free(self.version)
-        free(self.protected); free(self.free_stack); free(self.heap); free(self.fifo); free(self.buf)
-        free(self.tbl); free(self.slot_hash)
+        cdef Py_ssize_t s
+        if self.sl:
+            for s in range(self.num_allocated):
+                if self.sl[s].key:
+                    Py_DECREF(<object>self.sl[s].key)
+        free(self.gheap.data); free(self.heap.data)
+        free(self.sl); free(self.protected); free(self.free_stack); free(self.fifo); free(self.buf); free(self.tbl)
 
     # -- the entries: a FIFO of ascending ranks and a heap of the rest ------------------------
     # A finish gives fresh ranks, larger than every rank before: they are appended to the FIFO,
     # already in order, and popped from its head; the other entries (a running request's rank,
     # a load's unpin) go to the heap. The smaller of the two heads is the next candidate.
-    cdef void _push_entry(self, Entry e) except *:
-        cdef Py_ssize_t i, parent
-        if self.heap_size == self.heap_cap:
-            self.heap_cap *= 2
-            self.heap = <Entry*>realloc(self.heap, self.heap_cap * sizeof(Entry))
-            if not self.heap:
-                raise MemoryError()
-        i = self.heap_size
-        self.heap_size += 1
-        while i > 0:
-            parent = (i - 1) >> 1
-            if not _less(&e, &self.heap[parent]):
-                break
-            self.heap[i] = self.heap[parent]
-            i = parent
-        self.heap[i] = e
-
-    cdef Entry _pop_entry(self):
-        cdef Entry top = self.heap[0]
-        cdef Entry last
-        cdef Py_ssize_t i = 0, child, n
-        self.heap_size -= 1
-        n = self.heap_size
-        if n:
-            last = self.heap[n]
-            while True:
-                child = 2 * i + 1
-                if child >= n:
-                    break
-                if child + 1 < n and _less(&self.heap[child + 1], &self.heap[child]):
-                    child += 1
-                if not _less(&self.heap[child], &last):
-                    break
-                self.heap[i] = self.heap[child]
-                i = child
-            self.heap[i] = last
-        return top
-
     cdef void _fifo_append(self, Entry e) except *:
         if self.fifo_tail == self.fifo_cap:
             if self.fifo_head * 2 >= self.fifo_cap:  # the popped half: move the rest down
@@ -238,38 +225,48 @@ cdef class _TableCore:
         self.fifo_tail += 1
 
     cdef inline Py_ssize_t _num_entries(self):
-        return self.heap_size + self.fifo_tail - self.fifo_head + self.group_entries
+        return self.heap.size + self.fifo_tail - self.fifo_head + self.group_entries
 
-    cdef Entry _pop_min(self):
+    cdef inline bint _group_top_first(self):
+        """Query: the groups' heap top is below the FIFO's head and the heap's top."""
+        cdef Entry* g = &self.gheap.data[0]
+        return (self.fifo_head == self.fifo_tail or _less(g, &self.fifo[self.fifo_head])) and (
+            self.heap.size == 0 or _less(g, &self.heap.data[0]))
+
+    cdef Entry _pop_min(self) except *:
         """The smallest entry, removed (there must be one)."""
         cdef Entry e
         # (the groups' heap top, live or stale, is at most every live group top: when it is not below
-        # the FIFO's head and the heap's top, neither is any group, and _group_head's check is skipped)
-        if self.group_entries and self.gheap.size and (
-            self.fifo_head == self.fifo_tail or _less(&self.gheap.data[0], &self.fifo[self.fifo_head])
-        ) and (self.heap_size == 0 or _less(&self.gheap.data[0], &self.heap[0])) and _group_head(self) and (
-            self.fifo_head == self.fifo_tail or _less(&self.gheap.data[0], &self.fifo[self.fifo_head])
-        ) and (self.heap_size == 0 or _less(&self.gheap.data[0], &self.heap[0])):
+        # the FIFO's head and the heap's top, neither is any group, and _group_head's check is
+        # skipped; after _group_head the top is live and is compared again)
+        if (self.group_entries and self.gheap.size and self._group_top_first() and _group_head(self)
+                and self._group_top_first()):
             return _group_pop(self)
         if self.fifo_head < self.fifo_tail and (
-            self.heap_size == 0 or _less(&self.fifo[self.fifo_head], &self.heap[0])
+            self.heap.size == 0 or _less(&self.fifo[self.fifo_head], &self.heap.data[0])
         ):
             e = self.fifo[self.fifo_head]
             self.fifo_head += 1
             if self.fifo_head == self.fifo_tail:
                 self.fifo_head = self.fifo_tail = 0
             return e
-        return self._pop_entry()
+        return _heap_pop(&self.heap)
+
+    cdef inline Entry _entry(self, int32_t s):
+        """``s``'s entry at its current rank, its version renewed (the only live one from now)."""
+        cdef Entry e
+        cdef Slot* c = &self.sl[s]
+        c.version += 1
+        e.major, e.minor, e.slot, e.version = c.major, c.minor, s, c.version
+        return e
 
     cdef void _push(self, int32_t s) except *:
         """``s`` is evictable at its current rank: its entry (the only live one from now)."""
-        cdef Entry e
-        self.version[s] += 1
-        e.major, e.minor, e.slot, e.version = self.major[s], self.minor[s], s, self.version[s]
+        cdef Entry e = self._entry(s)
         if self.fifo_head == self.fifo_tail or not _less(&e, &self.fifo[self.fifo_tail - 1]):
             self._fifo_append(e)
         else:
-            self._push_entry(e)
+            _heap_push(&self.heap, e)
         if self._num_entries() >= 2 * self.num_evictable + 64:
             self._rebuild()
 
@@ -277,55 +274,59 @@ cdef class _TableCore:
         """Drop the stale entries: one live entry per evictable chunk, sorted into the FIFO."""
         cdef Py_ssize_t i, n = 0
         cdef Entry e
-        cdef list keys = self.slot_keys
         if self.fifo_cap < self.num_evictable:
             self.fifo_cap = self.num_evictable
             self.fifo = <Entry*>realloc(self.fifo, self.fifo_cap * sizeof(Entry))
             if not self.fifo:
                 raise MemoryError()
         for i in range(self.num_allocated):
-            if self.ref_cnt[i] == 0 and <object>PyList_GET_ITEM(keys, i) is not None:
-                e.major, e.minor, e.slot, e.version = self.major[i], self.minor[i], <int32_t>i, self.version[i]
+            if self.sl[i].ref_cnt == 0 and self.sl[i].key:
+                e.major, e.minor, e.slot, e.version = self.sl[i].major, self.sl[i].minor, <int32_t>i, self.sl[i].version
                 self.fifo[n] = e
                 n += 1
         qsort(self.fifo, n, sizeof(Entry), _compare)
-        self.fifo_head, self.fifo_tail, self.heap_size = 0, n, 0
+        self.fifo_head, self.fifo_tail, self.heap.size = 0, n, 0
         _groups_clear(self)
 
     cdef inline bint _live(self, Entry* e):
-        cdef int32_t s = e.slot
-        return (self.version[s] == e.version and self.ref_cnt[s] == 0
-                and <object>PyList_GET_ITEM(self.slot_keys, s) is not None)
+        cdef Slot* c = &self.sl[e.slot]
+        return c.version == e.version and c.ref_cnt == 0 and c.key != NULL
 
     # -- helpers ------------------------------------------------------------------------------
+    cdef inline object _key(self, Py_ssize_t s):
+        """Query: chunk ``s``'s key, or None."""
+        return None if self.sl[s].key == NULL else <object>self.sl[s].key
+
     cdef inline int32_t _slot(self, object key) except -2:
         """Query: ``key``'s chunk id, or -1."""
         cdef uint32_t h = <uint32_t>_key_hash(key)
         cdef size_t i = <size_t>h & self.tbl_mask
         cdef int32_t s
+        cdef PyObject* other
         while True:
             s = self.tbl[i].slot
             if s < 0:
                 return -1
             if self.tbl[i].hash == h:
-                other = <object>PyList_GET_ITEM(self.slot_keys, s)
-                if other is key or other == key:
+                other = self.sl[s].key
+                if other == <PyObject*>key or <object>other == key:
                     return s
             i = (i + 1) & self.tbl_mask
 
     cdef void _index_add(self, object key, int32_t s) except *:
-        """``key`` (absent) is now held by chunk ``s``."""
+        """``key`` (absent) is now held by chunk ``s`` (the table takes a reference)."""
         cdef uint32_t h = <uint32_t>_key_hash(key)
         cdef size_t i = <size_t>h & self.tbl_mask
         while self.tbl[i].slot >= 0:
             i = (i + 1) & self.tbl_mask
         self.tbl[i].slot, self.tbl[i].hash = s, h
-        self.slot_hash[s] = h
+        Py_INCREF(key)
+        self.sl[s].key = <PyObject*>key
 
     cdef void _index_del(self, object key, int32_t s) except *:
-        """``key``, held by chunk ``s``, leaves the table; the entries after it in its probe run move
-        back where their own probe would find them first (no tombstones)."""
-        cdef size_t mask = self.tbl_mask, i = <size_t>self.slot_hash[s] & mask, j, home
+        """``key``, held by chunk ``s``, leaves the table (and its reference); the entries after it
+        in its probe run move back where their own probe would find them first (no tombstones)."""
+        cdef size_t mask = self.tbl_mask, i = <size_t>(<uint32_t>_key_hash(key)) & mask, j, home
         while self.tbl[i].slot != s:
             i = (i + 1) & mask
         j = i
@@ -339,6 +340,8 @@ cdef class _TableCore:
             self.tbl[i] = self.tbl[j]
             i = j
         self.tbl[i].slot = -1
+        self.sl[s].key = NULL
+        Py_DECREF(key)
 
     cdef int32_t* _scratch(self, Py_ssize_t n) except NULL:
         if n > self.buf_cap:
@@ -383,10 +386,11 @@ cdef class _TableCore:
 
     cdef void _touch(self, int32_t s, int64_t rank, int64_t minor) except *:
         """vLLM ``on_request_access`` of one resident key: a touch only raises its rank."""
-        if self.major[s] > rank or (self.major[s] == rank and self.minor[s] >= minor):
+        cdef Slot* c = &self.sl[s]
+        if c.major > rank or (c.major == rank and c.minor >= minor):
             return
-        self.major[s], self.minor[s] = rank, minor
-        if self.ref_cnt[s] == 0:
+        c.major, c.minor = rank, minor
+        if c.ref_cnt == 0:
             self._push(s)
 
 

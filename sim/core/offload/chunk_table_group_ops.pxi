@@ -17,16 +17,14 @@ cdef int _group_top(_TableCore t, _Group g) except -1:
 cdef int _push_stored(_TableCore t, int32_t s, _Group g) except -1:
     """``s`` (a completed store) is evictable at its rank: on the FIFO when it goes there in order,
     else on its request's stack ``g`` when below its top, else on the heap (``_TableCore._push``)."""
-    cdef Entry e
-    t.version[s] += 1
-    e.major, e.minor, e.slot, e.version = t.major[s], t.minor[s], s, t.version[s]
+    cdef Entry e = t._entry(s)
     if t.fifo_head == t.fifo_tail or not _less(&e, &t.fifo[t.fifo_tail - 1]):
         t._fifo_append(e)
     elif g is not None and g.alive and (g.n == 0 or _less(&e, &g.stack[g.n - 1])):
         g.append(e)  # (its caller renews the group's top once per store: _group_top)
         t.group_entries += 1
     else:
-        t._push_entry(e)
+        _heap_push(&t.heap, e)
     if t._num_entries() >= 2 * t.num_evictable + 64:
         t._rebuild()
     return 0

@@ -18,7 +18,7 @@ cdef class LRUChunkTable(_TableCore):
         cdef int32_t s = self._slot(key)
         if s < 0:
             return _MISS
-        return _HIT if self.ref_cnt[s] >= 0 else _PENDING
+        return _HIT if self.sl[s].ref_cnt >= 0 else _PENDING
 
     def lookup_run(self, list keys, Py_ssize_t start, Py_ssize_t stop, bint stop_at_pending):
         """Query: ``(count, pending)``: the resident keys from ``keys[start]`` on, up to ``stop``, before
@@ -33,7 +33,7 @@ cdef class LRUChunkTable(_TableCore):
             if s < 0:
                 break
             count += 1
-            if self.ref_cnt[s] < 0:
+            if self.sl[s].ref_cnt < 0:
                 pending = True
                 if stop_at_pending:
                     break
@@ -45,7 +45,7 @@ cdef class LRUChunkTable(_TableCore):
         cdef int32_t s
         for i in range(PyList_GET_SIZE(keys)):
             s = self._slot(<object>PyList_GET_ITEM(keys, i))
-            if s >= 0 and self.ref_cnt[s] < 0:
+            if s >= 0 and self.sl[s].ref_cnt < 0:
                 return i
         return -1
 
@@ -61,16 +61,17 @@ cdef class LRUChunkTable(_TableCore):
         cdef int64_t rank = 0
         for i in range(n):
             s = self._slot(<object>PyList_GET_ITEM(keys, i))
-            assert s >= 0 and self.ref_cnt[s] >= 0, f"chunk {keys[i]!r} is not loadable"
+            assert s >= 0 and self.sl[s].ref_cnt >= 0, f"chunk {keys[i]!r} is not loadable"
             slots[i] = s
         for i in range(n):
             s = slots[i]
-            if self.ref_cnt[s] == 0:
+            if self.sl[s].ref_cnt == 0:
                 self.num_evictable -= 1  # (its heap entry goes stale: ref_cnt is not 0)
-            self.ref_cnt[s] += 1
+            self.sl[s].ref_cnt += 1
         self.chunks_loaded += n
-        acc = self._access(ctx)
+        cdef _Access acc = self._access(ctx)
         for i in range(n):
+            acc.note(first + i, slots[i])
             if self._see(acc, first + i, <object>PyList_GET_ITEM(keys, i)):
                 if rank == 0:
                     assert not acc.finished, "new cache keys observed after request finalization"
@@ -82,9 +83,9 @@ cdef class LRUChunkTable(_TableCore):
         cdef int32_t s
         for key in keys:
             s = self._slot(key)
-            assert s >= 0 and self.ref_cnt[s] > 0, f"chunk {key!r} was not being loaded"
-            self.ref_cnt[s] -= 1
-            if self.ref_cnt[s] == 0:
+            assert s >= 0 and self.sl[s].ref_cnt > 0, f"chunk {key!r} was not being loaded"
+            self.sl[s].ref_cnt -= 1
+            if self.sl[s].ref_cnt == 0:
                 self.num_evictable += 1
                 self._push(s)
 
@@ -101,7 +102,7 @@ cdef class LRUChunkTable(_TableCore):
         cdef int32_t s
         cdef int64_t rank = 0
         cdef bint fresh
-        acc = self._access(ctx)
+        cdef _Access acc = self._access(ctx)
         fresh = not acc.finished
         for i in range(n):
             s = self._slot(<object>PyList_GET_ITEM(keys, i))
@@ -122,13 +123,14 @@ cdef class LRUChunkTable(_TableCore):
             s = slots[i]
             if s < 0:
                 num_to_store += 1
-            elif self.ref_cnt[s] < 0:
+            elif self.sl[s].ref_cnt < 0:
                 continue  # a pending resident is neither stored nor observed
             if self._see(acc, first + i, <object>PyList_GET_ITEM(keys, i)):
                 if rank == 0:
                     assert not acc.finished, "new cache keys observed after request finalization"
                     rank = self._rank(acc)
                 if s >= 0:
+                    acc.note(first + i, s)
                     self._touch(s, rank, -(first + i + 1) * self.tokens_per_chunk)
         if num_to_store == 0:
             return PrepareStoreOutput([], [])
@@ -160,8 +162,10 @@ cdef class LRUChunkTable(_TableCore):
                 self.events.append((True, evicted))
         rank = self._rank(acc)
         cdef list to_store = keys if num_to_store == n else []
-        cdef list chunk_ids = []
-        cdef list slot_keys = self.slot_keys, ids = self.ids
+        cdef array.array chunk_ids = array.clone(_IDS, num_to_store, False)
+        cdef int* ids = chunk_ids.data.as_ints
+        cdef Slot* c
+        cdef Py_ssize_t k = 0
         for i in range(n):
             if slots[i] >= 0:
                 continue
@@ -172,12 +176,14 @@ cdef class LRUChunkTable(_TableCore):
             else:
                 self.num_free_stack -= 1
                 s = self.free_stack[self.num_free_stack]
-            slot_keys[s] = key
             self._index_add(key, s)
-            self.ref_cnt[s] = -1
-            self.major[s] = rank
-            self.minor[s] = -(first + i + 1) * tpc
-            chunk_ids.append(<object>PyList_GET_ITEM(ids, s))
+            c = &self.sl[s]
+            c.ref_cnt = -1
+            c.major = rank
+            c.minor = -(first + i + 1) * tpc
+            acc.note(first + i, s)
+            ids[k] = s
+            k += 1
             if num_to_store != n:
                 to_store.append(key)
         self.num_write_pending += num_to_store
@@ -207,17 +213,16 @@ cdef class LRUChunkTable(_TableCore):
                 picked[num_picked] = e
                 num_picked += 1
             for i in range(num_deferred):
-                self._push_entry(picked[n + i])
+                _heap_push(&self.heap, picked[n + i])
             if num_picked < n:
                 for i in range(num_picked):
-                    self._push_entry(picked[i])
+                    _heap_push(&self.heap, picked[i])
                 return False
             for i in range(n):
                 s = picked[i].slot
-                key = <object>PyList_GET_ITEM(self.slot_keys, s)
+                key = <object>self.sl[s].key
                 out.append(key)
                 self._index_del(key, s)
-                self.slot_keys[s] = None
                 self.free_stack[self.num_free_stack] = s
                 self.num_free_stack += 1
             self.num_evictable -= n
@@ -230,28 +235,26 @@ cdef class LRUChunkTable(_TableCore):
         ``PrepareStoreOutput`` (still pending: no lookup needed)."""
         cdef list key_list = keys if isinstance(keys, list) else list(keys)
         cdef int32_t s
-        cdef int32_t* slots = NULL
+        cdef int* slots = NULL
         cdef list ready
         cdef Py_ssize_t i, n = len(key_list)
-        cdef bint fast = isinstance(chunks, list) and n > 0 and PyList_GET_SIZE(chunks) == n
+        cdef bint fast = isinstance(chunks, array.array) and n > 0 and len(chunks) == n
         cdef int64_t grank
         cdef _Group g
-        if fast:  # (the ids read once, into the scratch buffer)
-            slots = self._scratch(n)
+        if fast:  # (prepare_store's array of ids)
+            slots = (<array.array>chunks).data.as_ints
             for i in range(n):
-                s = <int32_t><object>PyList_GET_ITEM(chunks, i)
-                if self.ref_cnt[s] >= 0:
+                if self.sl[slots[i]].ref_cnt >= 0:
                     fast = False
                     break
-                slots[i] = s
         if fast:  # (one request's store: its chunks go on its stack, chunk_table_groups.pxi)
-            grank = self.major[slots[0]]
+            grank = self.sl[slots[0]].major
             g = _group_of(self, grank)
             for i in range(n):
                 s = slots[i]
-                self.ref_cnt[s] = 0
+                self.sl[s].ref_cnt = 0
                 self.num_evictable += 1
-                _push_stored(self, s, g if self.major[s] == grank else None)
+                _push_stored(self, s, g if self.sl[s].major == grank else None)
             if g.alive:
                 _group_top(self, g)
             self.num_write_pending -= len(key_list)
@@ -261,8 +264,8 @@ cdef class LRUChunkTable(_TableCore):
         ready = []
         for key in key_list:
             s = self._slot(key)
-            if s >= 0 and self.ref_cnt[s] < 0:
-                self.ref_cnt[s] = 0
+            if s >= 0 and self.sl[s].ref_cnt < 0:
+                self.sl[s].ref_cnt = 0
                 self.num_evictable += 1
                 self.num_write_pending -= 1
                 self._push(s)
@@ -280,19 +283,26 @@ cdef class LRUChunkTable(_TableCore):
         (<_Access>acc).finished = True
         _group_drop(self, (<_Access>acc).rank)
         cdef list seen = (<_Access>acc).seen
-        cdef Py_ssize_t i
+        cdef int32_t* known = (<_Access>acc).slots
+        cdef Py_ssize_t i, cap = (<_Access>acc).cap
         cdef int32_t s
+        cdef Slot* c
         for i in range(PyList_GET_SIZE(seen) - 1, -1, -1):
             key = <object>PyList_GET_ITEM(seen, i)
             if key is None:
                 continue
-            s = self._slot(key)
-            if s < 0:
-                continue
+            s = known[i] if i < cap else -1
+            # (the chunk it had when observed, if that chunk still holds this very key: a key is
+            # held by one chunk at most, so no probe is needed)
+            if s < 0 or self.sl[s].key != <PyObject*>key:
+                s = self._slot(key)
+                if s < 0:
+                    continue
+            c = &self.sl[s]
             self.next_rank += 1
-            self.major[s] = self.next_rank
-            self.minor[s] = 0
-            if self.ref_cnt[s] == 0:
+            c.major = self.next_rank
+            c.minor = 0
+            if c.ref_cnt == 0:
                 self._push(s)
 
     # -- queries ------------------------------------------------------------------------------
@@ -325,43 +335,49 @@ cdef class LRUChunkTable(_TableCore):
         if s < 0:
             return None
         chunk = ChunkStatus(s)
-        chunk.ref_cnt = self.ref_cnt[s]
+        chunk.ref_cnt = self.sl[s].ref_cnt
         return chunk
+
+    def _slot_keys(self) -> list:
+        """Query: chunk id -> its key (None: free)."""
+        return [self._key(s) for s in range(self.num_chunks)]
 
     def keys(self) -> list:
         """Query: every resident key."""
-        return [k for k in self.slot_keys if k is not None]
+        return [k for k in self._slot_keys() if k is not None]
 
     @property
     def ranks(self) -> dict:
         """Query: every resident key's LRU rank, in vLLM's numbering."""
-        return {k: (self.major[s], self.minor[s]) for s, k in enumerate(self.slot_keys) if k is not None}
+        return {k: (self.sl[s].major, self.sl[s].minor) for s, k in enumerate(self._slot_keys()) if k is not None}
 
     def eviction_order(self) -> list:
         """Query: the evictable keys, next victim first."""
         ranks = self.ranks
-        keys = [k for s, k in enumerate(self.slot_keys) if k is not None and self.ref_cnt[s] == 0]
+        keys = [k for s, k in enumerate(self._slot_keys()) if k is not None and self.sl[s].ref_cnt == 0]
         return sorted(keys, key=ranks.__getitem__)
 
     def check_integrity(self) -> None:
         """Query: the index and the chunk ids agree, the counters count, and every evictable chunk
         has exactly one live heap entry."""
         cdef Py_ssize_t i
+        slot_keys = self._slot_keys()
         held = [self.tbl[i].slot for i in range(self.tbl_mask + 1) if self.tbl[i].slot >= 0]
         assert len(held) == len(set(held)) == self.num_resident(), (len(held), self.num_resident())
         for s in held:
-            key = self.slot_keys[s]
+            key = slot_keys[s]
             assert key is not None and self._slot(key) == s, "the key table does not find a chunk's key"
         free_ids = [self.free_stack[i] for i in range(self.num_free_stack)]
-        assert all(self.slot_keys[s] is None for s in free_ids) and len(set(free_ids)) == len(free_ids)
-        resident = [s for s in range(self.num_allocated) if self.slot_keys[s] is not None]
-        assert self.num_evictable == sum(1 for s in resident if self.ref_cnt[s] == 0)
-        assert self.num_write_pending == sum(1 for s in resident if self.ref_cnt[s] == -1)
-        entries = [self.heap[i] for i in range(self.heap_size)]
+        assert all(slot_keys[s] is None for s in free_ids) and len(set(free_ids)) == len(free_ids)
+        resident = [s for s in range(self.num_allocated) if slot_keys[s] is not None]
+        assert self.num_evictable == sum(1 for s in resident if self.sl[s].ref_cnt == 0)
+        assert self.num_write_pending == sum(1 for s in resident if self.sl[s].ref_cnt == -1)
+        entries = [self.heap.data[i] for i in range(self.heap.size)]
         entries += [self.fifo[i] for i in range(self.fifo_head, self.fifo_tail)] + _group_entries(self)
-        live = [e for e in entries if self.version[e["slot"]] == e["version"] and self.ref_cnt[e["slot"]] == 0
-                and self.slot_keys[e["slot"]] is not None]
-        assert sorted(e["slot"] for e in live) == sorted(s for s in resident if self.ref_cnt[s] == 0), "entries are off"
-        assert all((e["major"], e["minor"]) == (self.major[e["slot"]], self.minor[e["slot"]]) for e in live)
+        live = [e for e in entries if self.sl[<int32_t>e["slot"]].version == e["version"]
+                and self.sl[<int32_t>e["slot"]].ref_cnt == 0 and slot_keys[e["slot"]] is not None]
+        assert sorted(e["slot"] for e in live) == sorted(s for s in resident if self.sl[s].ref_cnt == 0), "entries are off"
+        assert all((e["major"], e["minor"]) == (self.sl[<int32_t>e["slot"]].major, self.sl[<int32_t>e["slot"]].minor)
+                   for e in live)
         fifo = [(self.fifo[i].major, self.fifo[i].minor) for i in range(self.fifo_head, self.fifo_tail)]
         assert fifo == sorted(fifo), "the FIFO is out of order"

@@ -58,11 +58,11 @@ class RequestCacheAccess:
 class PrepareStoreOutput:
     """What ``prepare_store`` decided: the keys to copy (in offer order) and the keys it evicted;
     ``chunks``: the chunks allocated for ``keys_to_store``, beside them (for ``complete_store``):
-    ``ChunkStatus`` records here, chunk ids in the compiled tier (``chunk_table.pyx``)."""
+    ``ChunkStatus`` records here, an ``array('i')`` of chunk ids in the compiled tier (``chunk_table.pyx``)."""
 
     keys_to_store: list[OffloadKey]
     evicted_keys: list[OffloadKey]
-    chunks: list[Any] = field(default_factory=list)
+    chunks: Sequence[Any] = field(default_factory=list)
 
 
 @dataclass(slots=True)

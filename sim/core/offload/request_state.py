@@ -48,7 +48,7 @@ class JobStatus:
     # the source blocks themselves, their ids read only when asked (source_block_ids): a pool's
     # block is one object for its id's lifetime, and most stores never need the ids
     source_blocks: list[KVCacheBlock] = field(default_factory=list)
-    chunks: list[Any] = field(default_factory=list)  # the manager's records of them (opaque here)
+    chunks: Sequence[Any] = field(default_factory=list)  # the manager's records of them (opaque here)
 
     @property
     def source_block_ids(self) -> list[int]:
