@@ -80,3 +80,46 @@ def test_windows_play_prefill_offers_and_finished_commits(monkeypatch: pytest.Mo
     monkeypatch.setattr(tw, "_offerers", spy)
     replay_experiment(_cfg(True, max_num_batched_tokens=256), progress=False)
     assert seen["offers"] > 0 and seen["commits"] > 0
+
+
+def _mooncake(fast_forward: bool, **engine: Any) -> Any:
+    return config_from_dict({
+        "name": "tier_window_mooncake", "gpu": "H100-SXM",
+        "engine": {"block_size": 16, "max_model_len": 32768, **engine},
+        "workload": {"kind": "mooncake", "limit": 200}, "replay": {"fast_forward": fast_forward},
+    }, "tier_window_mooncake.yaml")
+
+
+# Mooncake's first requests with a small GPU pool: waiting heads refused by the full-sequence gate
+# while prefilling tails offer chunks and stores are in flight (windows that look the head up)
+MOONCAKE_ENGINES = [{"num_gpu_blocks": 3000, "num_cpu_blocks": 5000},
+                    {"num_gpu_blocks": 6000, "num_cpu_blocks": 3000, "max_num_batched_tokens": 1024}]
+
+
+@pytest.mark.parametrize("engine", MOONCAKE_ENGINES)
+def test_windows_that_look_the_head_up_beside_offers_equal_the_plain_loop(engine: dict[str, Any]) -> None:
+    plain, _ = replay_experiment(_mooncake(False, **engine), progress=False)
+    fast, _ = replay_experiment(_mooncake(True, **engine), progress=False)
+    pd.testing.assert_frame_equal(fast.requests, plain.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, plain.steps, check_exact=True)
+    for key in ("prompt_tokens_by_source", "external_prefix_cache", "cpu_tier", "prefix_cache_hit_rate"):
+        assert fast.summary[key] == plain.summary[key], key
+
+
+@pytest.mark.skipif(not str(tw.__file__).endswith(".py"), reason="sim.replay.tier_window is compiled (mypyc): "
+                    "its calls to _offers_reach_head bypass the module attribute the spy replaces")
+def test_windows_look_the_head_up_beside_offers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Mooncake cases above do play windows whose prefilling tail offers chunks while the waiting
+    head is looked up with stores in flight (else their equality would not cover them)."""
+    allowed = {"n": 0}
+    reach = tw._offers_reach_head
+
+    def spy(sched: Any, tier: Any, offerers: list[Any]) -> bool:
+        out = reach(sched, tier, offerers)
+        allowed["n"] += bool(offerers) and not out
+        return out
+
+    monkeypatch.setattr(tw, "_offers_reach_head", spy)
+    for engine in MOONCAKE_ENGINES:
+        replay_experiment(_mooncake(True, **engine), progress=False)
+    assert allowed["n"] > 0

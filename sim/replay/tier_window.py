@@ -21,9 +21,9 @@ reports. A window of pure decodes plans none of that when the connector is *quie
 * the window has no tail (no prefill chunk: those would offer new chunks);
 * stores of running requests may be in flight: the worker reports them step by step inside the
   window (:func:`play_window_transfers`); but then a step of the window may look the waiting head
-  up only when the window offers nothing and the head meets no chunk still being stored (such a
-  lookup would defer the head, and the waiting loop would go on to the next request):
-  :func:`_head_lookups_stable`.
+  up only when the head meets no chunk still being stored and the window offers none of its
+  chunks (such a lookup would defer the head, and the waiting loop would go on to the next
+  request): :func:`_head_lookups_stable`, :func:`_offers_reach_head`.
 
 With no store in flight the head's refused lookups are side-effect free (they find no pending chunk
 and only reset the store progress of a request that never ran). Requests finish only at a window's
@@ -104,16 +104,34 @@ def window_allowed(sched: Scheduler, tier: OffloadTier, window: Window) -> bool:
     if stores and tier.kv_events is not None:
         return False
     if stores and any(window.lookups):
-        return not offerers and _head_lookups_stable(sched, tier)
+        return _head_lookups_stable(sched, tier) and not _offers_reach_head(sched, tier, offerers)
     return True
+
+
+def _offers_reach_head(sched: Scheduler, tier: OffloadTier, offerers: list[Request]) -> bool:
+    """Query: a chunk the window's offerers may offer is one of the waiting head's (its key is among
+    the head's keys): that chunk would be pending at a later step's lookup of the head. Otherwise
+    the window's offers change the head's lookups only by evicting: a smaller CPU hit, never a
+    deferral, and the head stays refused (``sim.replay.decode_window._head_stays_refused``: its
+    refusal holds whatever its hits)."""
+    if not offerers:
+        return False
+    conn = tier.connector
+    bpc = conn.blocks_per_chunk
+    head_keys = set(sched.waiting.peek().block_hashes[bpc - 1 :: bpc])
+    for r in offerers:
+        st = conn.req_status[r.request_id]
+        if not head_keys.isdisjoint(r.block_hashes[(st.next_stored_chunk_idx + 1) * bpc - 1 :: bpc]):
+            return True
+    return False
 
 
 def _head_lookups_stable(sched: Scheduler, tier: OffloadTier) -> bool:
     """Query (its answer kept on the head's state): the waiting head's lookups in a window whose
-    stores are in flight but none is offered answer as with no store in flight: the head has no job
-    in flight (else it is deferred) and none of its chunks the tier holds is being stored. Such a
-    window stores nothing new and evicts nothing, and a store only completes in it, so every lookup
-    -- from whatever GPU-hit boundary -- meets the same resident chunks, all ready."""
+    stores are in flight meet no chunk being stored: the head has no job in flight (else it is
+    deferred) and none of its chunks the tier holds is being stored now. A store only completes in
+    the window, and its offers, which reach none of the head's chunks (:func:`_offers_reach_head`),
+    only evict, so every lookup -- from whatever GPU-hit boundary -- meets ready chunks or none."""
     head = sched.waiting.peek()
     conn = tier.connector
     st = conn.req_status.get(head.request_id)
