@@ -22,8 +22,9 @@ window (wrong width, unequal columns) leaves the table as it was. Imports numpy 
 
 from __future__ import annotations
 
+import struct
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
 from typing import Any
 
@@ -109,16 +110,37 @@ class ColumnTable:
 
 
 _INT, _FLOAT = "q", "d"  # array typecodes: int64, float64
+_REFUSED = (TypeError, OverflowError, struct.error)  # what a conversion raises for a value it cannot take
+_PACKERS: dict[tuple[str, int], Callable[..., bytes]] = {}  # (typecode, n) -> a packer of n values
+
+
+def _packer(code: str, n: int) -> Callable[..., bytes]:
+    """``struct.Struct(f"{n}{code}").pack`` (native sizes: those of ``array``), made once per
+    length: a fast-forward window's length repeats, and ``struct``'s own cache of formats is
+    cleared whenever it fills."""
+    pack = _PACKERS.get((code, n))
+    if pack is None:
+        pack = struct.Struct(f"{n}{code}").pack
+        if len(_PACKERS) < 8192:
+            _PACKERS[code, n] = pack
+    return pack
 
 
 def _put(col: array[Any], values: Sequence[Any]) -> None:
-    """Append ``values`` to ``col``: a list converted value by value (``fromlist``), an array of the
-    column's own type copied as it is (a window's constant column, ``array("q", [v]) * k``: no value
-    converted), any other sequence as its list."""
+    """Append ``values`` to ``col``: a list packed in one C call (``struct``: a value's conversion
+    is ``array``'s own -- an index for int64, ``PyFloat_AsDouble`` for float64 -- without the
+    per-value argument parsing of ``fromlist``, three times its speed; it refuses what ``fromlist``
+    refuses, appending nothing), an array of the column's own type copied as it is (a window's
+    constant column, ``array("q", [v]) * k``: no value converted), a ``range`` (a window's step
+    indexes) as its int64 values, any other sequence as its list."""
     if type(values) is list:
-        col.fromlist(values)
+        col.frombytes(_packer(col.typecode, len(values))(*values))
     elif isinstance(values, array) and values.typecode == col.typecode:
         col.extend(values)
+    elif type(values) is range and values.step == 1 and col.typecode == _INT and len(values):
+        if values.start < -(2**63) or values.stop > 2**63:
+            raise OverflowError(f"{values} is beyond int64")
+        col.frombytes(np.arange(values.start, values.stop, dtype=np.int64).tobytes())
     else:
         col.fromlist(list(values))
 
@@ -171,10 +193,9 @@ class NumericColumnTable:
         saved = self._cols[:]  # a column turned float64 is a new array: a refusal restores this list
         try:
             try:
-                # one C loop, as ColumnTable.extend; fromlist converts a list 3x faster than
-                # extend (no iterator) and leaves the array as it was when it refuses a value
+                # one C loop, as ColumnTable.extend; a refused column is left as it was (_put)
                 any(map(_put, self._cols, columns))
-            except (TypeError, OverflowError):
+            except _REFUSED:
                 self._truncate(before)
                 for i, values in enumerate(columns):
                     self._add(i, list(values))

@@ -85,8 +85,8 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
     if run.kv_worker is not None:  # a tiered step records its end minus its start (StepRunner._transfers)
         durations = [starts[j + 1] - starts[j] for j in range(k)]
     zeros = constant_column(0, k)
-    rec.steps(  # (lists, and arrays where constant: sim.replay.column_table.NumericColumnTable.extend)
-        list(range(first_step, first_step + k)), starts[:k], durations, window.num_seqs, window.num_new_tokens,
+    rec.steps(  # (lists, arrays where constant, a range of step indexes: NumericColumnTable.extend)
+        range(first_step, first_step + k), starts[:k], durations, window.num_seqs, window.num_new_tokens,
         window.num_prefill_tokens, window.num_decode_seqs, zeros, zeros, n_finished, constant_column(n_running, k),
         waiting, free, window.cached_blocks, [1.0 - f / total_blocks for f in free],
     )

@@ -83,27 +83,70 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     head_chain: set[int] = set()  # ids of the blocks of the head's hit chain
     head_hits = -1
     n_free, n_cached = pool.get_num_free_blocks(), pool.num_cached_blocks
-    for j in range(k):
-        scheduler.step_index = base_step + j  # KV events of step j are attributed to it
-        step_ops = events.get(j)
-        if step_ops is not None:  # (a step without block operations leaves the gauges as they were)
-            for kind, r, arg in step_ops:
-                if kind == 0:
-                    new_blocks = kvm.allocate_new_blocks(r.request_id, arg)
-                    if head_chain and not head_chain.isdisjoint(map(id, new_blocks)):
-                        head_hits = -1
+    if head is None:  # no lookup: only the steps with block operations do anything
+        _play_ops(scheduler, events, frees, cached, k, n_free, n_cached)
+    else:
+        for j in range(k):
+            scheduler.step_index = base_step + j  # KV events of step j are attributed to it
+            step_ops = events.get(j)
+            if step_ops is not None:  # (a step without block operations leaves the gauges as they were)
+                for kind, r, arg in step_ops:
+                    if kind == 0:
+                        new_blocks = kvm.allocate_new_blocks(r.request_id, arg)
+                        if head_chain and not head_chain.isdisjoint(map(id, new_blocks)):
+                            head_hits = -1
+                    else:
+                        kvm.cache_blocks(r, arg)
+                n_free, n_cached = pool.get_num_free_blocks(), pool.num_cached_blocks
+            if window.lookups[j]:  # (a lookup changes neither gauge)
+                if head_hits < 0:
+                    hit_blocks, head_hits = kvm.get_computed_blocks(head)
+                    head_chain = set(map(id, chain.from_iterable(hit_blocks)))  # (C loops: hits run long)
                 else:
-                    kvm.cache_blocks(r, arg)
-            n_free, n_cached = pool.get_num_free_blocks(), pool.num_cached_blocks
-        if head is not None and window.lookups[j]:  # (a lookup changes neither gauge)
-            if head_hits < 0:
-                hit_blocks, head_hits = kvm.get_computed_blocks(head)
-                head_chain = set(map(id, chain.from_iterable(hit_blocks)))  # C loops: hits run to hundreds of blocks
+                    kvm.repeat_lookup(head, head_hits)
+            frees.append(n_free)
+            cached.append(n_cached)
+
+    _advance(scheduler, window, base_step)
+
+
+def _play_ops(scheduler: Scheduler, events: dict[int, list[tuple[int, Request, int]]], frees: list[int],
+              cached: list[int], k: int, n_free: int, n_cached: int) -> None:
+    """The step loop of :func:`apply_window` without a lookup: the steps with block operations in
+    step order, each one's gauges after them; a run of steps without any keeps the gauges, so its
+    entries are written in one go (a decode window's steps mostly allocate and cache nothing: a
+    decoder does each once every ``block_size`` steps)."""
+    kvm = scheduler.kv_cache_manager
+    pool = kvm.block_pool
+    base_step = scheduler.step_index  # (the window's first step)
+    done = 0  # steps whose gauges are written
+    for j in sorted(events):
+        if j > done:
+            frees.extend([n_free] * (j - done))
+            cached.extend([n_cached] * (j - done))
+        scheduler.step_index = base_step + j  # KV events of step j are attributed to it
+        for kind, r, arg in events[j]:
+            if kind == 0:
+                kvm.allocate_new_blocks(r.request_id, arg)
             else:
-                kvm.repeat_lookup(head, head_hits)
+                kvm.cache_blocks(r, arg)
+        n_free, n_cached = pool.get_num_free_blocks(), pool.num_cached_blocks
         frees.append(n_free)
         cached.append(n_cached)
+        done = j + 1
+    if k > done:
+        frees.extend([n_free] * (k - done))
+        cached.extend([n_cached] * (k - done))
 
+
+def _advance(scheduler: Scheduler, window: Window, base_step: int) -> None:
+    """The end of :func:`apply_window`: the requests' computed tokens after the window's steps,
+    the requests the last step finishes freed (in ``running`` order), and the step index past the
+    window (it started at ``base_step``)."""
+    k = window.k
+    pool = scheduler.kv_cache_manager.block_pool
+    frees = window.free_blocks
+    cached = window.cached_blocks
     for r in window.bulk:
         r.num_computed_tokens += k
     for r, steps in zip(window.tail, window.tail_steps):
