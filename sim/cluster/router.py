@@ -133,7 +133,8 @@ class RouterRequest:
         out = self._hashes.get(key)
         if out is None:
             probe = self.probe(hasher)
-            out = external_block_hashes(probe.block_hashes)
+            ext = hasher.prompt_external_hashes(probe)  # (the compiled chain gives them directly)
+            out = external_block_hashes(probe.block_hashes) if ext is None else ext
             self._hashes[key] = out
         return out
 
@@ -180,6 +181,9 @@ class Router(ABC):
 
     name: str = "router"
     needs_kv_events: bool = False
+    # on_kv_events only feeds a kv_view.EventCacheView: batches may come as raw words
+    # (sim.core.compiled_pool.RawEventBatch, see sim.cluster.kv_event_pipeline), not only objects
+    raw_kv_events: bool = False
     needs_metrics: bool = False
     keeps_cache_view: bool = False
 

@@ -7,7 +7,8 @@ Per block, in one pass: the block's digest -- from its first id when the block l
 consecutive ids, else from its tokens, told apart by the tokens themselves (as the numpy code
 does) -- then the polynomial chain ``h = P * h + c (mod 2^64)`` per lane (the numpy code's closed
 form is the same value) and the splitmix64 finalisation, written as the 16-byte key (lane 0 then
-lane 1, little-endian, as numpy's ``view("V16")``). Equality with the numpy path is a test.
+lane 1, little-endian, as numpy's ``view("V16")``), and with ``chain_runs_external`` each key's
+event form too. Equality with the numpy path is a test.
 Imports neither simpy nor torch.
 """
 
@@ -32,6 +33,29 @@ def chain_runs(const int64_t[:] starts, const int64_t[:] lengths, Py_ssize_t n, 
                const uint64_t[:, :] lane_keys, const uint64_t[:] mult, uint64_t state0, uint64_t state1):
     """Keys of the first ``n`` full blocks of tokens given as runs ``(starts, lengths)``, chained
     from ``(state0, state1)`` with the hasher's constants; returns ``(keys, (h0, h1))``."""
+    return _chain_runs(starts, lengths, n, bs, run_keys, pos_key, pos_mult, lane_keys, mult, state0, state1, None)
+
+
+def chain_runs_external(const int64_t[:] starts, const int64_t[:] lengths, Py_ssize_t n, int bs,
+                        const uint64_t[:, :] run_keys, const uint64_t[:] pos_key, const uint64_t[:] pos_mult,
+                        const uint64_t[:, :] lane_keys, const uint64_t[:] mult, uint64_t state0,
+                        uint64_t state1):
+    """:func:`chain_runs`, and each key's event form (``sim.core.hashing.external_block_hash``: the
+    key's last 8 bytes read big-endian) in the same pass; returns ``(keys, externals, (h0, h1))``.
+    A router needs the event form of every prompt hash it matches against KV events."""
+    cdef list ext = PyList_New(n)
+    keys, state = _chain_runs(starts, lengths, n, bs, run_keys, pos_key, pos_mult, lane_keys, mult, state0, state1,
+                              ext)
+    return keys, ext, state
+
+
+cdef tuple _chain_runs(const int64_t[:] starts, const int64_t[:] lengths, Py_ssize_t n, int bs,
+                       const uint64_t[:, :] run_keys, const uint64_t[:] pos_key, const uint64_t[:] pos_mult,
+                       const uint64_t[:, :] lane_keys, const uint64_t[:] mult, uint64_t state0, uint64_t state1,
+                       list ext):
+    """The chain (``ext``: a list of ``n`` empty slots to fill with the event forms, or None)."""
+    cdef uint64_t e
+    cdef object pe
     cdef Py_ssize_t i, k, r = 0, rr
     cdef int64_t b0, t0, t
     cdef uint64_t c0, c1, m, s0, s1, h0 = state0, h1 = state1, f0, f1
@@ -88,6 +112,13 @@ def chain_runs(const int64_t[:] starts, const int64_t[:] lengths, Py_ssize_t n, 
         memcpy(out + 8, &f1, 8)
         Py_INCREF(key)  # PyList_SET_ITEM steals a reference
         PyList_SET_ITEM(keys, i, key)
+        if ext is not None:  # bytes 8..15 read big-endian, whatever the host's byte order
+            e = 0
+            for k in range(8, 16):
+                e = (e << 8) | (<unsigned char>out[k])
+            pe = e
+            Py_INCREF(pe)
+            PyList_SET_ITEM(ext, i, pe)
     return keys, (h0, h1)
 
 

@@ -55,6 +55,11 @@ try:  # the compiled chain over runs (same keys; built by pip install -e .)
     from sim.core.compiled_hash import chain_runs as _chain_runs
 except ImportError:  # pragma: no cover - where the extension is not built
     _chain_runs = None
+_chain_runs_external: Callable[..., tuple[list[bytes], list[int], tuple[int, int]]] | None
+try:  # the same chain, also giving each key's event form (an older build lacks it: the plain path)
+    from sim.core.compiled_hash import chain_runs_external as _chain_runs_external
+except ImportError:  # pragma: no cover - where the extension is not built
+    _chain_runs_external = None
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.core.request import Request
@@ -92,6 +97,11 @@ class BlockHasher:
 
     def hash_new_blocks(self, request: Request) -> list[BlockHash]:  # pragma: no cover
         raise NotImplementedError
+
+    def prompt_external_hashes(self, request: Request) -> list[int] | None:
+        """The event forms (:func:`external_block_hash`) of a fresh request's prompt block hashes,
+        what a router matches against KV events, where computed in C; else None."""
+        return None
 
     def hash_token_blocks(
         self, tokens: Sequence[int] | np.ndarray, extra_keys: Sequence[tuple[Any, ...] | None] | None = None
@@ -336,6 +346,19 @@ class FastBlockHasher(BlockHasher):
         if self.num_lookahead_tokens:  # fold in each block's lookahead key (sim.core.lookahead_hashing)
             keys = fold(keys, lookahead_extra_keys(request, start, n_blocks, bs, self.num_lookahead_tokens))
         return keys + gen_keys if gen_keys else keys
+
+    def prompt_external_hashes(self, request: Request) -> list[int] | None:
+        """In the one case where ``hash_new_blocks`` takes the compiled chain from block 0 (prompt as
+        runs, no extra keys, no lookahead): equal to converting ``block_hashes`` (a test)."""
+        bs, n_blocks = self.block_size, request.num_prompt_tokens // self.block_size
+        if (_chain_runs_external is None or not self.compiled or self.num_lookahead_tokens or n_blocks <= 0
+                or request.num_tokens != request.num_prompt_tokens or blocks_extra_keys(
+                    request.lora_name, request.cache_salt, request.mm_features, 0, n_blocks, bs) is not None
+                or (runs := request.prompt_runs()) is None):
+            return None
+        _, ext, _ = _chain_runs_external(runs[0], runs[1], n_blocks, bs, self._run_keys, self._pos_key,
+                                         self._pos_mult, self._lane_keys, self._p, *self.initial_state)
+        return ext
 
     def hash_token_blocks(
         self, tokens: Sequence[int] | np.ndarray, extra_keys: Sequence[tuple[Any, ...] | None] | None = None
