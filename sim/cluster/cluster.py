@@ -138,7 +138,8 @@ class ClusterReplay(ClusterHooks, ClusterView):
         self.next_time = -math.inf  # unknown until the stream is first read
         self.pipeline: KVEventPipeline | None = None
         if router.needs_kv_events or record_events:
-            self.pipeline = KVEventPipeline(self.num_replicas, kv_delay, self._deliver_events, record_events)
+            self.pipeline = KVEventPipeline(self.num_replicas, kv_delay, self._deliver_events, record_events,
+                                            raw=router.raw_kv_events)
         self.replicas = [
             Replica(i, s, self.clock, self, integrity_check=integrity_check, max_window_steps=max_window_steps,
                     event_sink=self._sink_for(i))

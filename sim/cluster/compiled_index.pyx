@@ -18,6 +18,7 @@ Limits: at most 64 replicas (one bit each); ``make_kv_event_index`` gives the Py
 that. Imports nothing from the project.
 """
 
+from cpython cimport array as carray
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport calloc, free
@@ -26,6 +27,15 @@ cdef enum:
     EMPTY = 0
     LIVE = 1
     TOMB = 2
+
+cdef enum:
+    EV_STORED = 0  # the raw event kinds of sim.core.compiled_pool's KVEventLog
+    EV_REMOVED = 1
+    EV_CLEARED = 2
+    AHEAD = 16  # words whose table slots are fetched ahead of their turn in apply_raw
+
+cdef extern from *:
+    void __builtin_prefetch(const void* addr, ...) nogil
 
 cdef struct Slot:
     uint64_t key
@@ -176,6 +186,52 @@ cdef class CompiledKVEventIndex:
             else:
                 return i
         return n
+
+    def apply_raw(self, int replica, carray.array words):
+        """Changes state: apply a raw batch (``sim.core.compiled_pool.RawEventBatch.words``: per
+        event a header word, ``kind | count << 8``, then its hashes) in order -- ``store`` for a
+        stored event, ``remove`` for a removed one, ``clear`` for a cleared one: the calls
+        ``apply`` makes for the same events as objects, without an object or a list per event.
+        Each word's table slot is fetched ``AHEAD`` words before its turn (the hashes are
+        random: one cache miss at a time would dominate)."""
+        cdef uint64_t bit = (<uint64_t>1) << self._check(replica)
+        if words.ob_descr.typecode != b'Q':
+            raise TypeError(f"raw KV-event words are an array('Q'), got typecode {words.typecode!r}")
+        cdef const uint64_t* w = <const uint64_t*>words.data.as_ulonglongs
+        cdef Py_ssize_t n = len(words), i = 0, j, k, end, delta = 0
+        cdef uint64_t head
+        cdef int kind
+        cdef Slot* s
+        for j in range(min(n, AHEAD)):
+            __builtin_prefetch(&self._slots[_mix(w[j]) & <uint64_t>(self._cap - 1)])
+        while i < n:
+            head = w[i]
+            kind = <int>(head & 0xFF)
+            k = <Py_ssize_t>(head >> 8)
+            i += 1
+            end = i + k
+            if end > n or kind > EV_CLEARED:
+                raise ValueError(f"malformed raw KV-event words at word {i - 1} of {n}")
+            if kind == EV_CLEARED:
+                self._entries[replica] += delta
+                delta = 0
+                self.clear(replica)
+                continue
+            while i < end:
+                if i + AHEAD < n:
+                    __builtin_prefetch(&self._slots[_mix(w[i + AHEAD]) & <uint64_t>(self._cap - 1)])
+                if kind == EV_STORED:
+                    s = self._insert_slot(w[i])
+                    if not (s.mask & bit):
+                        s.mask |= bit
+                        delta += 1
+                else:
+                    j = self._find(w[i])
+                    if j >= 0 and self._slots[j].mask & bit:
+                        self._drop_bit(&self._slots[j], bit)
+                        delta -= 1
+                i += 1
+        self._entries[replica] += delta
 
     cdef int _store(self, int replica, uint64_t bit, list hs) except -1:
         cdef Py_ssize_t i, n = PyList_GET_SIZE(hs), added = 0

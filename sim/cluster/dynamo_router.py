@@ -55,6 +55,7 @@ class _Active:
 class DynamoRouter(Router):
     name = "dynamo"
     needs_kv_events = True
+    raw_kv_events = True  # on_kv_events: self.events.on_events
     keeps_cache_view = True
 
     def __init__(self, seed: int, overlap_credit: float = 1.0, temperature: float = 0.0,

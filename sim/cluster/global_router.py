@@ -40,6 +40,7 @@ class GlobalMooncakeRouter(MooncakeRouter):
     """The Conductor's global policy (see the module docstring); ``store`` is set by the experiment."""
 
     name = "mooncake"
+    raw_kv_events = False  # its store index reads the event objects
 
     def attach(self, view: ClusterView) -> None:
         super().attach(view)

@@ -16,6 +16,15 @@ subscriber that sees them later (llm-d's ``kvevents.Pool``, Dynamo's ``KvIndexer
 * a replica that goes down drops its undelivered batches (a crash loses the socket buffer), and
   batches of an earlier incarnation are never delivered after it comes back.
 
+Raw batches (``raw=True``, for a router whose ``on_kv_events`` only feeds its KV-event index:
+``Router.raw_kv_events``): a replica whose pool is compiled and which has no CPU tier writes its
+events into a :class:`sim.core.compiled_pool.KVEventLog` -- kind and hashes as 64-bit words, in C,
+no Python object per block event -- and its batches are :class:`~sim.core.compiled_pool.RawEventBatch`
+slices of it, cut at the same steps, due at the same times, counted the same (``len``: events).
+The event objects stay where something reads more than kind and hashes: recorded events
+(``record``), a replica with a CPU tier (the tiered index reads parent and tokens), the Python
+pool, and every other router; the object path is the raw path's oracle in the tests.
+
 Invariants: batches of one replica are delivered in step order; delivery times never decrease
 per replica. Imports neither simpy nor torch.
 """
@@ -26,9 +35,22 @@ import heapq
 import random
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sim.core.kv_events import EventSink, KVCacheEvent
+
+if TYPE_CHECKING:
+    from sim.core.compiled_pool import KVEventLog, RawEventBatch
+
+    EventBatch: TypeAlias = list[KVCacheEvent] | RawEventBatch
+
+_Log: type[KVEventLog] | None
+_Pool: type | None
+try:  # the compiled pool's raw event log (sim.core.compiled_pool); not built: event objects only
+    from sim.core.compiled_pool import CompiledBlockPool as _Pool
+    from sim.core.compiled_pool import KVEventLog as _Log
+except ImportError:  # pragma: no cover
+    _Log = _Pool = None
 
 _StepTagger: Callable[[list[int], list[Any], Any], EventSink] | None
 try:  # the sink in C (sim.cluster.compiled_index): the same appends without a Python frame per event
@@ -80,6 +102,13 @@ class _Collected:
         self.start = 0
         self.sorted = True
 
+    def __len__(self) -> int:
+        return len(self.steps) - self.start
+
+    def front(self) -> int | None:
+        """Query: the step tag of the first event not yet taken (None: none left)."""
+        return self.steps[self.start] if self.start < len(self.steps) else None
+
     def take(self, step: int) -> list[KVCacheEvent] | None:
         """Changes state: the events from the front up to the first tagged after ``step`` (None:
         none). Cost: a bisection and a slice, not a Python step per event."""
@@ -112,22 +141,28 @@ class _Collected:
 class KVEventPipeline:
     """Collectors, batches in flight and their delivery (see the module docstring)."""
 
-    def __init__(self, num_replicas: int, delay: DelaySampler,
-                 deliver: Callable[[int, list[KVCacheEvent]], None], record: bool = False) -> None:
+    def __init__(self, num_replicas: int, delay: DelaySampler,  # deliver(replica, EventBatch)
+                 deliver: Callable[[int, Any], None], record: bool = False, raw: bool = False) -> None:
         self.delay = delay
         self._deliver = deliver
-        self._collected = [_Collected() for _ in range(num_replicas)]
+        self._collected: list[_Collected | KVEventLog] = [_Collected() for _ in range(num_replicas)]
+        self.raw = raw and not record and _Log is not None
         self._last_due = [0.0] * num_replicas
         self._epoch = [0] * num_replicas
-        self._in_flight: list[tuple[float, int, int, int, list[KVCacheEvent]]] = []
+        self._in_flight: list[tuple[float, int, int, int, EventBatch]] = []
         self._seq = 0
         self.num_batches = 0
         self.num_events = 0
         self.recorded: list[tuple[int, int, KVCacheEvent]] | None = [] if record else None
 
     def sink(self, replica: int, scheduler: Any) -> EventSink:
-        """The event sink of a replica's block pool (events tagged with ``scheduler.step_index``)."""
+        """The event sink of a replica's block pool (events tagged with ``scheduler.step_index``):
+        its raw log where the module docstring says so, else a collector of event objects."""
+        log = self._raw_log(replica, scheduler)
+        if log is not None:
+            return log
         c = self._collected[replica]
+        assert isinstance(c, _Collected)
         if getattr(scheduler, "tier", None) is not None:
             c.sorted = False  # (kept for the rest of the run: a later incarnation has the same tier)
         tag, keep = c.steps.append, c.events.append
@@ -148,6 +183,27 @@ class KVEventPipeline:
             recorded.append((replica, step, event))
 
         return collect_recorded
+
+    def _raw_log(self, replica: int, scheduler: Any) -> KVEventLog | None:
+        """The replica's raw log, bound to ``scheduler``, when its events may travel raw (None:
+        objects). A replica keeps one kind of collector (its incarnations have the same spec)."""
+        if _Log is None:
+            return None
+        c = self._collected[replica]
+        pool = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
+        raw = self.raw and getattr(scheduler, "tier", None) is None and type(pool) is _Pool
+        if isinstance(c, _Log):
+            if raw:
+                c.bind(scheduler)
+                return c
+            if len(c):
+                raise ValueError(f"replica {replica}: raw KV events not yet batched, and a sink of objects asked for")
+            self._collected[replica] = _Collected()
+            return None
+        if raw and not len(c):
+            log = self._collected[replica] = _Log(scheduler)
+            return log
+        return None
 
     def publish(self, replica: int, step: int, end: float) -> None:
         """Changes state: the replica finished step ``step`` at ``end``: batch what it emitted."""
@@ -171,17 +227,18 @@ class KVEventPipeline:
             # is found from its tag, the first row whose step reaches it -- a Python step per
             # batch, not per row; the rows skipped publish nothing, as in the loop below
             first = steps[0]
-            while c.start < len(c.steps):
-                j = c.steps[c.start] - first
+            while (front := c.front()) is not None:
+                j = front - first
                 if j >= n:
                     return
                 j = max(j, 0)
                 self.publish(replica, steps[j], ends[j])
             return
         for step, end in zip(steps, ends, strict=True):
-            if c.start == len(c.steps):
+            front = c.front()
+            if front is None:
                 return  # no event left to batch: the later steps publish nothing
-            if c.steps[c.start] <= step:
+            if front <= step:
                 self.publish(replica, step, end)
 
     def deliver_until(self, now: float) -> None:

@@ -15,12 +15,23 @@ length minus one, as vLLM never serves the last prompt token from cache. Imports
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, cast
 
 from sim.cluster.prefix_index import EventIndex, make_kv_event_index
 from sim.cluster.router import ReplicaFacts, RouterRequest
 from sim.cluster.tier_index import LowerTierRule, TieredEventIndex, TierMatch
 from sim.core.hashing import BlockHasher, make_block_hasher
 from sim.core.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
+
+if TYPE_CHECKING:
+    from sim.core.compiled_pool import RawEventBatch
+
+_Raw: type[RawEventBatch] | None
+try:  # a replica's events as raw words (sim.core.compiled_pool, sim.cluster.kv_event_pipeline)
+    from sim.core.compiled_pool import EVENT_REMOVED, EVENT_STORED
+    from sim.core.compiled_pool import RawEventBatch as _Raw
+except ImportError:  # pragma: no cover - not built: batches are event objects only
+    _Raw = None
 
 
 class EventCacheView:
@@ -34,6 +45,8 @@ class EventCacheView:
         self._hashers: dict[tuple[str, int, int | str, int, bool, bool], BlockHasher] = {}
         self.group_of = [self._hasher(f) for f in facts]
         self._apply = getattr(self.index, "apply", None)  # the compiled index's batch dispatch
+        # a raw batch in C (one medium only: a cleared event then clears the one index)
+        self._apply_raw = getattr(self.index, "apply_raw", None) if self.tiers is None else None
 
     def _hasher(self, f: ReplicaFacts) -> BlockHasher:
         # a probe is hashed from token 0, so the resumed-scan rule does not matter (True)
@@ -43,20 +56,35 @@ class EventCacheView:
             h = self._hashers[key] = make_block_hasher(*key)
         return h
 
-    def on_events(self, replica: int, events: Sequence[KVCacheEvent]) -> None:
+    def on_events(self, replica: int, events: Sequence[KVCacheEvent] | RawEventBatch) -> None:
         """Changes state: apply one batch of a replica's events in order. The compiled index
         applies runs of GPU stores and removals itself (``CompiledKVEventIndex.apply``: the same
-        calls, dispatched in C); every other event goes through :meth:`_apply_one`."""
+        calls, dispatched in C); every other event goes through :meth:`_apply_one`. A raw batch
+        (``sim.core.compiled_pool.RawEventBatch``: GPU events' kinds and hashes) makes the same
+        calls: in C (``apply_raw``), or one per event here."""
+        if _Raw is not None and isinstance(events, _Raw):
+            if self._apply_raw is not None:
+                self._apply_raw(replica, events.words)
+                return
+            for kind, hashes in events.runs():
+                if kind == EVENT_STORED:
+                    self.index.store(replica, hashes)
+                elif kind == EVENT_REMOVED:
+                    self.index.remove(replica, hashes)
+                else:
+                    self.clear(replica)
+            return
+        objects = cast("Sequence[KVCacheEvent]", events)
         apply = self._apply
-        if apply is None or type(events) is not list:
-            for ev in events:
+        if apply is None or type(objects) is not list:
+            for ev in objects:
                 self._apply_one(replica, ev)
             return
-        n = len(events)
-        i = apply(replica, events, 0, BlockStored, BlockRemoved, MEDIUM_GPU)
+        n = len(objects)
+        i = apply(replica, objects, 0, BlockStored, BlockRemoved, MEDIUM_GPU)
         while i < n:
-            self._apply_one(replica, events[i])
-            i = apply(replica, events, i + 1, BlockStored, BlockRemoved, MEDIUM_GPU)
+            self._apply_one(replica, objects[i])
+            i = apply(replica, objects, i + 1, BlockStored, BlockRemoved, MEDIUM_GPU)
 
     def _apply_one(self, replica: int, ev: KVCacheEvent) -> None:
         """Changes state: apply one event (the Python dispatch; the oracle of ``apply``)."""

@@ -60,6 +60,7 @@ PREFIX_MODES = ("approximate", "precise", "none")
 class LlmDRouter(Router):
     name = "llm_d"
     needs_metrics = True
+    raw_kv_events = True  # on_kv_events: self.events.on_events
 
     def __init__(
         self,

@@ -128,6 +128,11 @@ class ShardedKVEventIndex:
         shard, r = self._at(replica)
         return int(shard.apply(r, events, start, stored_type, removed_type, gpu_medium))
 
+    def apply_raw(self, replica: int, words: Any) -> None:
+        """The table's ``CompiledKVEventIndex.apply_raw`` for ``replica`` (a raw batch's words)."""
+        shard, r = self._at(replica)
+        shard.apply_raw(r, words)
+
     def clear(self, replica: int) -> None:
         shard, r = self._at(replica)
         shard.clear(r)

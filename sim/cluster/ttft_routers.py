@@ -70,6 +70,7 @@ def backlog_time(facts: ReplicaFacts, tokens: int) -> float:
 class MooncakeRouter(Router):
     name = "mooncake"
     needs_kv_events = True
+    raw_kv_events = True  # on_kv_events: self.events.on_events
     keeps_cache_view = True
     store: StoreSpec | None = None  # the fleet's shared store (read by the global scope only)
 

@@ -32,7 +32,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_S
 from cpython.ref cimport Py_INCREF, PyObject
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Realloc
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memmove
 
 from collections.abc import Set
 
@@ -60,6 +60,7 @@ cdef inline object _external_hash(object raw):
 # The module is one Cython compilation unit in five files (each under the 400-line house rule):
 # the C layout, the index primitives, the free queue, this file's BlockPool API, and the views.
 include "compiled_pool_layout.pxi"
+include "compiled_pool_events.pxi"
 include "compiled_pool_index.pxi"
 include "compiled_pool_queue.pxi"
 
@@ -117,9 +118,11 @@ cdef class CompiledBlockPool(_PoolQueue):
                           int group_id=0, *, block_hashes=None, mask=None, spec_kind=None, sliding_window=None):
         """Give ``blocks[num_cached_blocks:num_full_blocks]`` their hashes and insert them (see
         ``BlockPool.cache_full_blocks``: null and masked blocks skipped, one ``BlockStored`` per
-        call with a sink)."""
+        call with a sink; with a :class:`KVEventLog` its raw form, written here)."""
         cdef int i
+        cdef Py_ssize_t n_stored = 0
         cdef CompiledBlock blk
+        cdef KVEventLog log = self._log
         if num_cached_blocks >= num_full_blocks:
             return
         hashes = request.block_hashes if block_hashes is None else block_hashes
@@ -127,8 +130,11 @@ cdef class CompiledBlockPool(_PoolQueue):
             raise AssertionError(
                 f"{request.request_id}: caching {num_full_blocks} blocks but only {len(hashes)} hashed"
             )
-        if block_hashes is None and group_id == 0 and mask is None and not self._grouped and self.event_sink is None:
-            # hot path (one full-attention group: no null blocks, group ids all 0), no events
+        if block_hashes is None and group_id == 0 and mask is None and not self._grouped and (
+                self._sink is None or log is not None):
+            # hot path (one full-attention group: no null blocks, group ids all 0), no event
+            # objects: the raw event is every block's hash, in order (written once all are in, as
+            # the object is emitted after the loop below)
             if type(blocks) is list and type(hashes) is list:
                 self._insert_list(blocks, hashes, num_cached_blocks, num_full_blocks)
             else:
@@ -138,6 +144,10 @@ cdef class CompiledBlockPool(_PoolQueue):
                         raise AssertionError(f"block {blk.block_id} already cached")
                     self._insert(blk, hashes[i])
                     self.num_cached_blocks += 1  # counted as it goes: a refused item stops a consistent pool
+            if log is not None:
+                log.begin(log.step(), EV_STORED, num_full_blocks - num_cached_blocks)
+                for i in range(num_cached_blocks, num_full_blocks):
+                    log.put(_ext64(hashes[i]))
             if self.observer is not None:
                 self.observer.on_cache(request, blocks, num_cached_blocks, num_full_blocks, 0)
             return
@@ -155,11 +165,16 @@ cdef class CompiledBlockPool(_PoolQueue):
             blk.group_id = group_id
             self._insert(blk, key)
             self.num_cached_blocks += 1
-            if self.event_sink is not None:
+            if self._sink is not None:
                 stored.append(_external_hash(hashes[i]))
                 kept.append(i)
-        if self.event_sink is not None:
-            emit_stored(self.event_sink, request, hashes, stored, kept, num_cached_blocks, num_full_blocks,
+        if log is not None:
+            n_stored = len(stored)
+            log.begin(log.step(), EV_STORED, n_stored)
+            for i in range(n_stored):
+                log.put(<uint64_t>stored[i])
+        elif self._sink is not None:
+            emit_stored(self._sink, request, hashes, stored, kept, num_cached_blocks, num_full_blocks,
                         block_size, group_id, spec_kind, sliding_window)
         if self.observer is not None:
             self.observer.on_cache(request, blocks, num_cached_blocks, num_full_blocks, group_id)
@@ -199,10 +214,13 @@ cdef class CompiledBlockPool(_PoolQueue):
         cdef int i
         cdef CompiledBlock blk
         cdef int32_t* ids
+        cdef KVEventLog log = self._log
+        cdef int64_t step = 0
+        cdef bint inline_evict = self.enable_caching and self.observer is None and (self._sink is None or log is not None)
         if num_blocks > self._nfree:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         if num_blocks <= 0:
-            if self.enable_caching and self.event_sink is None and self.observer is not None:
+            if self.enable_caching and self._sink is None and self.observer is not None:
                 self.observer.on_evict([], EVICT_REUSED)  # as BlockPool does for an empty pop
             return []
         self._make_virgin(num_blocks)  # (may grow, so move, _scratch)
@@ -212,6 +230,8 @@ cdef class CompiledBlockPool(_PoolQueue):
             __builtin_prefetch(&self._link[ids[i]])  # for the slot prefetches below
         for i in range(min(num_blocks, GROUP)):
             self._prefetch_pop(ids[i])
+        if log is not None and inline_evict:
+            step = log.step()
         cdef list ret = PyList_New(num_blocks)
         for i in range(num_blocks):
             if i + GROUP < num_blocks:
@@ -219,11 +239,15 @@ cdef class CompiledBlockPool(_PoolQueue):
             blk = self._block(ids[i])
             Py_INCREF(blk)
             PyList_SET_ITEM(ret, i, blk)
-            if self.enable_caching and blk._key is not None and self.event_sink is None and self.observer is None:
+            if inline_evict and blk._key is not None:
+                if log is not None:  # (popped and evicted in pop order: the events' order)
+                    log.removed(step, _ext64(blk._key if blk.group_id == 0 else blk._key[:len(blk._key) - 4]))
                 self._unlink_hash(blk)
                 self.num_evictions += 1
                 self.num_cached_blocks -= 1
-        if self.enable_caching and self.event_sink is not None:
+        if inline_evict:
+            pass
+        elif self.enable_caching and self._sink is not None:
             # all popped first, then evicted in pop order (the order of the BlockRemoved events)
             for i in range(num_blocks):
                 blk = <CompiledBlock>PyList_GET_ITEM(ret, i)
@@ -326,8 +350,10 @@ cdef class CompiledBlockPool(_PoolQueue):
         self._slots = NULL
         self._alloc_table(_table_size(self._cap))
         self.num_cached_blocks = 0
-        if self.event_sink is not None:
-            self.event_sink(AllBlocksCleared())
+        if self._log is not None:
+            self._log.begin(self._log.step(), EV_CLEARED, 0)
+        elif self._sink is not None:
+            self._sink(AllBlocksCleared())
         return True
 
     # -- state --------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ cdef class _PoolIndex:
 
     cdef readonly int num_gpu_blocks
     cdef readonly bint enable_caching
-    cdef public object event_sink
+    cdef object _sink  # the KV-event sink (``event_sink``), or None
+    cdef KVEventLog _log  # the sink when it is a raw log (written in C), else None
     cdef public object observer  # sim.core.cache_observer: told, never consulted
     cdef readonly list blocks
     cdef readonly CompiledBlock null_block
@@ -67,6 +68,16 @@ cdef class _PoolIndex:
         PyMem_Free(self._link)
         PyMem_Free(self._scratch)
         PyMem_Free(self._slots)
+
+    @property
+    def event_sink(self):
+        """The KV-event sink (None: no events); a :class:`KVEventLog` is written in C."""
+        return self._sink
+
+    @event_sink.setter
+    def event_sink(self, sink):
+        self._sink = sink
+        self._log = sink if type(sink) is KVEventLog else None
 
     # -- C internals --------------------------------------------------------------------------
     cdef inline CompiledBlock _block(self, int32_t bid):
@@ -219,9 +230,11 @@ cdef class _PoolIndex:
         self._unlink_hash(blk)
         self.num_evictions += 1
         self.num_cached_blocks -= 1
-        if self.event_sink is not None:
+        if self._log is not None:
+            self._log.removed(self._log.step(), _ext64(key if blk.group_id == 0 else key[:len(key) - 4]))
+        elif self._sink is not None:
             raw = key if blk.group_id == 0 else key[:len(key) - 4]
-            self.event_sink(BlockRemoved(block_hashes=[_external_hash(raw)], group_idx=blk.group_id))
+            self._sink(BlockRemoved(block_hashes=[_external_hash(raw)], group_idx=blk.group_id))
 
     cdef object _slot_key(self, int32_t s):
         """The key object of a slot with a block (its head block's key)."""
