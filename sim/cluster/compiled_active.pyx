@@ -14,12 +14,16 @@ Layout: two open-addressing tables (linear probing, power-of-two sizes, SplitMix
 mixing the keys, tombstones for deletions, rebuilt when live plus tombstone slots pass half the
 size), as ``sim.cluster.compiled_index`` keeps its index:
 
-* ``refs``: (hash, worker) -> the number of the worker's active requests whose prompt has the
-  block (never 0: the last release deletes the slot);
-* ``holders``: hash -> the bitmask of the workers holding it (never 0: the last holder deletes it).
+* ``holders``: hash -> the bitmask of the workers holding it (never 0: the last holder deletes it);
+  a worker's bit stands for its first reference to the block;
+* ``extra``: (hash, worker) -> the worker's references beyond the first (never 0), for blocks that
+  several active requests of one worker share (a common prefix); most blocks have none, so an
+  acquire or release touches one table, and a release looks in ``extra`` only while it is not
+  empty.
 
-Invariants: bit ``w`` of ``holders[h]`` is set iff ``refs`` has ``(h, w)``; ``_distinct[w]`` is the
-number of ``refs`` slots of worker ``w``. Hashes are unsigned 64-bit ints (vLLM's event form,
+Invariants: the worker's reference count of ``h`` is 0 when bit ``w`` of ``holders[h]`` is clear,
+else ``1 + extra.get((h, w), 0)``; ``_distinct[w]`` is the number of hashes with bit ``w`` set.
+Hashes are unsigned 64-bit ints (vLLM's event form,
 ``sim.cluster.router.external_block_hashes``). Limits: at most 64 workers (one bit each);
 ``sim.cluster.active_blocks.make_active_blocks`` gives the Python class above that. Imports nothing
 from the project.
@@ -100,7 +104,7 @@ cdef class CompiledActiveBlocks:
         free(self._refs)
         free(self._holders)
 
-    # -- the (hash, worker) -> count table ---------------------------------------------------------
+    # -- the (hash, worker) -> extra references table ---------------------------------------------------------
     cdef Ref* _ref_insert(self, uint64_t key, uint32_t worker) except NULL:
         """The live slot of ``(key, worker)``, made (count 0) when absent; may rebuild first."""
         cdef Py_ssize_t m, i, tomb = -1
@@ -227,14 +231,6 @@ cdef class CompiledActiveBlocks:
         self._hused = self._hlive
         return 0
 
-    cdef inline void _drop_holder(self, uint64_t key, uint64_t bit) noexcept:
-        cdef Holder* s = self._holder_find(key)
-        if s != NULL:
-            s.mask &= ~bit
-            if s.mask == 0:
-                s.state = TOMB
-                self._hlive -= 1
-
     # -- the ActiveBlocks interface ----------------------------------------------------------------
     def acquire(self, int worker, hashes):
         """Changes state: a request with these prompt hashes is active on ``worker``."""
@@ -242,14 +238,15 @@ cdef class CompiledActiveBlocks:
         cdef uint64_t bit = (<uint64_t>1) << w, key
         cdef list hs = hashes if type(hashes) is list else list(hashes)
         cdef Py_ssize_t i, n = PyList_GET_SIZE(hs)
-        cdef Ref* r
+        cdef Holder* s
         for i in range(n):
             key = <uint64_t>(<object>PyList_GET_ITEM(hs, i))
-            r = self._ref_insert(key, w)
-            if r.count == 0:
-                self._holder_insert(key).mask |= bit
+            s = self._holder_insert(key)
+            if s.mask & bit:  # held already: one more reference
+                self._ref_insert(key, w).count += 1
+            else:
+                s.mask |= bit
                 self._distinct[w] += 1
-            r.count += 1
 
     def release(self, int worker, hashes):
         """Changes state: a request with these prompt hashes ended on ``worker`` (acquired before;
@@ -258,19 +255,27 @@ cdef class CompiledActiveBlocks:
         cdef uint64_t bit = (<uint64_t>1) << w, key
         cdef list hs = hashes if type(hashes) is list else list(hashes)
         cdef Py_ssize_t i, n = PyList_GET_SIZE(hs)
+        cdef Holder* s
         cdef Ref* r
         for i in range(n):
             h = <object>PyList_GET_ITEM(hs, i)
             key = <uint64_t>h
-            r = self._ref_find(key, w)
-            if r == NULL:
+            s = self._holder_find(key)
+            if s == NULL or not (s.mask & bit):
                 raise KeyError(h)
-            r.count -= 1
-            if r.count == 0:
-                r.state = TOMB
-                self._rlive -= 1
-                self._distinct[w] -= 1
-                self._drop_holder(key, bit)
+            if self._rlive:
+                r = self._ref_find(key, w)
+                if r != NULL:  # another reference stays
+                    r.count -= 1
+                    if r.count == 0:
+                        r.state = TOMB
+                        self._rlive -= 1
+                    continue
+            s.mask &= ~bit
+            self._distinct[w] -= 1
+            if s.mask == 0:
+                s.state = TOMB
+                self._hlive -= 1
 
     def clear(self, int worker):
         """Changes state: ``worker`` holds nothing (it left the pool)."""
@@ -281,7 +286,12 @@ cdef class CompiledActiveBlocks:
             if self._refs[i].state == LIVE and self._refs[i].worker == w:
                 self._refs[i].state = TOMB
                 self._rlive -= 1
-                self._drop_holder(self._refs[i].key, bit)
+        for i in range(self._hcap):
+            if self._holders[i].state == LIVE and self._holders[i].mask & bit:
+                self._holders[i].mask &= ~bit
+                if self._holders[i].mask == 0:
+                    self._holders[i].state = TOMB
+                    self._hlive -= 1
         self._distinct[w] = 0
 
     def num_active(self, int worker):
