@@ -90,10 +90,16 @@ class MooncakeRouter(Router):
         isl = request.prompt_len
         ttft: dict[int, float] = {}
         prefill: dict[int, float] = {}
+        priced: dict[tuple[int, int, int], float] = {}  # replicas alike price alike: once per request
         for i in up:
             cached = self.events.hit_tokens(request, i, blocks.get(i, 0))
-            prefill[i] = prefill_time(self.view.facts[i], isl - cached, cached)
-            ttft[i] = max(self._queue_s[i], 0.0) + prefill[i]
+            f = self.view.facts[i]
+            key = (id(f.latency), f.max_num_batched_tokens, cached)  # (all prefill_time reads of f)
+            t = priced.get(key)
+            if t is None:
+                t = priced[key] = prefill_time(f, isl - cached, cached)
+            prefill[i] = t
+            ttft[i] = max(self._queue_s[i], 0.0) + t
         choice = argbest(ttft, self, lowest=True)
         self._queued[request.request_id] = (choice, prefill[choice])
         self._queue_s[choice] += prefill[choice]
