@@ -246,6 +246,11 @@ def plan_window(
     bulk_blocks = kvm.num_blocks_held(bulk)
     bulk_first = [max(0, nb * bs - r.num_computed_tokens) for r, nb in zip(bulk, bulk_blocks)]
     bulk_need: list[int] = []
+    look = head is not None and n_bulk < cfg.max_num_batched_tokens  # the head looked up (and refused) each step
+    if not tail:  # (budget_gate left budget at step 0 above: no window then)
+        return _bulk_window(scheduler, bulk, bulk_blocks, bulk_first, bulk_need, bulk_ctx, k_max, free, price,
+                            step_price, now, next_arrival, not arrivals_harmless, observed,
+                            head if look and isinstance(head, Request) else None, look)
 
     # tail: simulate per step
     t_comp = [r.num_computed_tokens for r in tail]
@@ -263,8 +268,6 @@ def plan_window(
     durations: list[float] = []
     lookups: list[bool] = []
     first_tokens: list[tuple[int, list[Request]]] = []
-    no_plan: list[tuple[int, int, int, bool]] = []  # (never appended to: the tail-less steps' plan)
-    has_tail = bool(tail)
     # constant over the window: no admission or finish before its last step, and an arrival ends
     # it unless requests already wait (so a lone request stays alone: 0.33's threshold rule)
     threshold = scheduler.long_prefill_threshold()
@@ -281,7 +284,7 @@ def plan_window(
         n_seqs, n_dec, new_tot, pf_tok = n_bulk, n_bulk, n_bulk, 0
         ctx = bulk_ctx + j * n_bulk
         pairs = ctx + n_bulk
-        step_plan = [] if has_tail else no_plan
+        step_plan: list[tuple[int, int, int, bool]] = []
         step_finishes = False
         for i, r in enumerate(tail):
             if budget <= 0:
@@ -320,38 +323,72 @@ def plan_window(
             break  # an observed window is over before the next arrival (see the docstring)
         # commit step j
         used += need
-        if has_tail:
-            firsts: list[Request] = []
-            for i, n, nb_new, samples in step_plan:
-                c = t_comp[i]
-                tail_steps[i].append(_TailStep(j, n, c, min(c + n, t_tokens[i]), samples))
-                t_comp[i] = c + n
-                t_blocks[i] += nb_new
-                if samples:
-                    if t_outs[i] == 0:
-                        firsts.append(tail[i])
-                    t_outs[i] += 1
-                    t_tokens[i] += 1
-            if firsts:
-                first_tokens.append((j, firsts))
-            seqs_col.append(n_seqs)
-            new_col.append(new_tot)
-            prefill_col.append(pf_tok)
-            decode_col.append(n_dec)
+        firsts: list[Request] = []
+        for i, n, nb_new, samples in step_plan:
+            c = t_comp[i]
+            tail_steps[i].append(_TailStep(j, n, c, min(c + n, t_tokens[i]), samples))
+            t_comp[i] = c + n
+            t_blocks[i] += nb_new
+            if samples:
+                if t_outs[i] == 0:
+                    firsts.append(tail[i])
+                t_outs[i] += 1
+                t_tokens[i] += 1
+        if firsts:
+            first_tokens.append((j, firsts))
+        seqs_col.append(n_seqs)
+        new_col.append(new_tot)
+        prefill_col.append(pf_tok)
+        decode_col.append(n_dec)
         durations.append(d)
         lookups.append(head is not None and budget > 0)
         start = start + d  # the same float arithmetic as the plain loop's clock
         starts.append(start)
         if step_finishes:
             break
-    k = len(durations)
-    if k < 2:
+    if len(durations) < 2:
         return None
-    if not has_tail:  # every step: the bulk's decodes alone (copied by the step table, not converted)
-        bulk_col = constant_column(n_bulk, k)
-        return Window(bulk, tail, tail_steps, bulk_col, bulk_col, constant_column(0, k), bulk_col, durations,
-                      lookups, first_tokens, head if isinstance(head, Request) else None, bulk_blocks,
-                      tail_blocks, starts=starts)
     return Window(bulk, tail, tail_steps, seqs_col, new_col, prefill_col, decode_col, durations, lookups,
                   first_tokens, head if isinstance(head, Request) else None, bulk_blocks, tail_blocks,
                   starts=starts)
+
+
+def _bulk_window(scheduler: Scheduler, bulk: list[Request], bulk_blocks: list[int], bulk_first: list[int],
+                 bulk_need: list[int], ctx: int, k_max: int, free: int, price: Callable[[StepShape, int], float],
+                 step_price: RooflinePrice | None, now: float, next_arrival: float, stop_at_arrival: bool,
+                 observed: bool, head: Request | None, look: bool) -> Window | None:
+    """:func:`plan_window`'s loop when ``running`` is the bulk alone: every step decodes one token
+    of each bulk request (context ``ctx`` at the first step, one more per request each step), so a
+    step costs its blocks, its price and the window's ends -- no per-step shape, plan or tail.
+    The steps end where the general loop's would, for the same reasons in the same order."""
+    n_bulk = len(bulk)
+    bs = scheduler.kv_cache_manager.block_size
+    durations: list[float] = []
+    starts = [now]
+    start = now
+    used = 0  # blocks popped so far in the window
+    for j in range(k_max):
+        if j and stop_at_arrival and start >= next_arrival:  # next_arrival has the tolerance
+            break
+        if j == len(bulk_need):
+            _extend_bulk_need(bulk_need, bulk_first, bs, min(k_max, 2 * j + 32))
+        need = bulk_need[j]
+        if used + need > free:
+            break
+        if step_price is not None:
+            d = step_price.step_time(n_bulk, n_bulk, ctx, ctx + n_bulk)
+        else:  # the index step j will get (apply_window)
+            d = price(StepShape(n_bulk, n_bulk, n_bulk, 0, ctx, ctx + n_bulk), scheduler.step_index + j)
+        if observed and start + d >= next_arrival:
+            break  # an observed window is over before the next arrival (see plan_window)
+        used += need
+        durations.append(d)
+        start = start + d  # the same float arithmetic as the plain loop's clock
+        starts.append(start)
+        ctx += n_bulk
+    k = len(durations)
+    if k < 2:
+        return None
+    bulk_col = constant_column(n_bulk, k)  # (copied by the step table, not converted)
+    return Window(bulk, [], [], bulk_col, bulk_col, constant_column(0, k), bulk_col, durations, [look] * k, [],
+                  head, bulk_blocks, [], starts=starts)
