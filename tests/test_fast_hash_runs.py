@@ -139,17 +139,21 @@ def test_compiled_chain_equals_numpy_chain(runs, bs, cut):
 @given(runs=run_lists(), bs=st.sampled_from([1, 3, 16]), salt=st.sampled_from([None, "", "s"]),
        lookahead=st.sampled_from([0, 2]), array=st.booleans())
 def test_prompt_event_hashes_in_c_equal_the_converted_keys(runs, bs, salt, lookahead, array):
-    """A router's prompt hashes (``prompt_external_hashes``, the compiled chain's event forms) are
-    ``external_block_hash`` of the request's keys wherever given; None where the keys must be
-    converted (extra keys, lookahead, an expanded prompt)."""
+    """A router's prompt hashes (``prompt_external_hashes``: the compiled chain's keys, their event
+    forms and the chain state) are the request's own keys and state, and ``external_block_hash`` of
+    them, wherever given; None where the keys must be converted (extra keys, lookahead, an expanded
+    prompt)."""
     from sim.core.hashing import external_block_hash
 
     pytest.importorskip("sim.core.compiled_hash")
     hasher = FastBlockHasher(bs, 7, num_lookahead_tokens=lookahead)
     lazy = _unmerged(runs)
     tokens = lazy.materialize() if array else lazy
-    got = hasher.prompt_external_hashes(Request("r", tokens, 1, cache_salt=salt, hasher=hasher))
-    want = [external_block_hash(k) for k in _keys(hasher, tokens, cache_salt=salt)]
+    made = hasher.prompt_external_hashes(Request("r", tokens, 1, cache_salt=salt, hasher=hasher))
     plain = not salt and not lookahead and not array and len(lazy) >= bs
-    assert got == (want if plain else None)
-    assert got is None or all(type(x) is int for x in got)
+    assert (made is None) == (not plain)
+    if made is not None:
+        keys, ext, state = made
+        r = Request("r", tokens, 1, cache_salt=salt, hasher=hasher)
+        assert keys == r.block_hashes and state == r.hash_state
+        assert ext == [external_block_hash(k) for k in keys] and all(type(x) is int for x in ext)

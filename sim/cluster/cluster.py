@@ -243,7 +243,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         self._outstanding[decision.replica][rr.request_id] = rr
         self._where[rr.request_id] = decision.replica
         replica = self.replicas[decision.replica]
-        if replica.intake.push(tr):
+        if replica.intake.push(tr, rr):  # (rr: the prompt keys the router made, RoutedIntake.push)
             if self.attributions is not None:  # where else its prefix was resident, read now
                 self.attributions.routed(decision.replica, replica.intake.pending[-1], up)
             replica.wake()

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sim.cluster.router import ReplicaFacts, ReplicaMetrics
+from sim.cluster.router import ReplicaFacts, ReplicaMetrics, RouterRequest
 from sim.core.executor import Executor
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
@@ -133,10 +133,13 @@ class RoutedIntake(RequestIntake):
     def deliver_due(self, t: float) -> None:
         self._hooks.route_due(t)
 
-    def push(self, tr: TraceRequest) -> bool:
+    def push(self, tr: TraceRequest, routed: RouterRequest | None = None) -> bool:
         """Changes state: the router sent ``tr`` here; it joins the next step's admissions. False
-        when the engine refuses it at intake (``sim.replay.rejection``: recorded as ``rejected``)."""
-        request = self._make_request(tr)
+        when the engine refuses it at intake (``sim.replay.rejection``: recorded as ``rejected``).
+        ``routed``: the router's view of it, whose prompt keys the engine takes where the router
+        hashed as this engine does (``RouterRequest.engine_hasher``), instead of hashing again."""
+        hasher = self.scheduler.hasher
+        request = self._make_request(tr, None if routed is None or hasher is None else routed.engine_hasher(hasher))
         if request is None:
             return False
         self._pending.append(request)

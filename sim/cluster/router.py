@@ -102,6 +102,8 @@ class RouterRequest:
     index: int  # position in the arrival stream
     _hashes: dict[int, list[int]] = field(default_factory=dict)  # id(hasher) -> hashes
     _tokens: Any = None
+    # BlockHasher.prompt_key -> the prompt's keys and chain state (for the engine: engine_keys)
+    _keys: dict[tuple[Any, ...], tuple[list[bytes], tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def request_id(self) -> str:
@@ -133,10 +135,28 @@ class RouterRequest:
         out = self._hashes.get(key)
         if out is None:
             probe = self.probe(hasher)
-            ext = hasher.prompt_external_hashes(probe)  # (the compiled chain gives them directly)
-            out = external_block_hashes(probe.block_hashes) if ext is None else ext
+            made = hasher.prompt_external_hashes(probe)  # (the compiled chain gives the event forms too)
+            if made is None:
+                keys, state = probe.block_hashes, probe.hash_state
+                out = external_block_hashes(keys)
+            else:
+                keys, out, state = made
             self._hashes[key] = out
+            if hasher.prompt_key is not None:
+                self._keys[hasher.prompt_key] = (keys, state)
         return out
+
+    def engine_hasher(self, hasher: BlockHasher) -> BlockHasher | AdoptedPromptHasher:
+        """``hasher``, or, when :meth:`engine_keys` has its keys, a hasher answering the prompt with them."""
+        made = self.engine_keys(hasher)
+        return hasher if made is None else AdoptedPromptHasher(hasher, made[0], made[1])
+
+    def engine_keys(self, hasher: BlockHasher) -> tuple[list[bytes], tuple[int, int]] | None:
+        """The prompt's keys and chain state as ``hasher`` computes them on the request's first
+        lookup, when the router hashed the prompt with an equal hasher (same ``prompt_key``:
+        algorithm, block size, seed, lookahead, tagged extra keys), else None: the replica's engine
+        takes them instead of hashing the same prompt again (``sim.cluster.replica.RoutedIntake``)."""
+        return None if hasher.prompt_key is None else self._keys.get(hasher.prompt_key)
 
     def probe(self, hasher: BlockHasher) -> Request:
         """A throwaway engine ``Request`` of this prompt (for hashing and the oracle's lookups)."""
@@ -146,6 +166,29 @@ class RouterRequest:
         # numpy scalars (sim.core.native_build)
         return Request(tr.id, tr.tokens, trace_int(tr, "output_tokens", tr.output_tokens), cache_salt=tr.salt,
                        lora_name=tr.lora, prompt_logprobs=bool(tr.prompt_logprobs), hasher=hasher)
+
+
+class AdoptedPromptHasher:
+    """A replica's request hasher that answers its first call -- the prompt, hashed from block 0 on
+    the request's first lookup -- with the keys and chain state an equal hasher already made for it
+    (the router's, :meth:`RouterRequest.engine_keys`), and every other call with the engine's own
+    ``hasher`` (decode block boundaries; also a first call made after outputs were appended, where
+    the prompt's keys alone would not be the answer). Same lists as ``hasher`` alone (a test)."""
+
+    __slots__ = ("hasher", "block_size", "_keys", "_state")
+
+    def __init__(self, hasher: BlockHasher, keys: list[bytes], state: tuple[int, int]) -> None:
+        self.hasher = hasher
+        self.block_size = hasher.block_size
+        self._keys: list[bytes] | None = keys
+        self._state = state
+
+    def hash_new_blocks(self, request: Request) -> list[bytes]:
+        keys, self._keys = self._keys, None
+        if keys is None or request.block_hashes or request.num_tokens != request.num_prompt_tokens:
+            return self.hasher.hash_new_blocks(request)
+        request.hash_state = self._state
+        return keys
 
 
 class ClusterView(ABC):

@@ -64,10 +64,8 @@ except ImportError:  # pragma: no cover - where the extension is not built
 if TYPE_CHECKING:  # pragma: no cover
     from sim.core.request import Request
 
-__all__ = [
-    "HASH_ALGOS", "BlockHash", "BlockHasher", "ExactBlockHasher", "FastBlockHasher", "block_extra_keys",
-    "blocks_extra_keys", "external_block_hash", "hash_function", "make_block_hasher",
-]
+__all__ = ["HASH_ALGOS", "BlockHash", "BlockHasher", "ExactBlockHasher", "FastBlockHasher", "block_extra_keys",
+           "blocks_extra_keys", "external_block_hash", "hash_function", "make_block_hasher"]
 
 BlockHash = bytes
 """The hash of one block, as bytes (32 bytes for sha256, 16 for xxhash and fast)."""
@@ -94,13 +92,14 @@ class BlockHasher:
     num_lookahead_tokens: int = 0  # vLLM 0.33.0 num_hash_lookahead_tokens (EAGLE)
     mm_resume_from_last: bool = True  # 0.25.1's resumed multimodal scan (False: 0.33.0's, extra_keys)
     tagged_extra_keys: bool = False  # 0.33.0's tagged extra keys (sim.core.extra_keys)
+    prompt_key: tuple[Any, ...] | None = None  # all that fixes a prompt's keys hashed from 0 (make_block_hasher)
 
     def hash_new_blocks(self, request: Request) -> list[BlockHash]:  # pragma: no cover
         raise NotImplementedError
 
-    def prompt_external_hashes(self, request: Request) -> list[int] | None:
-        """The event forms (:func:`external_block_hash`) of a fresh request's prompt block hashes,
-        what a router matches against KV events, where computed in C; else None."""
+    def prompt_external_hashes(self, request: Request) -> tuple[list[BlockHash], list[int], tuple[int, int]] | None:
+        """A fresh request's prompt keys, their event forms (:func:`external_block_hash`, what a router
+        matches against KV events) and the chain state after them, where made in C; else None."""
         return None
 
     def hash_token_blocks(
@@ -347,7 +346,7 @@ class FastBlockHasher(BlockHasher):
             keys = fold(keys, lookahead_extra_keys(request, start, n_blocks, bs, self.num_lookahead_tokens))
         return keys + gen_keys if gen_keys else keys
 
-    def prompt_external_hashes(self, request: Request) -> list[int] | None:
+    def prompt_external_hashes(self, request: Request) -> tuple[list[BlockHash], list[int], tuple[int, int]] | None:
         """In the one case where ``hash_new_blocks`` takes the compiled chain from block 0 (prompt as
         runs, no extra keys, no lookahead): equal to converting ``block_hashes`` (a test)."""
         bs, n_blocks = self.block_size, request.num_prompt_tokens // self.block_size
@@ -356,9 +355,8 @@ class FastBlockHasher(BlockHasher):
                     request.lora_name, request.cache_salt, request.mm_features, 0, n_blocks, bs) is not None
                 or (runs := request.prompt_runs()) is None):
             return None
-        _, ext, _ = _chain_runs_external(runs[0], runs[1], n_blocks, bs, self._run_keys, self._pos_key,
-                                         self._pos_mult, self._lane_keys, self._p, *self.initial_state)
-        return ext
+        return _chain_runs_external(runs[0], runs[1], n_blocks, bs, self._run_keys, self._pos_key, self._pos_mult,
+                                    self._lane_keys, self._p, *self.initial_state)
 
     def hash_token_blocks(
         self, tokens: Sequence[int] | np.ndarray, extra_keys: Sequence[tuple[Any, ...] | None] | None = None
@@ -389,8 +387,9 @@ def make_block_hasher(
         h = ExactBlockHasher(algo, block_size, hash_seed, num_lookahead_tokens)
     else:
         raise ValueError(f"unknown hash algorithm {algo!r}; choose one of {HASH_ALGOS}")
-    h.mm_resume_from_last = mm_resume_from_last
+    h.mm_resume_from_last = mm_resume_from_last  # (a resumed scan only: not in prompt_key)
     h.tagged_extra_keys = tagged_extra_keys
+    h.prompt_key = (algo, block_size, str(hash_seed), num_lookahead_tokens, tagged_extra_keys)  # (seeds as hashed)
     return h
 
 

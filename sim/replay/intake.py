@@ -26,7 +26,7 @@ import operator
 from bisect import bisect_right
 from collections.abc import Iterable
 
-from sim.core.request import Request
+from sim.core.request import Request, RequestBlockHasher
 from sim.core.scheduler import Scheduler
 from sim.replay.arrival_stream import ArrivalStream
 from sim.replay.errors import ReplayError
@@ -95,8 +95,9 @@ class RequestIntake:
         """Nothing left to deliver or admit."""
         return self.peek() is None and not self._pending
 
-    def _make_request(self, tr: TraceRequest) -> Request | None:
-        """The scheduler Request of ``tr``, or None when it is rejected (recorded as such)."""
+    def _make_request(self, tr: TraceRequest, hasher: RequestBlockHasher | None = None) -> Request | None:
+        """The scheduler Request of ``tr``, or None when it is rejected (recorded as such); ``hasher``:
+        the request's block hasher in place of the scheduler's (one giving the same keys)."""
         sched = self.scheduler
         reason = reject_reason(tr, sched)
         if reason is not None and not self.reject_invalid:
@@ -112,11 +113,11 @@ class RequestIntake:
             return None
         self._uid += 1
         try:
-            return self._request(tr)
+            return self._request(tr, hasher)
         except ValueError as exc:  # a record Request refuses (output_tokens >= 2**24): one line, no traceback
             raise ReplayError(str(exc)) from None
 
-    def _request(self, tr: TraceRequest) -> Request:
+    def _request(self, tr: TraceRequest, hasher: RequestBlockHasher | None = None) -> Request:
         sched = self.scheduler
         return Request(
             tr.id,
@@ -130,7 +131,7 @@ class RequestIntake:
             priority=trace_int(tr, "priority", tr.priority),
             prompt_logprobs=bool(tr.prompt_logprobs),
             output_token_ids=tr.output_token_ids,
-            hasher=sched.hasher if sched.cache_config.enable_prefix_caching else None,
+            hasher=(hasher or sched.hasher) if sched.cache_config.enable_prefix_caching else None,
         )
 
 
