@@ -256,6 +256,9 @@ def plan_window(
     t_comp = [r.num_computed_tokens for r in tail]
     t_tokens = [r.num_tokens for r in tail]
     t_outs = [len(r.output_token_ids) for r in tail]
+    # tail requests that are no true decode yet: once none is left, every running request decodes and
+    # the window ends -- the next one is the bulk's alone (_bulk_window), far cheaper per step
+    prefilling = sum(1 for c, nt, o in zip(t_comp, t_tokens, t_outs) if not o or c != nt - 1)
     tail_blocks = kvm.num_blocks_held(tail)
     t_blocks = list(tail_blocks)
     tail_steps: list[list[_TailStep]] = [[] for _ in tail]
@@ -330,6 +333,8 @@ def plan_window(
             t_comp[i] = c + n
             t_blocks[i] += nb_new
             if samples:
+                if t_outs[i] == 0 or c != t_tokens[i] - 1:
+                    prefilling -= 1  # (a prefill's last chunk: a decoder from the next step on)
                 if t_outs[i] == 0:
                     firsts.append(tail[i])
                 t_outs[i] += 1
@@ -344,7 +349,7 @@ def plan_window(
         lookups.append(head is not None and budget > 0)
         start = start + d  # the same float arithmetic as the plain loop's clock
         starts.append(start)
-        if step_finishes:
+        if step_finishes or not prefilling:
             break
     if len(durations) < 2:
         return None
@@ -357,10 +362,9 @@ def _bulk_window(scheduler: Scheduler, bulk: list[Request], bulk_blocks: list[in
                  bulk_need: list[int], ctx: int, k_max: int, free: int, price: Callable[[StepShape, int], float],
                  step_price: RooflinePrice | None, now: float, next_arrival: float, stop_at_arrival: bool,
                  observed: bool, head: Request | None, look: bool) -> Window | None:
-    """:func:`plan_window`'s loop when ``running`` is the bulk alone: every step decodes one token
-    of each bulk request (context ``ctx`` at the first step, one more per request each step), so a
-    step costs its blocks, its price and the window's ends -- no per-step shape, plan or tail.
-    The steps end where the general loop's would, for the same reasons in the same order."""
+    """:func:`plan_window`'s loop when ``running`` is the bulk alone: each step decodes one token of
+    each request (context ``ctx`` at the first step, one more per request each step) -- no per-step
+    shape, plan or tail; the steps end where the general loop's would, for the same reasons."""
     n_bulk = len(bulk)
     bs = scheduler.kv_cache_manager.block_size
     durations: list[float] = []
