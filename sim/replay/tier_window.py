@@ -109,19 +109,22 @@ def window_allowed(sched: Scheduler, tier: OffloadTier, window: Window) -> bool:
 
 
 def _offers_reach_head(sched: Scheduler, tier: OffloadTier, offerers: list[Request]) -> bool:
-    """Query: a chunk the window's offerers may offer is one of the waiting head's (its key is among
-    the head's keys): that chunk would be pending at a later step's lookup of the head. Otherwise
-    the window's offers change the head's lookups only by evicting: a smaller CPU hit, never a
-    deferral, and the head stays refused (``sim.replay.decode_window._head_stays_refused``: its
-    refusal holds whatever its hits)."""
+    """Query: a chunk the window's offerers may offer is one of the waiting head's: that chunk would
+    be pending at a later step's lookup of the head. Otherwise the window's offers change the head's
+    lookups only by evicting: a smaller CPU hit, never a deferral, and the head stays refused
+    (``sim.replay.decode_window._head_stays_refused``: its refusal holds whatever its hits).
+    A key names its whole prefix (a chain of block hashes), so an offered key can equal a head's key
+    only at the same chunk index, and then so do their keys at every smaller index: comparing the
+    first offered chunk's key (index ``next_stored_chunk_idx``) with the head's decides."""
     if not offerers:
         return False
     conn = tier.connector
     bpc = conn.blocks_per_chunk
-    head_keys = set(sched.waiting.peek().block_hashes[bpc - 1 :: bpc])
+    head = sched.waiting.peek().block_hashes
     for r in offerers:
-        st = conn.req_status[r.request_id]
-        if not head_keys.isdisjoint(r.block_hashes[(st.next_stored_chunk_idx + 1) * bpc - 1 :: bpc]):
+        j = (conn.req_status[r.request_id].next_stored_chunk_idx + 1) * bpc - 1  # (the hash keying that chunk)
+        hashes = r.block_hashes
+        if j < len(head) and j < len(hashes) and hashes[j] == head[j]:
             return True
     return False
 
@@ -137,12 +140,26 @@ def _head_lookups_stable(sched: Scheduler, tier: OffloadTier) -> bool:
     st = conn.req_status.get(head.request_id)
     if st is None or st.transfer_jobs:
         return False
+    bpc = conn.blocks_per_chunk
+    # the chunks being stored are the keys of the store jobs in flight: when they are all this
+    # connector's (a fleet's shared store has other writers), a job's keys meet the head's only if
+    # its first key is the head's key at that chunk index (keys name their whole prefix, see
+    # _offers_reach_head) -- one comparison per job instead of a probe per head chunk
+    hashes = head.block_hashes
+    num_pending = 0
+    for job in conn.jobs.values():
+        if job.is_store:
+            num_pending += len(job.keys)
+            j = (job.first + 1) * bpc - 1
+            if j < len(hashes) and hashes[j] == job.keys[0]:
+                return False
+    if num_pending == conn.manager.num_write_pending:
+        return True
     # remembered from the last check: pending chunks appear only with a store (chunks_stored grows)
     stored = conn.manager.stats.chunks_stored
     if st.head_stable_at == stored:
         return True
-    bpc = conn.blocks_per_chunk
-    keys = head.block_hashes[bpc - 1 :: bpc]  # (the keys of its full chunks, as its lookup takes them)
+    keys = hashes[bpc - 1 :: bpc]  # (the keys of its full chunks, as its lookup takes them)
     i = st.head_pending_chunk
     if 0 <= i < len(keys) and conn.manager.lookup(keys[i]) is LookupResult.HIT_PENDING:
         return False

@@ -27,7 +27,9 @@ state in C arrays indexed by chunk id instead of one Python object per chunk.
   hashes its whole prefix), and the finish re-ranks its observed keys by descending index, which
   is vLLM's ``reversed(order_request_keys(...))``;
 * freed chunk ids are reused last-freed first, after the never-used ones (``_free_list.pop()``);
-  an offer's chunk ids come back as one ``array('i')`` (no Python int per chunk).
+  an offer's chunk ids come back as one ``array('i')`` (no Python int per chunk);
+* the per-chunk loops over many chunks fetch ahead what their next pass reads (``APC_PREFETCH``:
+  an offer's buckets, the victims' records, keys and buckets), so the cache misses overlap.
 
 Built by setuptools (``pip install -e .``); :mod:`sim.core.offload.manager_impl` uses the Python
 manager when this module is not built. Imports neither simpy nor torch.
@@ -80,62 +82,8 @@ cdef int _compare(const void* a, const void* b) noexcept nogil:
     return -1 if _less(<const Entry*>a, <const Entry*>b) else (1 if _less(<const Entry*>b, <const Entry*>a) else 0)
 
 
-cdef uint64_t _GOLD = 0x9E3779B97F4A7C15, _M1 = 0xBF58476D1CE4E5B9, _M2 = 0x94D049BB133111EB
-
-
-cdef inline Py_hash_t _key_hash(object key) except? -1:
-    """The key table's hash of ``key``: a 16-byte key (every block hash the engine makes) mixed
-    from its two words by splitmix64's finaliser -- Python's ``hash`` of a bytes object runs
-    SipHash over it once per object, the costliest step of a store -- else Python's hash. Only
-    this table reads it (a hit is confirmed by comparing the keys), so any spread will do."""
-    cdef uint64_t a, b
-    if PyBytes_CheckExact(key) and PyBytes_GET_SIZE(key) == 16:
-        memcpy(&a, PyBytes_AS_STRING(key), 8)
-        memcpy(&b, PyBytes_AS_STRING(key) + 8, 8)
-        a ^= b * _GOLD
-        a = (a ^ (a >> 30)) * _M1
-        a = (a ^ (a >> 27)) * _M2
-        return <Py_hash_t>((a ^ (a >> 31)) >> 1)
-    return hash(key)
-
-
+include "chunk_table_keys.pxi"
 include "chunk_table_groups.pxi"
-
-
-cdef class _Access:
-    """One request's access record: ``seen[i]`` is its key at chunk index ``i`` once observed
-    (None before), ``slots[i]`` that key's chunk id when last known (-1: none; the finish checks
-    it by identity), ``rank`` its LRU rank (0: none yet), ``finished`` once committed."""
-
-    cdef list seen
-    cdef int32_t* slots
-    cdef Py_ssize_t cap
-    cdef int64_t rank
-    cdef bint finished
-
-    def __cinit__(self) -> None:
-        self.seen = []
-        self.slots = NULL
-        self.cap = 0
-        self.rank = 0
-        self.finished = False
-
-    def __dealloc__(self) -> None:
-        free(self.slots)
-
-    cdef int note(self, Py_ssize_t i, int32_t s) except -1:
-        """Chunk index ``i``'s key is held by chunk ``s`` now."""
-        cdef Py_ssize_t j, cap = self.cap
-        if i >= cap:
-            cap = max(i + 1, 2 * cap, 64)
-            self.slots = <int32_t*>realloc(self.slots, cap * sizeof(int32_t))
-            if not self.slots:
-                raise MemoryError()
-            for j in range(self.cap, cap):
-                self.slots[j] = -1
-            self.cap = cap
-        self.slots[i] = s
-        return 0
 
 
 cdef class _TableCore:
@@ -158,6 +106,7 @@ cdef class _TableCore:
     cdef Entry* fifo  # [fifo_head, fifo_tail): entries in ascending rank, pushed in that order
     cdef Py_ssize_t fifo_head, fifo_tail, fifo_cap
     cdef int32_t* buf  # scratch: a call's chunk ids
+    cdef uint32_t* hbuf  # scratch: a call's key hashes
     cdef Py_ssize_t buf_cap
     cdef long chunks_stored, chunks_evicted, chunks_loaded, allocations
     cdef Heap gheap  # the groups' tops (chunk_table_groups.pxi)
@@ -185,7 +134,8 @@ cdef class _TableCore:
         self.fifo = <Entry*>malloc(self.fifo_cap * sizeof(Entry))
         self.buf_cap = 1024
         self.buf = <int32_t*>malloc(self.buf_cap * sizeof(int32_t))
-        if not (self.sl and self.protected and self.free_stack and self.fifo and self.buf and self.tbl):
+        self.hbuf = <uint32_t*>malloc(self.buf_cap * sizeof(uint32_t))
+        if not (self.sl and self.protected and self.free_stack and self.fifo and self.buf and self.hbuf and self.tbl):
             raise MemoryError()
         cdef size_t i
         for i in range(size):
@@ -204,13 +154,15 @@ cdef class _TableCore:
                 if self.sl[s].key:
                     Py_DECREF(<object>self.sl[s].key)
         free(self.gheap.data); free(self.heap.data)
-        free(self.sl); free(self.protected); free(self.free_stack); free(self.fifo); free(self.buf); free(self.tbl)
+        free(self.sl); free(self.protected); free(self.free_stack); free(self.fifo); free(self.buf); free(self.hbuf)
+        free(self.tbl)
 
     # -- the entries: a FIFO of ascending ranks and a heap of the rest ------------------------
     # A finish gives fresh ranks, larger than every rank before: they are appended to the FIFO,
     # already in order, and popped from its head; the other entries (a running request's rank,
     # a load's unpin) go to the heap. The smaller of the two heads is the next candidate.
-    cdef void _fifo_append(self, Entry e) except *:
+    @cython.final
+    cdef int _fifo_append(self, Entry e) except -1:
         if self.fifo_tail == self.fifo_cap:
             if self.fifo_head * 2 >= self.fifo_cap:  # the popped half: move the rest down
                 self.fifo_tail -= self.fifo_head
@@ -223,36 +175,41 @@ cdef class _TableCore:
                     raise MemoryError()
         self.fifo[self.fifo_tail] = e
         self.fifo_tail += 1
+        return 0
 
-    cdef inline Py_ssize_t _num_entries(self):
+    @cython.final
+    cdef inline Py_ssize_t _num_entries(self) noexcept:
         return self.heap.size + self.fifo_tail - self.fifo_head + self.group_entries
 
-    cdef inline bint _group_top_first(self):
+    @cython.final
+    cdef inline bint _group_top_first(self) noexcept:
         """Query: the groups' heap top is below the FIFO's head and the heap's top."""
         cdef Entry* g = &self.gheap.data[0]
         return (self.fifo_head == self.fifo_tail or _less(g, &self.fifo[self.fifo_head])) and (
             self.heap.size == 0 or _less(g, &self.heap.data[0]))
 
-    cdef Entry _pop_min(self) except *:
-        """The smallest entry, removed (there must be one)."""
-        cdef Entry e
+    @cython.final
+    cdef int _pop_min(self, Entry* out) except -1:
+        """The smallest entry, removed into ``out`` (there must be one)."""
         # (the groups' heap top, live or stale, is at most every live group top: when it is not below
         # the FIFO's head and the heap's top, neither is any group, and _group_head's check is
         # skipped; after _group_head the top is live and is compared again)
         if (self.group_entries and self.gheap.size and self._group_top_first() and _group_head(self)
                 and self._group_top_first()):
-            return _group_pop(self)
+            return _group_pop(self, out)
         if self.fifo_head < self.fifo_tail and (
             self.heap.size == 0 or _less(&self.fifo[self.fifo_head], &self.heap.data[0])
         ):
-            e = self.fifo[self.fifo_head]
+            out[0] = self.fifo[self.fifo_head]
             self.fifo_head += 1
             if self.fifo_head == self.fifo_tail:
                 self.fifo_head = self.fifo_tail = 0
-            return e
-        return _heap_pop(&self.heap)
+            return 0
+        out[0] = _heap_pop(&self.heap)
+        return 0
 
-    cdef inline Entry _entry(self, int32_t s):
+    @cython.final
+    cdef inline Entry _entry(self, int32_t s) noexcept:
         """``s``'s entry at its current rank, its version renewed (the only live one from now)."""
         cdef Entry e
         cdef Slot* c = &self.sl[s]
@@ -260,7 +217,8 @@ cdef class _TableCore:
         e.major, e.minor, e.slot, e.version = c.major, c.minor, s, c.version
         return e
 
-    cdef void _push(self, int32_t s) except *:
+    @cython.final
+    cdef int _push(self, int32_t s) except -1:
         """``s`` is evictable at its current rank: its entry (the only live one from now)."""
         cdef Entry e = self._entry(s)
         if self.fifo_head == self.fifo_tail or not _less(&e, &self.fifo[self.fifo_tail - 1]):
@@ -269,8 +227,9 @@ cdef class _TableCore:
             _heap_push(&self.heap, e)
         if self._num_entries() >= 2 * self.num_evictable + 64:
             self._rebuild()
+        return 0
 
-    cdef void _rebuild(self) except *:
+    cdef int _rebuild(self) except -1:
         """Drop the stale entries: one live entry per evictable chunk, sorted into the FIFO."""
         cdef Py_ssize_t i, n = 0
         cdef Entry e
@@ -287,8 +246,10 @@ cdef class _TableCore:
         qsort(self.fifo, n, sizeof(Entry), _compare)
         self.fifo_head, self.fifo_tail, self.heap.size = 0, n, 0
         _groups_clear(self)
+        return 0
 
-    cdef inline bint _live(self, Entry* e):
+    @cython.final
+    cdef inline bint _live(self, Entry* e) noexcept:
         cdef Slot* c = &self.sl[e.slot]
         return c.version == e.version and c.ref_cnt == 0 and c.key != NULL
 
@@ -297,9 +258,33 @@ cdef class _TableCore:
         """Query: chunk ``s``'s key, or None."""
         return None if self.sl[s].key == NULL else <object>self.sl[s].key
 
+    def _slot_keys(self) -> list:
+        """Query: chunk id -> its key (None: free)."""
+        return [self._key(s) for s in range(self.num_chunks)]
+
+    @cython.final
     cdef inline int32_t _slot(self, object key) except -2:
         """Query: ``key``'s chunk id, or -1."""
-        cdef uint32_t h = <uint32_t>_key_hash(key)
+        return self._slot_h(key, <uint32_t>_key_hash(key))
+
+    @cython.final
+    cdef int _slots(self, list keys, int32_t* out) except -1:
+        """Query: every key's chunk id (or -1) into ``out``, their hashes into ``hbuf`` (``_scratch``
+        sized both): the hashes first, each key's bucket fetched ahead, then the probes -- the
+        buckets' cache misses overlap instead of following one another."""
+        cdef Py_ssize_t i, n = PyList_GET_SIZE(keys)
+        cdef uint32_t h
+        for i in range(n):
+            h = <uint32_t>_key_hash(<object>PyList_GET_ITEM(keys, i))
+            self.hbuf[i] = h
+            APC_PREFETCH(&self.tbl[<size_t>h & self.tbl_mask])
+        for i in range(n):
+            out[i] = self._slot_h(<object>PyList_GET_ITEM(keys, i), self.hbuf[i])
+        return 0
+
+    @cython.final
+    cdef inline int32_t _slot_h(self, object key, uint32_t h) except -2:
+        """Query: ``key``'s chunk id, or -1 (``h``: its hash)."""
         cdef size_t i = <size_t>h & self.tbl_mask
         cdef int32_t s
         cdef PyObject* other
@@ -313,20 +298,22 @@ cdef class _TableCore:
                     return s
             i = (i + 1) & self.tbl_mask
 
-    cdef void _index_add(self, object key, int32_t s) except *:
-        """``key`` (absent) is now held by chunk ``s`` (the table takes a reference)."""
-        cdef uint32_t h = <uint32_t>_key_hash(key)
+    @cython.final
+    cdef int _index_add(self, object key, int32_t s, uint32_t h) except -1:
+        """``key`` (absent; ``h``: its hash) is now held by chunk ``s`` (the table takes a reference)."""
         cdef size_t i = <size_t>h & self.tbl_mask
         while self.tbl[i].slot >= 0:
             i = (i + 1) & self.tbl_mask
         self.tbl[i].slot, self.tbl[i].hash = s, h
         Py_INCREF(key)
         self.sl[s].key = <PyObject*>key
+        return 0
 
-    cdef void _index_del(self, object key, int32_t s) except *:
-        """``key``, held by chunk ``s``, leaves the table (and its reference); the entries after it
-        in its probe run move back where their own probe would find them first (no tombstones)."""
-        cdef size_t mask = self.tbl_mask, i = <size_t>(<uint32_t>_key_hash(key)) & mask, j, home
+    @cython.final
+    cdef int _index_del(self, object key, int32_t s, uint32_t h) except -1:
+        """``key`` (``h``: its hash), held by chunk ``s``, leaves the table (and its reference); the
+        entries after it in its probe run move back where their own probe would find them first."""
+        cdef size_t mask = self.tbl_mask, i = <size_t>h & mask, j, home
         while self.tbl[i].slot != s:
             i = (i + 1) & mask
         j = i
@@ -342,12 +329,14 @@ cdef class _TableCore:
         self.tbl[i].slot = -1
         self.sl[s].key = NULL
         Py_DECREF(key)
+        return 0
 
     cdef int32_t* _scratch(self, Py_ssize_t n) except NULL:
         if n > self.buf_cap:
             self.buf_cap = max(n, 2 * self.buf_cap)
             self.buf = <int32_t*>realloc(self.buf, self.buf_cap * sizeof(int32_t))
-            if not self.buf:
+            self.hbuf = <uint32_t*>realloc(self.hbuf, self.buf_cap * sizeof(uint32_t))
+            if not (self.buf and self.hbuf):
                 raise MemoryError()
         return self.buf
 
@@ -381,17 +370,20 @@ cdef class _TableCore:
         seen[i] = key
         return True
 
-    cdef inline bint _seen(self, _Access acc, Py_ssize_t i):
+    @cython.final
+    cdef inline bint _seen(self, _Access acc, Py_ssize_t i) noexcept:
         return i < PyList_GET_SIZE(acc.seen) and <object>PyList_GET_ITEM(acc.seen, i) is not None
 
-    cdef void _touch(self, int32_t s, int64_t rank, int64_t minor) except *:
+    @cython.final
+    cdef int _touch(self, int32_t s, int64_t rank, int64_t minor) except -1:
         """vLLM ``on_request_access`` of one resident key: a touch only raises its rank."""
         cdef Slot* c = &self.sl[s]
         if c.major > rank or (c.major == rank and c.minor >= minor):
-            return
+            return 0
         c.major, c.minor = rank, minor
         if c.ref_cnt == 0:
             self._push(s)
+        return 0
 
 
 include "chunk_table_group_ops.pxi"

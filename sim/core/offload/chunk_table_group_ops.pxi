@@ -83,14 +83,15 @@ cdef bint _group_head(_TableCore t) except -1:
     return False
 
 
-cdef Entry _group_pop(_TableCore t) except *:
-    """The top of the group whose top is smallest (``_group_head`` found it live), removed."""
+cdef int _group_pop(_TableCore t, Entry* out) except -1:
+    """The top of the group whose top is smallest (``_group_head`` found it live), removed into ``out``."""
     cdef Entry top = _heap_pop(&t.gheap)
     cdef _Group g = <_Group>t.group_ids[top.slot]
     g.n -= 1
     t.group_entries -= 1
+    out[0] = g.stack[g.n]
     _group_top(t, g)
-    return g.stack[g.n]
+    return 0
 
 
 def _group_entries(_TableCore t) -> list:

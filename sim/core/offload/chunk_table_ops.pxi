@@ -41,10 +41,12 @@ cdef class LRUChunkTable(_TableCore):
 
     def first_pending(self, list keys) -> int:
         """Query: the index of the first key of ``keys`` whose chunk is being stored, or -1."""
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, n = PyList_GET_SIZE(keys)
+        cdef int32_t* slots = self._scratch(n)
         cdef int32_t s
-        for i in range(PyList_GET_SIZE(keys)):
-            s = self._slot(<object>PyList_GET_ITEM(keys, i))
+        self._slots(keys, slots)
+        for i in range(n):
+            s = slots[i]
             if s >= 0 and self.sl[s].ref_cnt < 0:
                 return i
         return -1
@@ -59,10 +61,10 @@ cdef class LRUChunkTable(_TableCore):
         cdef int32_t* slots = self._scratch(n)
         cdef int32_t s
         cdef int64_t rank = 0
+        self._slots(keys, slots)
         for i in range(n):
-            s = self._slot(<object>PyList_GET_ITEM(keys, i))
+            s = slots[i]
             assert s >= 0 and self.sl[s].ref_cnt >= 0, f"chunk {keys[i]!r} is not loadable"
-            slots[i] = s
         for i in range(n):
             s = slots[i]
             if self.sl[s].ref_cnt == 0:
@@ -104,9 +106,9 @@ cdef class LRUChunkTable(_TableCore):
         cdef bint fresh
         cdef _Access acc = self._access(ctx)
         fresh = not acc.finished
+        self._slots(keys, slots)  # (their hashes stay in hbuf for _store)
         for i in range(n):
-            s = self._slot(<object>PyList_GET_ITEM(keys, i))
-            slots[i] = s
+            s = slots[i]
             if s >= 0 or self._seen(acc, first + i):
                 fresh = False
         if n == 0:
@@ -176,7 +178,7 @@ cdef class LRUChunkTable(_TableCore):
             else:
                 self.num_free_stack -= 1
                 s = self.free_stack[self.num_free_stack]
-            self._index_add(key, s)
+            self._index_add(key, s, self.hbuf[i])
             c = &self.sl[s]
             c.ref_cnt = -1
             c.major = rank
@@ -196,14 +198,18 @@ cdef class LRUChunkTable(_TableCore):
         ``out`` in eviction order, their ids pushed on the free stack); False, and nothing
         changed, when there are fewer (vLLM ``evict``: protected entries are pushed back)."""
         cdef Entry* picked = <Entry*>malloc((n + num_protected + 1) * sizeof(Entry))
-        if not picked:
+        cdef uint32_t* hashes = <uint32_t*>malloc((n + 1) * sizeof(uint32_t))
+        if not (picked and hashes):
+            free(picked); free(hashes)
             raise MemoryError()
         cdef Py_ssize_t i, num_picked = 0, num_deferred = 0
         cdef Entry e
         cdef int32_t s
         try:
             while num_picked < n and self._num_entries():
-                e = self._pop_min()
+                if self.fifo_head + 8 < self.fifo_tail:  # (the FIFO's victims-to-be, fetched ahead)
+                    APC_PREFETCH(&self.sl[self.fifo[self.fifo_head + 8].slot])
+                self._pop_min(&e)
                 if not self._live(&e):
                     continue
                 if self.protected[e.slot]:  # kept at the end of the buffer
@@ -218,17 +224,24 @@ cdef class LRUChunkTable(_TableCore):
                 for i in range(num_picked):
                     _heap_push(&self.heap, picked[i])
                 return False
+            # (in passes, each fetching ahead what the next one reads: the keys, then their buckets)
+            for i in range(n):
+                APC_PREFETCH(self.sl[picked[i].slot].key)
+            for i in range(n):
+                hashes[i] = <uint32_t>_key_hash(<object>self.sl[picked[i].slot].key)
+                APC_PREFETCH(&self.tbl[<size_t>hashes[i] & self.tbl_mask])
             for i in range(n):
                 s = picked[i].slot
                 key = <object>self.sl[s].key
                 out.append(key)
-                self._index_del(key, s)
+                self._index_del(key, s, hashes[i])
                 self.free_stack[self.num_free_stack] = s
                 self.num_free_stack += 1
             self.num_evictable -= n
             return True
         finally:
             free(picked)
+            free(hashes)
 
     def complete_store(self, keys, chunks=None) -> None:
         """Make the chunks of a finished store ready and evictable; ``chunks``: the ids of its
@@ -243,6 +256,8 @@ cdef class LRUChunkTable(_TableCore):
         cdef _Group g
         if fast:  # (prepare_store's array of ids)
             slots = (<array.array>chunks).data.as_ints
+            for i in range(n):
+                APC_PREFETCH(&self.sl[slots[i]])
             for i in range(n):
                 if self.sl[slots[i]].ref_cnt >= 0:
                     fast = False
@@ -287,6 +302,9 @@ cdef class LRUChunkTable(_TableCore):
         cdef Py_ssize_t i, cap = (<_Access>acc).cap
         cdef int32_t s
         cdef Slot* c
+        for i in range(min(cap, PyList_GET_SIZE(seen))):
+            if known[i] >= 0:
+                APC_PREFETCH(&self.sl[known[i]])
         for i in range(PyList_GET_SIZE(seen) - 1, -1, -1):
             key = <object>PyList_GET_ITEM(seen, i)
             if key is None:
@@ -337,10 +355,6 @@ cdef class LRUChunkTable(_TableCore):
         chunk = ChunkStatus(s)
         chunk.ref_cnt = self.sl[s].ref_cnt
         return chunk
-
-    def _slot_keys(self) -> list:
-        """Query: chunk id -> its key (None: free)."""
-        return [self._key(s) for s in range(self.num_chunks)]
 
     def keys(self) -> list:
         """Query: every resident key."""

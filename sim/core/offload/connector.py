@@ -341,7 +341,7 @@ class OffloadingConnectorScheduler:
         st.next_stored_chunk_idx = max(st.next_stored_chunk_idx, num_chunks)
         job_id = self._new_job_id()
         st.transfer_jobs.add(job_id)
-        self.jobs[job_id] = JobStatus(req_id, to_store, True, src, result.chunks)
+        self.jobs[job_id] = JobStatus(req_id, to_store, True, src, result.chunks, chunk_ids[0] if chunk_ids else start)
         num_blocks = len(src)
         if late_sources is not None:
             late_sources.append((job_id, st, start, num_chunks, chunk_ids))

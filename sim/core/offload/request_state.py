@@ -49,6 +49,7 @@ class JobStatus:
     # block is one object for its id's lifetime, and most stores never need the ids
     source_blocks: list[KVCacheBlock] = field(default_factory=list)
     chunks: Sequence[Any] = field(default_factory=list)  # the manager's records of them (opaque here)
+    first: int = -1  # a store's: the chunk index of keys[0] in its request's key list
 
     @property
     def source_block_ids(self) -> list[int]:
