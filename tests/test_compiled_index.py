@@ -1,6 +1,7 @@
 """The compiled KV-event index (``sim.cluster.compiled_index``) answers as the Python one, its
 oracle: the same random calls to both give the same matches (keys, values and order) and entry
-counts after every call, through growth, tombstones and rebuilds."""
+counts after every call, through growth, backward-shift deletions (probe runs that wrap around
+the table's end included) and rebuilds."""
 
 from __future__ import annotations
 
@@ -64,7 +65,33 @@ def test_the_compiled_index_answers_as_the_python_one(seq: list[tuple]) -> None:
         assert [_holders(c, h) for h in UNIVERSE] == [_holders(py, h) for h in UNIVERSE]
 
 
-def test_it_grows_rebuilds_and_reuses_tombstones_like_the_oracle() -> None:
+def _home(h: int, cap: int) -> int:
+    """The compiled table's home slot of ``h`` (SplitMix64's finaliser, as ``_mix``)."""
+    m = 2**64 - 1
+    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & m
+    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & m
+    return (h ^ (h >> 31)) & (cap - 1)
+
+
+# hashes whose home is one of the last two slots or the first two of a 16-slot table: their probe
+# runs wrap around its end, where a deletion's shift crosses from the last slot to slot 0
+WRAP = [h for home, k in ((14, 2), (15, 3), (0, 2), (1, 1))
+        for h in [h for h in range(5_000) if _home(h, 16) == home][:k]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["store", "remove"]), st.integers(0, 1),
+                          st.lists(st.sampled_from(WRAP), max_size=4)), max_size=40))
+def test_deletions_in_probe_runs_that_wrap_around_answer_as_the_oracle(seq: list[tuple]) -> None:
+    py, c = KVEventIndex(2), CompiledKVEventIndex(2, initial_slots=16)  # (at most 7 live: no rebuild)
+    for kind, replica, hashes in seq:
+        getattr(py, kind)(replica, hashes)
+        getattr(c, kind)(replica, hashes)
+        assert [c.match([h], [0, 1]) for h in WRAP] == [py.match([h], [0, 1]) for h in WRAP]
+        assert [c.num_entries(r) for r in (0, 1)] == [py.num_entries(r) for r in (0, 1)]
+
+
+def test_it_grows_rebuilds_and_deletes_like_the_oracle() -> None:
     py, c = KVEventIndex(3), CompiledKVEventIndex(3)
     for idx in (py, c):  # 10,000 hashes stored, half removed, stored again: tables rebuilt many times
         idx.store(0, range(10_000))

@@ -9,8 +9,10 @@ Python that was a dict and a set operation per hash, about a fifth of a 16-repli
 
 Layout: an open-addressing table (linear probing, power-of-two size) of 64-bit hashes, each slot
 holding the bitmask of the replicas that hold the hash. A hash whose last replica removes it
-becomes a tombstone (probing goes on past it; a store may reuse it); the table is rebuilt when
-live plus tombstone slots pass half its size, to twice the live count's power of two or more.
+leaves the table by backward-shift deletion (Knuth's algorithm R: the entries after it in its
+probe run move up when their home allows), so no tombstone lengthens later probes and a fleet's
+constant store/remove churn never forces a rebuild; the table is rebuilt (to at least four times
+the live count, a power of two) only when the live hashes pass half its size, or after ``clear``.
 Hashes are vLLM's event form, unsigned 64-bit ints (``sim.core.hashing.external_block_hash``); the
 slot index mixes them (SplitMix64's finaliser), so no key pattern clusters the probes.
 
@@ -26,7 +28,7 @@ from libc.stdlib cimport calloc, free
 cdef enum:
     EMPTY = 0
     LIVE = 1
-    TOMB = 2
+    DROPPED = 2  # (only inside ``clear``, until its rebuild)
 
 cdef enum:
     EV_STORED = 0  # the raw event kinds of sim.core.compiled_pool's KVEventLog
@@ -60,13 +62,12 @@ cdef class CompiledKVEventIndex:
     cdef Slot* _slots
     cdef Py_ssize_t _cap          # a power of two
     cdef Py_ssize_t _live
-    cdef Py_ssize_t _used         # live + tombstones
     cdef int _n
     cdef list _entries            # per replica: hashes it holds
 
     def __cinit__(self, int num_replicas, Py_ssize_t initial_slots=1024):
         """``initial_slots``: the table's first size (rounded up to a power of two, at least 8);
-        the tests start small so that probing, tombstones and rebuilds happen within a few calls."""
+        the tests start small so that probing, deletions and rebuilds happen within a few calls."""
         if num_replicas < 0 or num_replicas > MAX_REPLICAS:
             raise ValueError(f"the compiled KV-event index holds 0 to {MAX_REPLICAS} replicas, got {num_replicas}")
         self._n = num_replicas
@@ -76,7 +77,7 @@ cdef class CompiledKVEventIndex:
         self._slots = <Slot*>calloc(self._cap, sizeof(Slot))
         if self._slots == NULL:
             raise MemoryError()
-        self._live = self._used = 0
+        self._live = 0
         self._entries = [0] * num_replicas
 
     def __dealloc__(self):
@@ -91,32 +92,25 @@ cdef class CompiledKVEventIndex:
             s = &self._slots[i]
             if s.state == EMPTY:
                 return -1
-            if s.state == LIVE and s.key == key:
+            if s.key == key:
                 return i
             i = (i + 1) & m
 
     cdef Slot* _insert_slot(self, uint64_t key) except NULL:
         """The live slot of ``key``, made (mask 0) when absent; may rebuild the table first."""
-        cdef Py_ssize_t m, i, tomb
+        cdef Py_ssize_t m, i
         cdef Slot* s
-        if (self._used + 1) * 2 > self._cap:
+        if (self._live + 1) * 2 > self._cap:
             self._rebuild()
         m = self._cap - 1
         i = <Py_ssize_t>(_mix(key) & <uint64_t>m)
-        tomb = -1
         while True:
             s = &self._slots[i]
             if s.state == EMPTY:
                 break
-            if s.state == LIVE and s.key == key:
+            if s.key == key:
                 return s
-            if s.state == TOMB and tomb < 0:
-                tomb = i
             i = (i + 1) & m
-        if tomb >= 0:  # reuse the first tombstone on the probe path (the key is not further on)
-            s = &self._slots[tomb]
-        else:
-            self._used += 1
         s.key = key
         s.mask = 0
         s.state = LIVE
@@ -142,14 +136,32 @@ cdef class CompiledKVEventIndex:
         free(old)
         self._slots = new
         self._cap = cap
-        self._used = self._live
         return 0
 
-    cdef inline void _drop_bit(self, Slot* s, uint64_t bit) noexcept:
+    cdef inline void _drop_bit(self, Py_ssize_t i, uint64_t bit) noexcept:
+        """Take ``bit`` off slot ``i``; the hash leaves the table with its last replica."""
+        cdef Slot* s = &self._slots[i]
         s.mask &= ~bit
         if s.mask == 0:
-            s.state = TOMB
+            self._delete_at(i)
             self._live -= 1
+
+    cdef void _delete_at(self, Py_ssize_t i) noexcept:
+        """Empty slot ``i`` by backward shift: each later entry of the probe run moves into the
+        hole when its home slot is not cyclically within (hole, entry], so every key stays
+        reachable from its home without passing an empty slot."""
+        cdef Py_ssize_t m = self._cap - 1, j = i, k
+        while True:
+            j = (j + 1) & m
+            if self._slots[j].state == EMPTY:
+                break
+            k = <Py_ssize_t>(_mix(self._slots[j].key) & <uint64_t>m)
+            if (i < k <= j) if i <= j else (k > i or k <= j):
+                continue  # its home lies after the hole: it must stay
+            self._slots[i] = self._slots[j]
+            i = j
+        self._slots[i].state = EMPTY
+        self._slots[i].mask = 0
 
     def store(self, int replica, hashes):
         """Changes state: ``BlockStored``."""
@@ -228,7 +240,7 @@ cdef class CompiledKVEventIndex:
                 else:
                     j = self._find(w[i])
                     if j >= 0 and self._slots[j].mask & bit:
-                        self._drop_bit(&self._slots[j], bit)
+                        self._drop_bit(j, bit)
                         delta -= 1
                 i += 1
         self._entries[replica] += delta
@@ -246,24 +258,29 @@ cdef class CompiledKVEventIndex:
 
     cdef int _remove(self, int replica, uint64_t bit, list hs) except -1:
         cdef Py_ssize_t i, j, n = PyList_GET_SIZE(hs), removed = 0
-        cdef Slot* s
         for i in range(n):
             j = self._find(<uint64_t>(<object>PyList_GET_ITEM(hs, i)))
-            if j >= 0:
-                s = &self._slots[j]
-                if s.mask & bit:
-                    self._drop_bit(s, bit)
-                    removed += 1
+            if j >= 0 and self._slots[j].mask & bit:
+                self._drop_bit(j, bit)
+                removed += 1
         self._entries[replica] -= removed
         return 0
 
     def clear(self, int replica):
         """Changes state: ``AllBlocksCleared`` or the replica left the pool."""
         cdef uint64_t bit = (<uint64_t>1) << self._check(replica)
-        cdef Py_ssize_t i
-        for i in range(self._cap):
-            if self._slots[i].state == LIVE and self._slots[i].mask & bit:
-                self._drop_bit(&self._slots[i], bit)
+        cdef Py_ssize_t i, dropped = 0
+        cdef Slot* s
+        for i in range(self._cap):  # (a deletion would shift entries under the scan: they are
+            s = &self._slots[i]     # marked, and the rebuild below leaves them out)
+            if s.state == LIVE and s.mask & bit:
+                s.mask &= ~bit
+                if s.mask == 0:
+                    s.state = DROPPED
+                    dropped += 1
+        if dropped:
+            self._live -= dropped
+            self._rebuild()
         self._entries[replica] = 0
 
     def match(self, hashes, candidates):
