@@ -315,3 +315,43 @@ def test_a_numeric_table_takes_array_columns_as_their_lists(data: st.DataObject)
         with pytest.raises(ValueError, match="unequal length"):
             as_arrays.extend(array("q", [1, 2]), *([[0.5]] * (width - 1)))
         assert_frame_equal(as_arrays.to_table().to_frame(), before)
+
+
+@settings(max_examples=200, deadline=None)
+@given(numeric_rows(), st.lists(st.integers(1, 5), max_size=6), st.integers(1, 4), st.data())
+def test_a_numeric_table_in_small_chunks_is_the_same_table(case, cuts, chunk, data) -> None:
+    """Columns cut into chunks of ``chunk`` rows (``NUMERIC_CHUNK_ROWS``, 8192 in a replay) join
+    into the same table, a column turned float64 after some chunks included, and a refused row or
+    window after a cut leaves it as it was."""
+    import sim.replay.column_table as column_table
+
+    names, rows_ = case
+    want = pd.DataFrame.from_records(rows_, columns=list(names))
+    saved = column_table.NUMERIC_CHUNK_ROWS
+    column_table.NUMERIC_CHUNK_ROWS = chunk
+    try:
+        by_row, by_window = _numeric_tables(names, rows_, cuts)
+        for table in (by_row, by_window):
+            assert_frame_equal(table.to_table().to_frame(), want)
+            row = [data.draw(NUMBERS["small"]) for _ in names]
+            row[data.draw(st.integers(0, len(names) - 1))] = None
+            with pytest.raises(ValueError, match="is not an int64 or float64 number"):
+                table.append(*row)
+            with pytest.raises(ValueError, match="is not an int64 or float64 number"):
+                table.extend(*([[v, 1.5]] for v in row))
+            assert_frame_equal(table.to_table().to_frame(), want)
+    finally:
+        column_table.NUMERIC_CHUNK_ROWS = saved
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(-(2**40), 2**40), st.integers(0, 300), st.booleans())
+def test_a_numeric_table_takes_a_range_as_its_values(first, k, floats_before) -> None:
+    """A window's step indexes come as a ``range`` (``sim.replay.sync_loop``): the same table as
+    their list, in an int64 column or one already float64."""
+    by_range, by_list = NumericColumnTable(("step", "x")), NumericColumnTable(("step", "x"))
+    for table in (by_range, by_list):
+        table.append(0.5 if floats_before else 0, 1)
+    by_range.extend(range(first, first + k), [2.5] * k)
+    by_list.extend(list(range(first, first + k)), [2.5] * k)
+    assert_frame_equal(by_range.to_table().to_frame(), by_list.to_table().to_frame())

@@ -33,6 +33,7 @@ import numpy as np
 from sim.replay.table import Column, Table, typed_column
 
 CHUNK_ROWS = 8192  # rows of Python values a column holds before they become one numpy chunk
+NUMERIC_CHUNK_ROWS = 8192  # rows of a NumericColumnTable's chunk (64 KiB a column)
 
 
 def _compact(values: list[Any]) -> Column:
@@ -165,11 +166,19 @@ class NumericColumnTable:
     int or float (None, a string), or an int beyond int64 while its column is int64, is refused
     with a ``ValueError`` naming its column, and the row or window leaves the table as it was; a
     float64 column takes an int as its nearest float. A bool is taken as the number it is (pandas
-    would make the column object): give a numeric table no bools."""
+    would make the column object): give a numeric table no bools.
+
+    A column is a list of arrays of ``NUMERIC_CHUNK_ROWS`` rows or so (every column cut at the same
+    row), so an append never grows one large array: ``array`` over-allocates a sixteenth, so a
+    growing column is copied whole again and again (fleets of 16 replicas grow 240 such columns at
+    once, where ``realloc`` rarely extends in place); ``to_table`` joins the chunks, ints converted
+    to floats in a column that turned float64 (the nearest double, as the conversion above)."""
 
     def __init__(self, columns: tuple[str, ...]) -> None:
         self.columns = columns
-        self._cols: list[array[Any]] = [array(_INT) for _ in columns]
+        self._cols: list[array[Any]] = [array(_INT) for _ in columns]  # the open chunk of each column
+        self._chunks: list[list[array[Any]]] = [[] for _ in columns]  # the full ones before it
+        self._base = 0  # rows in the full chunks
         self._n = 0
 
     def append(self, *values: Any) -> None:
@@ -183,6 +192,8 @@ class NumericColumnTable:
             self.extend(*([v] for v in values))  # the row as a one-step window: extend's slow path
             return
         self._n += 1
+        if self._n - self._base >= NUMERIC_CHUNK_ROWS:
+            self._cut()
 
     def extend(self, *columns: Sequence[Any]) -> None:
         """Several rows given as columns (lists, or arrays of int64 or float64), in ``columns``
@@ -199,7 +210,7 @@ class NumericColumnTable:
                 self._truncate(before)
                 for i, values in enumerate(columns):
                     self._add(i, list(values))
-            lengths = [len(col) - before for col in self._cols]
+            lengths = [len(col) + self._base - before for col in self._cols]
             if lengths and lengths.count(lengths[0]) != len(lengths):
                 raise ValueError(f"columns of unequal length: {lengths}")
         except ValueError:
@@ -207,10 +218,20 @@ class NumericColumnTable:
             self._truncate(before)
             raise
         self._n += lengths[0] if lengths else 0
+        if self._n - self._base >= NUMERIC_CHUNK_ROWS:
+            self._cut()
+
+    def _cut(self) -> None:
+        """Changes state: the open chunks become full ones; new open chunks of the same types."""
+        for chunks, col in zip(self._chunks, self._cols):
+            chunks.append(col)
+        self._cols = [array(col.typecode) for col in self._cols]
+        self._base = self._n
 
     def _truncate(self, n: int) -> None:
+        """Changes state: back to ``n`` rows (never fewer than the full chunks hold)."""
         for col in self._cols:
-            del col[n:]
+            del col[n - self._base:]
 
     def _add(self, i: int, values: list[Any]) -> None:
         """Append ``values`` to column ``i`` (holding ``len(self)`` rows): an int64 column given a
@@ -238,4 +259,15 @@ class NumericColumnTable:
     def to_table(self) -> Table:
         if not self._n:  # as ColumnTable: no rows, no dtypes
             return Table({name: [] for name in self.columns})
-        return Table({name: np.array(col) for name, col in zip(self.columns, self._cols)})
+        parts = zip(self.columns, self._chunks, self._cols)
+        return Table({name: _joined([*chunks, col]) for name, chunks, col in parts})
+
+
+def _joined(chunks: list[array[Any]]) -> np.ndarray:
+    """One column from its chunks: float64 if its last chunk is (the column turned float64 on the
+    way: ints before that become their nearest doubles), else int64."""
+    if len(chunks) == 1:
+        return np.array(chunks[0])
+    dtype = np.float64 if chunks[-1].typecode == _FLOAT else np.int64
+    return np.concatenate([np.frombuffer(c, dtype=np.int64 if c.typecode == _INT else np.float64) for c in chunks
+                           if len(c)]).astype(dtype, copy=False)
