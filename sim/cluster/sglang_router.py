@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from sim.cluster.basic_routers import TrackedRouter
 from sim.cluster.router import ClusterView, Decision, RouterRequest
-from sim.cluster.token_tree import TokenTree
+from sim.cluster.token_tree import TokenTree, compact_prompt
 
 
 class SGLangRouter(TrackedRouter):
@@ -62,7 +62,7 @@ class SGLangRouter(TrackedRouter):
         loads = self.inflight.requests
         lmax = max(loads[i] for i in up)
         lmin = min(loads[i] for i in up)
-        tokens = request.tokens()
+        tokens = compact_prompt(request.tokens())  # (once for every tree: sim.cluster.token_tree)
         imbalanced = lmax - lmin > self.balance_abs_threshold and lmax > lmin * self.balance_rel_threshold
         if imbalanced:
             choice = min(up, key=lambda i: loads[i])

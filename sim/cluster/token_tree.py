@@ -39,8 +39,19 @@ def _compact(tokens: np.ndarray) -> np.ndarray:
     return tokens.copy()
 
 
+def compact_prompt(tokens: np.ndarray) -> np.ndarray:
+    """``tokens`` as the labels hold them (int32 when every id fits, else as given; not copied when
+    already so): a prompt matched against every replica's tree is converted once, and an edge whose
+    label it fully matches is then told by one byte comparison (``_common``)."""
+    if tokens.size and tokens.dtype != np.int32 and int(tokens.max()) <= _I32_MAX and int(tokens.min()) >= 0:
+        return tokens.astype(np.int32)
+    return tokens
+
+
 def _common(label: np.ndarray, rest: np.ndarray) -> int:
     n = min(len(label), len(rest))
+    if label.dtype == rest.dtype and label[:n].tobytes() == rest[:n].tobytes():  # (equal ids: equal bytes)
+        return n
     diff = np.flatnonzero(label[:n] != rest[:n])
     return int(diff[0]) if len(diff) else n
 
