@@ -33,7 +33,7 @@ import numpy as np
 from sim.replay.table import Column, Table, typed_column
 
 CHUNK_ROWS = 8192  # rows of Python values a column holds before they become one numpy chunk
-NUMERIC_CHUNK_ROWS = 8192  # rows of a NumericColumnTable's chunk (64 KiB a column)
+NUMERIC_CHUNK_ROWS = 2048  # rows of a NumericColumnTable's chunk (16 KiB a column: its regrowths stay in cache)
 
 
 def _compact(values: list[Any]) -> Column:
