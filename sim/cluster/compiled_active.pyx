@@ -31,11 +31,15 @@ from the project.
 
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport uint32_t, uint64_t
-from libc.stdlib cimport calloc, free
+from libc.stdlib cimport calloc, free, malloc
 
 
 cdef extern from *:
     int __builtin_ctzll(unsigned long long x) nogil  # (GCC/Clang: the lowest set bit's index)
+    void __builtin_prefetch(const void* addr) nogil  # (GCC/Clang: a hint, never a fault)
+
+cdef enum:
+    AHEAD = 8  # hashes read ahead: the table slots of the next ones are fetched while one is handled
 
 cdef enum:
     EMPTY = 0
@@ -68,6 +72,23 @@ cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
 cdef inline uint64_t _ref_slot(uint64_t key, uint32_t worker) noexcept nogil:
     # a worker's copy of a hash lands elsewhere than another worker's (the golden ratio apart)
     return _mix(key ^ ((<uint64_t>worker + 1) * <uint64_t>0x9E3779B97F4A7C15))
+
+
+cdef uint64_t* _words(list hs, Py_ssize_t n) except NULL:
+    """The hashes of ``hs`` as C words (the caller frees them): converted first, so that the table
+    slots of the hashes ahead can be fetched while one is handled (a prompt's hashes are random
+    keys in a table larger than the caches: each is a miss)."""
+    cdef uint64_t* ks = <uint64_t*>malloc((n if n > 0 else 1) * sizeof(uint64_t))
+    cdef Py_ssize_t i
+    if ks == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            ks[i] = <uint64_t>(<object>PyList_GET_ITEM(hs, i))
+    except BaseException:
+        free(ks)
+        raise
+    return ks
 
 
 cdef class CompiledActiveBlocks:
@@ -231,6 +252,10 @@ cdef class CompiledActiveBlocks:
         self._hused = self._hlive
         return 0
 
+    cdef inline void _fetch(self, uint64_t key) noexcept:
+        """Hint: ``key``'s holder slot will be read soon."""
+        __builtin_prefetch(&self._holders[<Py_ssize_t>(_mix(key) & <uint64_t>(self._hcap - 1))])
+
     # -- the ActiveBlocks interface ----------------------------------------------------------------
     def acquire(self, int worker, hashes):
         """Changes state: a request with these prompt hashes is active on ``worker``."""
@@ -239,14 +264,20 @@ cdef class CompiledActiveBlocks:
         cdef list hs = hashes if type(hashes) is list else list(hashes)
         cdef Py_ssize_t i, n = PyList_GET_SIZE(hs)
         cdef Holder* s
-        for i in range(n):
-            key = <uint64_t>(<object>PyList_GET_ITEM(hs, i))
-            s = self._holder_insert(key)
-            if s.mask & bit:  # held already: one more reference
-                self._ref_insert(key, w).count += 1
-            else:
-                s.mask |= bit
-                self._distinct[w] += 1
+        cdef uint64_t* ks = _words(hs, n)
+        try:
+            for i in range(n):
+                if i + AHEAD < n:
+                    self._fetch(ks[i + AHEAD])
+                key = ks[i]
+                s = self._holder_insert(key)
+                if s.mask & bit:  # held already: one more reference
+                    self._ref_insert(key, w).count += 1
+                else:
+                    s.mask |= bit
+                    self._distinct[w] += 1
+        finally:
+            free(ks)
 
     def release(self, int worker, hashes):
         """Changes state: a request with these prompt hashes ended on ``worker`` (acquired before;
@@ -257,25 +288,30 @@ cdef class CompiledActiveBlocks:
         cdef Py_ssize_t i, n = PyList_GET_SIZE(hs)
         cdef Holder* s
         cdef Ref* r
-        for i in range(n):
-            h = <object>PyList_GET_ITEM(hs, i)
-            key = <uint64_t>h
-            s = self._holder_find(key)
-            if s == NULL or not (s.mask & bit):
-                raise KeyError(h)
-            if self._rlive:
-                r = self._ref_find(key, w)
-                if r != NULL:  # another reference stays
-                    r.count -= 1
-                    if r.count == 0:
-                        r.state = TOMB
-                        self._rlive -= 1
-                    continue
-            s.mask &= ~bit
-            self._distinct[w] -= 1
-            if s.mask == 0:
-                s.state = TOMB
-                self._hlive -= 1
+        cdef uint64_t* ks = _words(hs, n)
+        try:
+            for i in range(n):
+                if i + AHEAD < n:
+                    self._fetch(ks[i + AHEAD])
+                key = ks[i]
+                s = self._holder_find(key)
+                if s == NULL or not (s.mask & bit):
+                    raise KeyError(<object>PyList_GET_ITEM(hs, i))
+                if self._rlive:
+                    r = self._ref_find(key, w)
+                    if r != NULL:  # another reference stays
+                        r.count -= 1
+                        if r.count == 0:
+                            r.state = TOMB
+                            self._rlive -= 1
+                        continue
+                s.mask &= ~bit
+                self._distinct[w] -= 1
+                if s.mask == 0:
+                    s.state = TOMB
+                    self._hlive -= 1
+        finally:
+            free(ks)
 
     def clear(self, int worker):
         """Changes state: ``worker`` holds nothing (it left the pool)."""
@@ -306,16 +342,24 @@ cdef class CompiledActiveBlocks:
         cdef Holder* s
         cdef int w
         cdef dict out = {}
+        cdef list hs = hashes if type(hashes) is list else list(hashes)
+        cdef Py_ssize_t i, n = PyList_GET_SIZE(hs)
+        cdef uint64_t* ks = _words(hs, n)
         for w in range(self._n):
             counts[w] = 0
-        for h in hashes:
-            s = self._holder_find(<uint64_t>h)
-            if s == NULL:
-                continue
-            mask = s.mask
-            while mask:
-                counts[__builtin_ctzll(mask)] += 1
-                mask &= mask - 1
+        try:
+            for i in range(n):
+                if i + AHEAD < n:
+                    self._fetch(ks[i + AHEAD])
+                s = self._holder_find(ks[i])
+                if s == NULL:
+                    continue
+                mask = s.mask
+                while mask:
+                    counts[__builtin_ctzll(mask)] += 1
+                    mask &= mask - 1
+        finally:
+            free(ks)
         for w in range(self._n):
             if counts[w]:
                 out[w] = counts[w]
