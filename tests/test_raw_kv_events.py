@@ -243,6 +243,7 @@ def _fleet(router: str, raw: bool, monkeypatch: pytest.MonkeyPatch, *extra: str)
 @pytest.mark.parametrize("router,extra", [
     ("dynamo", ()), ("{kind: llm_d, prefix: precise}", ()), ("mooncake", ()),
     ("dynamo", ("cluster.faults=[{replica: 1, down_at: 20.0, up_at: 40.0}]",)),
+    ("dynamo", ("cluster.disaggregation={prefill: 2, decode: 2, link_gb_s: 50.0}",)),
 ])
 def test_raw_fleet_equals_the_object_fleet(router: str, extra: tuple[str, ...],
                                            monkeypatch: pytest.MonkeyPatch) -> None:

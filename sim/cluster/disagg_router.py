@@ -92,6 +92,8 @@ class PDRouter(Router):
         self._role = {i: 0 for i in prefill_ids} | {i: 1 for i in decode_ids}
         self.non_cached_tokens = non_cached_tokens
         self.needs_kv_events = prefill.needs_kv_events or decode.needs_kv_events
+        # a pool that reads no events is handed none (on_kv_events): raw batches where every reader takes them
+        self.raw_kv_events = all(p.raw_kv_events or not p.needs_kv_events for p in (prefill, decode))
         self.needs_metrics = prefill.needs_metrics or decode.needs_metrics
         self.keeps_cache_view = prefill.keeps_cache_view or decode.keeps_cache_view
         self._plans: dict[str, Plan] = {}
