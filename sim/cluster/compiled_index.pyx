@@ -8,7 +8,8 @@ routers apply every replica's ``BlockStored`` and ``BlockRemoved`` here, one has
 Python that was a dict and a set operation per hash, about a fifth of a 16-replica run.
 
 Layout: an open-addressing table (linear probing, power-of-two size) of 64-bit hashes, each slot
-holding the bitmask of the replicas that hold the hash. A hash whose last replica removes it
+holding the bitmask of the replicas that hold the hash (16 bytes; a slot is empty when its mask is
+0: a hash is in the table while some replica holds it). A hash whose last replica removes it
 leaves the table by backward-shift deletion (Knuth's algorithm R: the entries after it in its
 probe run move up when their home allows), so no tombstone lengthens later probes and a fleet's
 constant store/remove churn never forces a rebuild; the table is rebuilt (to at least four times
@@ -26,11 +27,6 @@ from libc.stdint cimport uint64_t
 from libc.stdlib cimport calloc, free
 
 cdef enum:
-    EMPTY = 0
-    LIVE = 1
-    DROPPED = 2  # (only inside ``clear``, until its rebuild)
-
-cdef enum:
     EV_STORED = 0  # the raw event kinds of sim.core.compiled_pool's KVEventLog
     EV_REMOVED = 1
     EV_CLEARED = 2
@@ -42,7 +38,6 @@ cdef extern from *:
 cdef struct Slot:
     uint64_t key
     uint64_t mask
-    unsigned char state
 
 MAX_REPLICAS = 64
 
@@ -90,7 +85,7 @@ cdef class CompiledKVEventIndex:
         cdef Slot* s
         while True:
             s = &self._slots[i]
-            if s.state == EMPTY:
+            if s.mask == 0:  # (an empty slot: a live hash has a replica)
                 return -1
             if s.key == key:
                 return i
@@ -106,14 +101,13 @@ cdef class CompiledKVEventIndex:
         i = <Py_ssize_t>(_mix(key) & <uint64_t>m)
         while True:
             s = &self._slots[i]
-            if s.state == EMPTY:
+            if s.mask == 0:
                 break
             if s.key == key:
                 return s
             i = (i + 1) & m
         s.key = key
         s.mask = 0
-        s.state = LIVE
         self._live += 1
         return s
 
@@ -128,9 +122,9 @@ cdef class CompiledKVEventIndex:
             raise MemoryError()
         m = cap - 1
         for i in range(old_cap):
-            if old[i].state == LIVE:
+            if old[i].mask != 0:
                 j = <Py_ssize_t>(_mix(old[i].key) & <uint64_t>m)
-                while new[j].state != EMPTY:
+                while new[j].mask != 0:
                     j = (j + 1) & m
                 new[j] = old[i]
         free(old)
@@ -153,14 +147,13 @@ cdef class CompiledKVEventIndex:
         cdef Py_ssize_t m = self._cap - 1, j = i, k
         while True:
             j = (j + 1) & m
-            if self._slots[j].state == EMPTY:
+            if self._slots[j].mask == 0:
                 break
             k = <Py_ssize_t>(_mix(self._slots[j].key) & <uint64_t>m)
             if (i < k <= j) if i <= j else (k > i or k <= j):
                 continue  # its home lies after the hole: it must stay
             self._slots[i] = self._slots[j]
             i = j
-        self._slots[i].state = EMPTY
         self._slots[i].mask = 0
 
     def store(self, int replica, hashes):
@@ -271,12 +264,11 @@ cdef class CompiledKVEventIndex:
         cdef uint64_t bit = (<uint64_t>1) << self._check(replica)
         cdef Py_ssize_t i, dropped = 0
         cdef Slot* s
-        for i in range(self._cap):  # (a deletion would shift entries under the scan: they are
-            s = &self._slots[i]     # marked, and the rebuild below leaves them out)
-            if s.state == LIVE and s.mask & bit:
+        for i in range(self._cap):  # (a deletion would shift entries under the scan: emptied
+            s = &self._slots[i]     # in place, they are left out by the rebuild below)
+            if s.mask & bit:
                 s.mask &= ~bit
                 if s.mask == 0:
-                    s.state = DROPPED
                     dropped += 1
         if dropped:
             self._live -= dropped
