@@ -9,6 +9,8 @@ from sim.core.executor import planned_samples
 from sim.core.hashing import make_block_hasher
 from sim.core.offload.connector import OffloadingConnectorScheduler
 from sim.core.offload.manager import LookupResult
+from sim.core.offload.policy import ReqContext
+from sim.core.offload.request_state import RequestOffloadState
 from sim.core.offload.step_worker import StepDelayWorker
 from sim.core.offload.transfer import KVConnectorMetadata, KVConnectorOutput
 from sim.core.request import Request
@@ -167,3 +169,30 @@ def test_lookup_defers_while_request_has_jobs_in_flight() -> None:
     step(s)
     assert con.state("a").transfer_jobs
     assert con.get_num_new_matched_tokens(r, 0) == (None, False)
+
+
+def test_block_sized_chunks_share_the_requests_hash_list() -> None:
+    """A chunk of one block without key positions (the compiled tier): the keys are the request's
+    own hash list, not a copy, equal at every update to the copy the positions path makes (the
+    oracle); a released request (new, empty hash list) keeps its keys; two blocks a chunk copy."""
+    r = req("a", list(range(40)), out=40)
+    shared = RequestOffloadState(r, ReqContext("a"), track_positions=False)
+    copied = RequestOffloadState(r, ReqContext("a"), track_positions=True)
+    for st in (shared, copied):
+        st.update_offload_keys(1, 16)
+    assert shared.keys is r.block_hashes and copied.keys is not r.block_hashes
+    assert shared.keys == copied.keys and len(copied.keys) == 2
+    for grow in (list(range(40, 50)), list(range(50, 70))):  # blocks 2 and 3, then 4
+        r.append_output_token_ids(grow)
+        for st in (shared, copied):
+            st.update_offload_keys(1, 16)
+        assert shared.keys == copied.keys == r.block_hashes
+    kept = list(copied.keys)
+    r.release_tokens()
+    for st in (shared, copied):
+        st.update_offload_keys(1, 16)
+    assert shared.keys == copied.keys == kept and len(kept) == 4
+    r2 = req("b", list(range(64)))
+    two = RequestOffloadState(r2, ReqContext("b"), track_positions=False)
+    two.update_offload_keys(2, 32)
+    assert two.keys == r2.block_hashes[1::2] and two.keys is not r2.block_hashes

@@ -85,11 +85,21 @@ class RequestOffloadState:
     def update_offload_keys(self, hashes_per_chunk: int, tokens_per_chunk: int) -> None:
         """Extend ``keys`` with the request's newly full chunks (vLLM ``update_offload_keys``)."""
         keys = self.keys
-        n = len(keys)
         hashes = self.req.block_hashes
+        if keys is hashes:
+            return  # (the request's own hash list: see below)
+        n = len(keys)
         if len(hashes) < hashes_per_chunk * (n + 1):
             return  # no new full chunk (the usual decode step)
         if not self.track_positions:
+            if hashes_per_chunk == 1 and n == 0:
+                # a chunk is a block, so the keys ARE the block hashes: share the request's list
+                # (append-only while it runs; release_tokens gives the request a new one) instead of
+                # copying and later freeing every key reference once more -- at block 16, 27 M
+                # prompt tokens made 1.7 M copied references. Every reader calls this method first
+                # (lookup, offer, finish, tier window), so it sees the same keys as with a copy.
+                self.keys = hashes
+                return
             keys.extend(hashes[hashes_per_chunk * (n + 1) - 1 :: hashes_per_chunk])
             return
         positions = self.ctx.key_positions
