@@ -4,6 +4,7 @@ too; and windows do play (otherwise the equality would be empty)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -30,6 +31,18 @@ def _cfg(fast_forward: bool, **engine: Any) -> Any:
     }, "tier_window.yaml")
 
 
+def _fast_equals_plain(make: Callable[..., Any], engine: dict[str, Any]) -> Any:
+    """The replay of ``make(fast_forward, **engine)`` with fast-forward equals the one without:
+    requests and steps exactly, and the tier's summary entries; the fast-forwarded result."""
+    plain, _ = replay_experiment(make(False, **engine), progress=False)
+    fast, _ = replay_experiment(make(True, **engine), progress=False)
+    pd.testing.assert_frame_equal(fast.requests, plain.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.steps, plain.steps, check_exact=True)
+    for key in ("prompt_tokens_by_source", "external_prefix_cache", "cpu_tier", "prefix_cache_hit_rate"):
+        assert fast.summary[key] == plain.summary[key], key
+    return fast
+
+
 @pytest.mark.parametrize("engine", [
     {}, {"kv_offloading_policy": "arc"}, {"kv_offloading_block_size": 32},
     # prefills over several steps: windows whose prefilling tail offers chunks step by step
@@ -37,12 +50,7 @@ def _cfg(fast_forward: bool, **engine: Any) -> Any:
     {"max_num_batched_tokens": 384, "kv_offloading_block_size": 32, "num_cpu_blocks": 400},
 ])
 def test_windows_with_a_tier_equal_the_plain_loop(engine: dict[str, Any]) -> None:
-    plain, _ = replay_experiment(_cfg(False, **engine), progress=False)
-    fast, _ = replay_experiment(_cfg(True, **engine), progress=False)
-    pd.testing.assert_frame_equal(fast.requests, plain.requests, check_exact=True)
-    pd.testing.assert_frame_equal(fast.steps, plain.steps, check_exact=True)
-    for key in ("prompt_tokens_by_source", "external_prefix_cache", "cpu_tier", "prefix_cache_hit_rate"):
-        assert fast.summary[key] == plain.summary[key], key
+    fast = _fast_equals_plain(_cfg, engine)
     assert fast.summary["prompt_tokens_by_source"]["external_kv_transfer"] > 0  # the tier is used
 
 
@@ -98,12 +106,7 @@ MOONCAKE_ENGINES = [{"num_gpu_blocks": 3000, "num_cpu_blocks": 5000},
 
 @pytest.mark.parametrize("engine", MOONCAKE_ENGINES)
 def test_windows_that_look_the_head_up_beside_offers_equal_the_plain_loop(engine: dict[str, Any]) -> None:
-    plain, _ = replay_experiment(_mooncake(False, **engine), progress=False)
-    fast, _ = replay_experiment(_mooncake(True, **engine), progress=False)
-    pd.testing.assert_frame_equal(fast.requests, plain.requests, check_exact=True)
-    pd.testing.assert_frame_equal(fast.steps, plain.steps, check_exact=True)
-    for key in ("prompt_tokens_by_source", "external_prefix_cache", "cpu_tier", "prefix_cache_hit_rate"):
-        assert fast.summary[key] == plain.summary[key], key
+    _fast_equals_plain(_mooncake, engine)
 
 
 @pytest.mark.skipif(not str(tw.__file__).endswith(".py"), reason="sim.replay.tier_window is compiled (mypyc): "
