@@ -92,11 +92,12 @@ def _offerers(sched: Scheduler, tier: OffloadTier, window: Window) -> list[Reque
 
 def window_allowed(sched: Scheduler, tier: OffloadTier, window: Window) -> bool:
     """Query: a window planned while the connector was quiet: its bulk has offered every chunk, its
-    offering prefills (:func:`_offerers`) finish in it and need no key it lacks; no lookup of the
-    waiting head while a store is in flight or may start; with the tier's KV events on, no store in
-    flight or offered at all (a window reports its steps' completions around its block operations,
-    so their CPU ``BlockStored`` would not interleave with the steps' own events as the plain
-    loop's do)."""
+    offering prefills (:func:`_offerers`) finish in it and need no key it lacks; a lookup of the
+    waiting head while a store is in flight or may start only when it meets no chunk being stored
+    (:func:`_head_lookups_stable`) and the offers reach none of the head's chunks
+    (:func:`_offers_reach_head`); with the tier's KV events on, no store in flight or offered at all
+    (a window reports its steps' completions around its block operations, so their CPU
+    ``BlockStored`` would not interleave with the steps' own events as the plain loop's do)."""
     offerers = _offerers(sched, tier, window)
     if offerers is None:
         return False
