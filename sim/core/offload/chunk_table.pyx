@@ -268,11 +268,12 @@ cdef class _TableCore:
         return self._slot_h(key, <uint32_t>_key_hash(key))
 
     @cython.final
-    cdef int _slots(self, list keys, int32_t* out) except -1:
-        """Query: every key's chunk id (or -1) into ``out``, their hashes into ``hbuf`` (``_scratch``
-        sized both): the hashes first, each key's bucket fetched ahead, then the probes -- the
-        buckets' cache misses overlap instead of following one another."""
+    cdef int32_t* _slots(self, list keys) except NULL:
+        """Query: every key's chunk id (or -1) into the scratch buffer ``buf``, returned, their hashes
+        into ``hbuf`` (``_scratch`` sizes both): the hashes first, each key's bucket fetched ahead,
+        then the probes -- the buckets' cache misses overlap instead of following one another."""
         cdef Py_ssize_t i, n = PyList_GET_SIZE(keys)
+        cdef int32_t* out = self._scratch(n)
         cdef uint32_t h
         for i in range(n):
             h = <uint32_t>_key_hash(<object>PyList_GET_ITEM(keys, i))
@@ -280,7 +281,7 @@ cdef class _TableCore:
             APC_PREFETCH(&self.tbl[<size_t>h & self.tbl_mask])
         for i in range(n):
             out[i] = self._slot_h(<object>PyList_GET_ITEM(keys, i), self.hbuf[i])
-        return 0
+        return out
 
     @cython.final
     cdef inline int32_t _slot_h(self, object key, uint32_t h) except -2:

@@ -42,9 +42,8 @@ cdef class LRUChunkTable(_TableCore):
     def first_pending(self, list keys) -> int:
         """Query: the index of the first key of ``keys`` whose chunk is being stored, or -1."""
         cdef Py_ssize_t i, n = PyList_GET_SIZE(keys)
-        cdef int32_t* slots = self._scratch(n)
+        cdef int32_t* slots = self._slots(keys)
         cdef int32_t s
-        self._slots(keys, slots)
         for i in range(n):
             s = slots[i]
             if s >= 0 and self.sl[s].ref_cnt < 0:
@@ -58,10 +57,9 @@ cdef class LRUChunkTable(_TableCore):
         if first < 0:
             raise ValueError("the compiled CPU tier needs the index of the first key (first)")
         cdef Py_ssize_t i, n = PyList_GET_SIZE(keys)
-        cdef int32_t* slots = self._scratch(n)
+        cdef int32_t* slots = self._slots(keys)
         cdef int32_t s
         cdef int64_t rank = 0
-        self._slots(keys, slots)
         for i in range(n):
             s = slots[i]
             assert s >= 0 and self.sl[s].ref_cnt >= 0, f"chunk {keys[i]!r} is not loadable"
@@ -100,13 +98,13 @@ cdef class LRUChunkTable(_TableCore):
         if first < 0:
             raise ValueError("the compiled CPU tier needs the index of the first key (first)")
         cdef Py_ssize_t i, n = PyList_GET_SIZE(keys), num_to_store = 0
-        cdef int32_t* slots = self._scratch(n)
+        cdef int32_t* slots
         cdef int32_t s
         cdef int64_t rank = 0
         cdef bint fresh
         cdef _Access acc = self._access(ctx)
         fresh = not acc.finished
-        self._slots(keys, slots)  # (their hashes stay in hbuf for _store)
+        slots = self._slots(keys)  # (their hashes stay in hbuf for _store)
         for i in range(n):
             s = slots[i]
             if s >= 0 or self._seen(acc, first + i):
