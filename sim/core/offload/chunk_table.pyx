@@ -157,10 +157,12 @@ cdef class _TableCore:
         free(self.sl); free(self.protected); free(self.free_stack); free(self.fifo); free(self.buf); free(self.hbuf)
         free(self.tbl)
 
-    # -- the entries: a FIFO of ascending ranks and a heap of the rest ------------------------
+    # -- the entries: a FIFO of ascending ranks, the groups' stacks and a heap of the rest -------
     # A finish gives fresh ranks, larger than every rank before: they are appended to the FIFO,
-    # already in order, and popped from its head; the other entries (a running request's rank,
-    # a load's unpin) go to the heap. The smaller of the two heads is the next candidate.
+    # already in order, and popped from its head; a completed store out of the FIFO's order may go
+    # on its request's stack instead (_push_stored, chunk_table_groups.pxi); the other entries (a
+    # running request's rank, a load's unpin) go to the heap. The smallest of the FIFO's head, the
+    # heap's top and the groups' tops is the next candidate (_pop_min).
     @cython.final
     cdef int _fifo_append(self, Entry e) except -1:
         if self.fifo_tail == self.fifo_cap:

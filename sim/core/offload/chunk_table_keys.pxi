@@ -1,4 +1,5 @@
-"""The key table's hash and a request's access record (included by ``chunk_table.pyx``)."""
+"""The key table's hash, the prefetch hint (``APC_PREFETCH``) and a request's access record
+(included by ``chunk_table.pyx``)."""
 
 
 cdef extern from *:
