@@ -11,12 +11,13 @@ millisecond for a Mooncake prompt of 500 blocks), or a holder mask kept by a Pyt
 Here one pass over the prompt reads each hash's holder mask from a C table.
 
 Layout: two open-addressing tables (linear probing, power-of-two sizes, SplitMix64's finaliser
-mixing the keys, tombstones for deletions, rebuilt when live plus tombstone slots pass half the
-size), as ``sim.cluster.compiled_index`` keeps its index:
+mixing the keys):
 
-* ``holders``: hash -> the bitmask of the workers holding it (never 0: the last holder deletes it);
-  a worker's bit stands for its first reference to the block;
-* ``extra``: (hash, worker) -> the worker's references beyond the first (never 0), for blocks that
+* ``holders``: hash -> the bitmask of the workers holding it (never 0: the last holder deletes it),
+  ``mask_table.pxi``'s table, shared with ``sim.cluster.compiled_index`` (backward-shift
+  deletion); a worker's bit stands for its first reference to the block;
+* ``extra``: (hash, worker) -> the worker's references beyond the first (never 0; tombstones for
+  deletions, rebuilt when live plus tombstone slots pass half the size), for blocks that
   several active requests of one worker share (a common prefix); most blocks have none, so an
   acquire or release touches one table, and a release looks in ``extra`` only while it is not
   empty.
@@ -33,10 +34,10 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 
+include "mask_table.pxi"
 
 cdef extern from *:
     int __builtin_ctzll(unsigned long long x) nogil  # (GCC/Clang: the lowest set bit's index)
-    void __builtin_prefetch(const void* addr) nogil  # (GCC/Clang: a hint, never a fault)
 
 cdef enum:
     AHEAD = 8  # hashes read ahead: the table slots of the next ones are fetched while one is handled
@@ -52,21 +53,7 @@ cdef struct Ref:
     uint32_t count
     unsigned char state
 
-cdef struct Holder:
-    uint64_t key
-    uint64_t mask
-    unsigned char state
-
 MAX_WORKERS = 64
-
-
-cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
-    x ^= x >> 30
-    x *= <uint64_t>0xBF58476D1CE4E5B9
-    x ^= x >> 27
-    x *= <uint64_t>0x94D049BB133111EB
-    x ^= x >> 31
-    return x
 
 
 cdef inline uint64_t _ref_slot(uint64_t key, uint32_t worker) noexcept nogil:
@@ -97,8 +84,7 @@ cdef class CompiledActiveBlocks:
 
     cdef Ref* _refs
     cdef Py_ssize_t _rcap, _rlive, _rused
-    cdef Holder* _holders
-    cdef Py_ssize_t _hcap, _hlive, _hused
+    cdef MaskTable _h  # hash -> the workers holding it (mask_table.pxi)
     cdef int _n
     cdef Py_ssize_t _distinct[64]
 
@@ -109,21 +95,20 @@ cdef class CompiledActiveBlocks:
         if num_workers < 0 or num_workers > MAX_WORKERS:
             raise ValueError(f"the compiled active blocks hold 0 to {MAX_WORKERS} workers, got {num_workers}")
         self._n = num_workers
-        self._rcap = self._hcap = 8
+        self._rcap = 8
         while self._rcap < initial_slots:
             self._rcap *= 2
-        self._hcap = self._rcap
         self._refs = <Ref*>calloc(self._rcap, sizeof(Ref))
-        self._holders = <Holder*>calloc(self._hcap, sizeof(Holder))
-        if self._refs == NULL or self._holders == NULL:
+        if self._refs == NULL:
             raise MemoryError()
-        self._rlive = self._rused = self._hlive = self._hused = 0
+        _mt_init(&self._h, initial_slots)
+        self._rlive = self._rused = 0
         for w in range(64):
             self._distinct[w] = 0
 
     def __dealloc__(self):
         free(self._refs)
-        free(self._holders)
+        free(self._h.slots)
 
     # -- the (hash, worker) -> extra references table ---------------------------------------------------------
     cdef Ref* _ref_insert(self, uint64_t key, uint32_t worker) except NULL:
@@ -189,73 +174,6 @@ cdef class CompiledActiveBlocks:
         self._rused = self._rlive
         return 0
 
-    # -- the hash -> holder mask table -------------------------------------------------------------
-    cdef Holder* _holder_insert(self, uint64_t key) except NULL:
-        """The live slot of ``key``, made (mask 0) when absent; may rebuild first."""
-        cdef Py_ssize_t m, i, tomb = -1
-        cdef Holder* s
-        if (self._hused + 1) * 2 > self._hcap:
-            self._holder_rebuild()
-        m = self._hcap - 1
-        i = <Py_ssize_t>(_mix(key) & <uint64_t>m)
-        while True:
-            s = &self._holders[i]
-            if s.state == EMPTY:
-                break
-            if s.state == LIVE and s.key == key:
-                return s
-            if s.state == TOMB and tomb < 0:
-                tomb = i
-            i = (i + 1) & m
-        if tomb >= 0:
-            s = &self._holders[tomb]
-        else:
-            self._hused += 1
-        s.key = key
-        s.mask = 0
-        s.state = LIVE
-        self._hlive += 1
-        return s
-
-    cdef Holder* _holder_find(self, uint64_t key) noexcept:
-        """The live slot of ``key``, or NULL."""
-        cdef Py_ssize_t m = self._hcap - 1
-        cdef Py_ssize_t i = <Py_ssize_t>(_mix(key) & <uint64_t>m)
-        cdef Holder* s
-        while True:
-            s = &self._holders[i]
-            if s.state == EMPTY:
-                return NULL
-            if s.state == LIVE and s.key == key:
-                return s
-            i = (i + 1) & m
-
-    cdef int _holder_rebuild(self) except -1:
-        cdef Py_ssize_t cap = 8, old_cap = self._hcap, i, j, m
-        cdef Holder* old = self._holders
-        cdef Holder* new
-        while cap < 4 * (self._hlive + 1):
-            cap *= 2
-        new = <Holder*>calloc(cap, sizeof(Holder))
-        if new == NULL:
-            raise MemoryError()
-        m = cap - 1
-        for i in range(old_cap):
-            if old[i].state == LIVE:
-                j = <Py_ssize_t>(_mix(old[i].key) & <uint64_t>m)
-                while new[j].state != EMPTY:
-                    j = (j + 1) & m
-                new[j] = old[i]
-        free(old)
-        self._holders = new
-        self._hcap = cap
-        self._hused = self._hlive
-        return 0
-
-    cdef inline void _fetch(self, uint64_t key) noexcept:
-        """Hint: ``key``'s holder slot will be read soon."""
-        __builtin_prefetch(&self._holders[<Py_ssize_t>(_mix(key) & <uint64_t>(self._hcap - 1))])
-
     # -- the ActiveBlocks interface ----------------------------------------------------------------
     def acquire(self, int worker, hashes):
         """Changes state: a request with these prompt hashes is active on ``worker``."""
@@ -263,14 +181,14 @@ cdef class CompiledActiveBlocks:
         cdef uint64_t bit = (<uint64_t>1) << w, key
         cdef list hs = hashes if type(hashes) is list else list(hashes)
         cdef Py_ssize_t i, n = PyList_GET_SIZE(hs)
-        cdef Holder* s
+        cdef Slot* s
         cdef uint64_t* ks = _words(hs, n)
         try:
             for i in range(n):
                 if i + AHEAD < n:
-                    self._fetch(ks[i + AHEAD])
+                    _mt_fetch(&self._h, ks[i + AHEAD])
                 key = ks[i]
-                s = self._holder_insert(key)
+                s = _mt_insert(&self._h, key)
                 if s.mask & bit:  # held already: one more reference
                     self._ref_insert(key, w).count += 1
                 else:
@@ -286,16 +204,16 @@ cdef class CompiledActiveBlocks:
         cdef uint64_t bit = (<uint64_t>1) << w, key
         cdef list hs = hashes if type(hashes) is list else list(hashes)
         cdef Py_ssize_t i, n = PyList_GET_SIZE(hs)
-        cdef Holder* s
+        cdef Py_ssize_t j
         cdef Ref* r
         cdef uint64_t* ks = _words(hs, n)
         try:
             for i in range(n):
                 if i + AHEAD < n:
-                    self._fetch(ks[i + AHEAD])
+                    _mt_fetch(&self._h, ks[i + AHEAD])
                 key = ks[i]
-                s = self._holder_find(key)
-                if s == NULL or not (s.mask & bit):
+                j = _mt_find(&self._h, key)
+                if j < 0 or not (self._h.slots[j].mask & bit):
                     raise KeyError(<object>PyList_GET_ITEM(hs, i))
                 if self._rlive:
                     r = self._ref_find(key, w)
@@ -305,11 +223,8 @@ cdef class CompiledActiveBlocks:
                             r.state = TOMB
                             self._rlive -= 1
                         continue
-                s.mask &= ~bit
+                _mt_drop_bit(&self._h, j, bit)
                 self._distinct[w] -= 1
-                if s.mask == 0:
-                    s.state = TOMB
-                    self._hlive -= 1
         finally:
             free(ks)
 
@@ -322,12 +237,7 @@ cdef class CompiledActiveBlocks:
             if self._refs[i].state == LIVE and self._refs[i].worker == w:
                 self._refs[i].state = TOMB
                 self._rlive -= 1
-        for i in range(self._hcap):
-            if self._holders[i].state == LIVE and self._holders[i].mask & bit:
-                self._holders[i].mask &= ~bit
-                if self._holders[i].mask == 0:
-                    self._holders[i].state = TOMB
-                    self._hlive -= 1
+        _mt_clear_bit(&self._h, bit)
         self._distinct[w] = 0
 
     def num_active(self, int worker):
@@ -339,7 +249,7 @@ cdef class CompiledActiveBlocks:
         active on it (absent: none), in worker order."""
         cdef Py_ssize_t counts[64]
         cdef uint64_t mask
-        cdef Holder* s
+        cdef Py_ssize_t j
         cdef int w
         cdef dict out = {}
         cdef list hs = hashes if type(hashes) is list else list(hashes)
@@ -350,11 +260,11 @@ cdef class CompiledActiveBlocks:
         try:
             for i in range(n):
                 if i + AHEAD < n:
-                    self._fetch(ks[i + AHEAD])
-                s = self._holder_find(ks[i])
-                if s == NULL:
+                    _mt_fetch(&self._h, ks[i + AHEAD])
+                j = _mt_find(&self._h, ks[i])
+                if j < 0:
                     continue
-                mask = s.mask
+                mask = self._h.slots[j].mask
                 while mask:
                     counts[__builtin_ctzll(mask)] += 1
                     mask &= mask - 1

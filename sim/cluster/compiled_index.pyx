@@ -7,15 +7,11 @@ the same random calls): ``store``, ``remove``, ``clear``, ``match`` and ``num_en
 routers apply every replica's ``BlockStored`` and ``BlockRemoved`` here, one hash at a time; in
 Python that was a dict and a set operation per hash, about a fifth of a 16-replica run.
 
-Layout: an open-addressing table (linear probing, power-of-two size) of 64-bit hashes, each slot
-holding the bitmask of the replicas that hold the hash (16 bytes; a slot is empty when its mask is
-0: a hash is in the table while some replica holds it). A hash whose last replica removes it
-leaves the table by backward-shift deletion (Knuth's algorithm R: the entries after it in its
-probe run move up when their home allows), so no tombstone lengthens later probes and a fleet's
-constant store/remove churn never forces a rebuild; the table is rebuilt (to at least four times
-the live count, a power of two) only when the live hashes pass half its size, or after ``clear``.
-Hashes are vLLM's event form, unsigned 64-bit ints (``sim.core.hashing.external_block_hash``); the
-slot index mixes them (SplitMix64's finaliser), so no key pattern clusters the probes.
+Layout: ``mask_table.pxi``'s table (shared with ``compiled_active``): each 64-bit hash with the
+bitmask of the replicas that hold it, in an open-addressing table whose hashes leave by
+backward-shift deletion (no tombstones), so a fleet's constant store/remove churn never forces a
+rebuild. Hashes are vLLM's event form, unsigned 64-bit ints
+(``sim.core.hashing.external_block_hash``).
 
 Limits: at most 64 replicas (one bit each); ``make_kv_event_index`` gives the Python index above
 that. Imports nothing from the project.
@@ -24,7 +20,9 @@ that. Imports nothing from the project.
 from cpython cimport array as carray
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport uint64_t
-from libc.stdlib cimport calloc, free
+from libc.stdlib cimport free
+
+include "mask_table.pxi"
 
 cdef enum:
     EV_STORED = 0  # the raw event kinds of sim.core.compiled_pool's KVEventLog
@@ -32,31 +30,13 @@ cdef enum:
     EV_CLEARED = 2
     AHEAD = 16  # words whose table slots are fetched ahead of their turn in apply_raw
 
-cdef extern from *:
-    void __builtin_prefetch(const void* addr, ...) nogil
-
-cdef struct Slot:
-    uint64_t key
-    uint64_t mask
-
 MAX_REPLICAS = 64
-
-
-cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
-    x ^= x >> 30
-    x *= <uint64_t>0xBF58476D1CE4E5B9
-    x ^= x >> 27
-    x *= <uint64_t>0x94D049BB133111EB
-    x ^= x >> 31
-    return x
 
 
 cdef class CompiledKVEventIndex:
     """Hash -> replicas holding it, from KV events (see the module docstring)."""
 
-    cdef Slot* _slots
-    cdef Py_ssize_t _cap          # a power of two
-    cdef Py_ssize_t _live
+    cdef MaskTable _t             # hash -> the replicas holding it (mask_table.pxi)
     cdef int _n
     cdef list _entries            # per replica: hashes it holds
 
@@ -66,95 +46,11 @@ cdef class CompiledKVEventIndex:
         if num_replicas < 0 or num_replicas > MAX_REPLICAS:
             raise ValueError(f"the compiled KV-event index holds 0 to {MAX_REPLICAS} replicas, got {num_replicas}")
         self._n = num_replicas
-        self._cap = 8
-        while self._cap < initial_slots:
-            self._cap *= 2
-        self._slots = <Slot*>calloc(self._cap, sizeof(Slot))
-        if self._slots == NULL:
-            raise MemoryError()
-        self._live = 0
+        _mt_init(&self._t, initial_slots)
         self._entries = [0] * num_replicas
 
     def __dealloc__(self):
-        free(self._slots)
-
-    cdef Py_ssize_t _find(self, uint64_t key) noexcept:
-        """The live slot of ``key``, or -1."""
-        cdef Py_ssize_t m = self._cap - 1
-        cdef Py_ssize_t i = <Py_ssize_t>(_mix(key) & <uint64_t>m)
-        cdef Slot* s
-        while True:
-            s = &self._slots[i]
-            if s.mask == 0:  # (an empty slot: a live hash has a replica)
-                return -1
-            if s.key == key:
-                return i
-            i = (i + 1) & m
-
-    cdef Slot* _insert_slot(self, uint64_t key) except NULL:
-        """The live slot of ``key``, made (mask 0) when absent; may rebuild the table first."""
-        cdef Py_ssize_t m, i
-        cdef Slot* s
-        if (self._live + 1) * 2 > self._cap:
-            self._rebuild()
-        m = self._cap - 1
-        i = <Py_ssize_t>(_mix(key) & <uint64_t>m)
-        while True:
-            s = &self._slots[i]
-            if s.mask == 0:
-                break
-            if s.key == key:
-                return s
-            i = (i + 1) & m
-        s.key = key
-        s.mask = 0
-        self._live += 1
-        return s
-
-    cdef int _rebuild(self) except -1:
-        cdef Py_ssize_t cap = 8, old_cap = self._cap, i, j, m
-        cdef Slot* old = self._slots
-        cdef Slot* new
-        while cap < 4 * (self._live + 1):
-            cap *= 2
-        new = <Slot*>calloc(cap, sizeof(Slot))
-        if new == NULL:
-            raise MemoryError()
-        m = cap - 1
-        for i in range(old_cap):
-            if old[i].mask != 0:
-                j = <Py_ssize_t>(_mix(old[i].key) & <uint64_t>m)
-                while new[j].mask != 0:
-                    j = (j + 1) & m
-                new[j] = old[i]
-        free(old)
-        self._slots = new
-        self._cap = cap
-        return 0
-
-    cdef inline void _drop_bit(self, Py_ssize_t i, uint64_t bit) noexcept:
-        """Take ``bit`` off slot ``i``; the hash leaves the table with its last replica."""
-        cdef Slot* s = &self._slots[i]
-        s.mask &= ~bit
-        if s.mask == 0:
-            self._delete_at(i)
-            self._live -= 1
-
-    cdef void _delete_at(self, Py_ssize_t i) noexcept:
-        """Empty slot ``i`` by backward shift: each later entry of the probe run moves into the
-        hole when its home slot is not cyclically within (hole, entry], so every key stays
-        reachable from its home without passing an empty slot."""
-        cdef Py_ssize_t m = self._cap - 1, j = i, k
-        while True:
-            j = (j + 1) & m
-            if self._slots[j].mask == 0:
-                break
-            k = <Py_ssize_t>(_mix(self._slots[j].key) & <uint64_t>m)
-            if (i < k <= j) if i <= j else (k > i or k <= j):
-                continue  # its home lies after the hole: it must stay
-            self._slots[i] = self._slots[j]
-            i = j
-        self._slots[i].mask = 0
+        free(self._t.slots)
 
     def store(self, int replica, hashes):
         """Changes state: ``BlockStored``."""
@@ -208,7 +104,7 @@ cdef class CompiledKVEventIndex:
         cdef int kind
         cdef Slot* s
         for j in range(min(n, AHEAD)):
-            __builtin_prefetch(&self._slots[_mix(w[j]) & <uint64_t>(self._cap - 1)])
+            _mt_fetch(&self._t, w[j])
         while i < n:
             head = w[i]
             kind = <int>(head & 0xFF)
@@ -224,16 +120,16 @@ cdef class CompiledKVEventIndex:
                 continue
             while i < end:
                 if i + AHEAD < n:
-                    __builtin_prefetch(&self._slots[_mix(w[i + AHEAD]) & <uint64_t>(self._cap - 1)])
+                    _mt_fetch(&self._t, w[i + AHEAD])
                 if kind == EV_STORED:
-                    s = self._insert_slot(w[i])
+                    s = _mt_insert(&self._t, w[i])
                     if not (s.mask & bit):
                         s.mask |= bit
                         delta += 1
                 else:
-                    j = self._find(w[i])
-                    if j >= 0 and self._slots[j].mask & bit:
-                        self._drop_bit(j, bit)
+                    j = _mt_find(&self._t, w[i])
+                    if j >= 0 and self._t.slots[j].mask & bit:
+                        _mt_drop_bit(&self._t, j, bit)
                         delta -= 1
                 i += 1
         self._entries[replica] += delta
@@ -242,7 +138,7 @@ cdef class CompiledKVEventIndex:
         cdef Py_ssize_t i, n = PyList_GET_SIZE(hs), added = 0
         cdef Slot* s
         for i in range(n):
-            s = self._insert_slot(<uint64_t>(<object>PyList_GET_ITEM(hs, i)))
+            s = _mt_insert(&self._t, <uint64_t>(<object>PyList_GET_ITEM(hs, i)))
             if not (s.mask & bit):
                 s.mask |= bit
                 added += 1
@@ -252,9 +148,9 @@ cdef class CompiledKVEventIndex:
     cdef int _remove(self, int replica, uint64_t bit, list hs) except -1:
         cdef Py_ssize_t i, j, n = PyList_GET_SIZE(hs), removed = 0
         for i in range(n):
-            j = self._find(<uint64_t>(<object>PyList_GET_ITEM(hs, i)))
-            if j >= 0 and self._slots[j].mask & bit:
-                self._drop_bit(j, bit)
+            j = _mt_find(&self._t, <uint64_t>(<object>PyList_GET_ITEM(hs, i)))
+            if j >= 0 and self._t.slots[j].mask & bit:
+                _mt_drop_bit(&self._t, j, bit)
                 removed += 1
         self._entries[replica] -= removed
         return 0
@@ -262,17 +158,7 @@ cdef class CompiledKVEventIndex:
     def clear(self, int replica):
         """Changes state: ``AllBlocksCleared`` or the replica left the pool."""
         cdef uint64_t bit = (<uint64_t>1) << self._check(replica)
-        cdef Py_ssize_t i, dropped = 0
-        cdef Slot* s
-        for i in range(self._cap):  # (a deletion would shift entries under the scan: emptied
-            s = &self._slots[i]     # in place, they are left out by the rebuild below)
-            if s.mask & bit:
-                s.mask &= ~bit
-                if s.mask == 0:
-                    dropped += 1
-        if dropped:
-            self._live -= dropped
-            self._rebuild()
+        _mt_clear_bit(&self._t, bit)
         self._entries[replica] = 0
 
     def match(self, hashes, candidates):
@@ -286,8 +172,8 @@ cdef class CompiledKVEventIndex:
         for i in range(n):
             if not active:
                 return out
-            j = self._find(<uint64_t>(<object>PyList_GET_ITEM(hs, i)))
-            mask = self._slots[j].mask if j >= 0 else 0
+            j = _mt_find(&self._t, <uint64_t>(<object>PyList_GET_ITEM(hs, i)))
+            mask = self._t.slots[j].mask if j >= 0 else 0
             held = active & mask
             dropped = active & ~held
             if dropped and i:

@@ -1,0 +1,156 @@
+"""A hash -> bitmask table in C (included by ``compiled_index.pyx`` and ``compiled_active.pyx``):
+the one layout both keep, a 64-bit hash mapped to the bitmask of the replicas (or workers) that
+hold it -- the KV-event index's hash -> replicas (llm-d's ``kvblock`` index, Dynamo's
+``KvIndexer``) and the active blocks' hash -> workers (Dynamo's ``sequences``).
+
+Open addressing, linear probing, power-of-two size; each slot is (hash, mask), 16 bytes, and is
+empty when its mask is 0 (a hash is in the table while some bit of it is set). The slot index
+mixes the hash (SplitMix64's finaliser), so no key pattern clusters the probes. A hash whose last
+bit goes leaves by backward-shift deletion (Knuth's algorithm R: the entries after it in its probe
+run move up when their home allows), so no tombstone lengthens later probes and constant
+insert/delete churn never forces a rebuild; the table is rebuilt (to at least four times the live
+count) only when the live hashes pass half its size, or after a bit is cleared everywhere.
+"""
+
+from libc.stdint cimport uint64_t
+from libc.stdlib cimport calloc, free
+
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) nogil  # (GCC/Clang: a hint, never a fault)
+
+cdef struct Slot:
+    uint64_t key
+    uint64_t mask
+
+cdef struct MaskTable:
+    Slot* slots
+    Py_ssize_t cap   # a power of two
+    Py_ssize_t live  # slots with a nonzero mask
+
+
+cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
+    x ^= x >> 30
+    x *= <uint64_t>0xBF58476D1CE4E5B9
+    x ^= x >> 27
+    x *= <uint64_t>0x94D049BB133111EB
+    x ^= x >> 31
+    return x
+
+
+cdef int _mt_init(MaskTable* t, Py_ssize_t initial_slots) except -1:
+    """An empty table of ``initial_slots`` (rounded up to a power of two, at least 8)."""
+    t.cap = 8
+    while t.cap < initial_slots:
+        t.cap *= 2
+    t.slots = <Slot*>calloc(t.cap, sizeof(Slot))
+    if t.slots == NULL:
+        raise MemoryError()
+    t.live = 0
+    return 0
+
+
+cdef inline void _mt_fetch(MaskTable* t, uint64_t key) noexcept:
+    """Hint: ``key``'s home slot will be read soon."""
+    __builtin_prefetch(&t.slots[<Py_ssize_t>(_mix(key) & <uint64_t>(t.cap - 1))])
+
+
+cdef inline Py_ssize_t _mt_find(MaskTable* t, uint64_t key) noexcept:
+    """The live slot of ``key``, or -1."""
+    cdef Py_ssize_t m = t.cap - 1
+    cdef Py_ssize_t i = <Py_ssize_t>(_mix(key) & <uint64_t>m)
+    cdef Slot* s
+    while True:
+        s = &t.slots[i]
+        if s.mask == 0:  # (an empty slot: a live hash has a bit set)
+            return -1
+        if s.key == key:
+            return i
+        i = (i + 1) & m
+
+
+cdef int _mt_rebuild(MaskTable* t) except -1:
+    """Rehash the live slots into a table of at least four times their count."""
+    cdef Py_ssize_t cap = 8, old_cap = t.cap, i, j, m
+    cdef Slot* old = t.slots
+    cdef Slot* new
+    while cap < 4 * (t.live + 1):
+        cap *= 2
+    new = <Slot*>calloc(cap, sizeof(Slot))
+    if new == NULL:
+        raise MemoryError()
+    m = cap - 1
+    for i in range(old_cap):
+        if old[i].mask != 0:
+            j = <Py_ssize_t>(_mix(old[i].key) & <uint64_t>m)
+            while new[j].mask != 0:
+                j = (j + 1) & m
+            new[j] = old[i]
+    free(old)
+    t.slots = new
+    t.cap = cap
+    return 0
+
+
+cdef inline Slot* _mt_insert(MaskTable* t, uint64_t key) except NULL:
+    """The live slot of ``key``, made (mask 0: the caller sets a bit at once) when absent; may
+    rebuild the table first."""
+    cdef Py_ssize_t m, i
+    cdef Slot* s
+    if (t.live + 1) * 2 > t.cap:
+        _mt_rebuild(t)
+    m = t.cap - 1
+    i = <Py_ssize_t>(_mix(key) & <uint64_t>m)
+    while True:
+        s = &t.slots[i]
+        if s.mask == 0:
+            break
+        if s.key == key:
+            return s
+        i = (i + 1) & m
+    s.key = key
+    s.mask = 0
+    t.live += 1
+    return s
+
+
+cdef void _mt_delete_at(MaskTable* t, Py_ssize_t i) noexcept:
+    """Empty slot ``i`` by backward shift: each later entry of the probe run moves into the hole
+    when its home slot is not cyclically within (hole, entry], so every key stays reachable from
+    its home without passing an empty slot."""
+    cdef Py_ssize_t m = t.cap - 1, j = i, k
+    while True:
+        j = (j + 1) & m
+        if t.slots[j].mask == 0:
+            break
+        k = <Py_ssize_t>(_mix(t.slots[j].key) & <uint64_t>m)
+        if (i < k <= j) if i <= j else (k > i or k <= j):
+            continue  # its home lies after the hole: it must stay
+        t.slots[i] = t.slots[j]
+        i = j
+    t.slots[i].mask = 0
+
+
+cdef inline void _mt_drop_bit(MaskTable* t, Py_ssize_t i, uint64_t bit) noexcept:
+    """Take ``bit`` off slot ``i``; the hash leaves the table with its last bit."""
+    cdef Slot* s = &t.slots[i]
+    s.mask &= ~bit
+    if s.mask == 0:
+        _mt_delete_at(t, i)
+        t.live -= 1
+
+
+cdef int _mt_clear_bit(MaskTable* t, uint64_t bit) except -1:
+    """Take ``bit`` off every slot. A deletion would shift entries under the scan, so the slots
+    are emptied in place and left out by one rebuild (when any emptied)."""
+    cdef Py_ssize_t i, dropped = 0
+    cdef Slot* s
+    for i in range(t.cap):
+        s = &t.slots[i]
+        if s.mask & bit:
+            s.mask &= ~bit
+            if s.mask == 0:
+                dropped += 1
+    if dropped:
+        t.live -= dropped
+        _mt_rebuild(t)
+    return 0
