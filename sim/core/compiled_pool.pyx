@@ -43,18 +43,10 @@ from sim.core.kv_cache_block import make_block_key
 from sim.core.kv_events import AllBlocksCleared, BlockRemoved
 
 cdef inline object _external_hash(object raw):
-    """``external_block_hash(raw)`` (the low 64 bits of the bytes read big-endian), read from the
-    bytes' last 8 in C: a KV event is emitted per stored and per evicted block."""
-    if not PyBytes_Check(raw):
-        return external_block_hash(raw)
-    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(raw)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(raw)
-    cdef Py_ssize_t i = n - 8 if n > 8 else 0
-    cdef uint64_t v = 0
-    while i < n:
-        v = (v << 8) | p[i]
-        i += 1
-    return v
+    """``external_block_hash(raw)`` as a Python int (an event object's hash): ``_ext64``
+    (compiled_pool_events.pxi) reads it from the bytes' last 8 in C -- a KV event is emitted per
+    stored and per evicted block."""
+    return _ext64(raw)
 
 
 # The module is one Cython compilation unit in five files (each under the 400-line house rule):
