@@ -221,15 +221,9 @@ cdef class _TableCore:
 
     @cython.final
     cdef int _push(self, int32_t s) except -1:
-        """``s`` is evictable at its current rank: its entry (the only live one from now)."""
-        cdef Entry e = self._entry(s)
-        if self.fifo_head == self.fifo_tail or not _less(&e, &self.fifo[self.fifo_tail - 1]):
-            self._fifo_append(e)
-        else:
-            _heap_push(&self.heap, e)
-        if self._num_entries() >= 2 * self.num_evictable + 64:
-            self._rebuild()
-        return 0
+        """``s`` is evictable at its current rank: its entry (the only live one from now), on the
+        FIFO when it goes there in order, else on the heap (``_push_stored`` with no group)."""
+        return _push_stored(self, s, None)
 
     cdef int _rebuild(self) except -1:
         """Drop the stale entries: one live entry per evictable chunk, sorted into the FIFO."""

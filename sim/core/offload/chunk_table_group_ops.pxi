@@ -14,9 +14,10 @@ cdef int _group_top(_TableCore t, _Group g) except -1:
     return 0
 
 
-cdef int _push_stored(_TableCore t, int32_t s, _Group g) except -1:
+cdef inline int _push_stored(_TableCore t, int32_t s, _Group g) except -1:
     """``s`` (a completed store) is evictable at its rank: on the FIFO when it goes there in order,
-    else on its request's stack ``g`` when below its top, else on the heap (``_TableCore._push``)."""
+    else on its request's stack ``g`` when below its top, else on the heap (``_TableCore._push``:
+    ``g`` None)."""
     cdef Entry e = t._entry(s)
     if t.fifo_head == t.fifo_tail or not _less(&e, &t.fifo[t.fifo_tail - 1]):
         t._fifo_append(e)
