@@ -316,7 +316,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         if left or self._finished != len(self._trace):
             raise ReplayError(f"cluster replay ended with {left} unfinished requests")
         for r in self.replicas if self.release_engines else ():  # before the tables are built: the
-            r.release()  # pools would otherwise stay alive beside them (the peak RSS of large fleets)
+            r.release(self.pipeline)  # pools would otherwise stay alive beside them (the peak RSS of large fleets)
         return self._result(time.perf_counter() - t0)
 
     def _replica_tables(self, r: Replica) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:

@@ -252,6 +252,14 @@ class KVEventPipeline:
             self.num_events += len(batch)
             self._deliver(replica, batch)
 
+    def detach(self, replica: int) -> None:
+        """Changes state: the run is over: the replica's raw log lets go of the scheduler it tags
+        events with, so a released engine is freed (``Replica.release``). Nothing is lost: every
+        event was taken by then, and a log that is detached takes no more events."""
+        c = self._collected[replica]
+        if _Log is not None and isinstance(c, _Log):
+            c.bind(None)
+
     def drop(self, replica: int) -> None:
         """Changes state: the replica went down: its collected and in-flight events are lost."""
         self._collected[replica].clear()

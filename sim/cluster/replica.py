@@ -51,6 +51,7 @@ from sim.replay.step_runner import StepRunner
 from workloads.trace_format import TraceRequest
 
 if TYPE_CHECKING:  # pragma: no cover
+    from sim.cluster.kv_event_pipeline import KVEventPipeline
     from sim.core.offload.tier import OffloadTier
     from sim.replay.step_runner import Wait
 
@@ -291,10 +292,14 @@ class Replica:
         for rid in held:
             self.rec.forget(rid)
 
-    def release(self) -> None:
+    def release(self, pipeline: KVEventPipeline | None = None) -> None:
         """Changes state: after the run, drop this incarnation's engine -- its pool, tables and
         intake, most of a used replica's memory -- keeping what the results read: ``rec``,
-        ``tier_parts``, ``end_time`` and the eviction count (``total_evictions`` is unchanged)."""
+        ``tier_parts``, ``end_time`` and the eviction count (``total_evictions`` is unchanged).
+        ``pipeline``: the fleet's KV-event pipeline, whose raw log for this replica holds the engine's
+        scheduler (its step tags) and would otherwise keep the whole engine alive."""
+        if pipeline is not None:
+            pipeline.detach(self.index)
         self.num_evictions = self.total_evictions  # (the live engine's folded in: a down one had its own)
         self.released, self.released_built = True, self._scheduler is not None
         self._scheduler = self._intake = self._runner = None
