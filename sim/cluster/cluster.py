@@ -39,22 +39,18 @@ nor torch.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from sim.cluster.cluster_summary import cluster_block
 from sim.cluster.cluster_tier import fleet_tier_summary, replica_tier_summary, tier_row
 from sim.cluster.fleet_attribution import FleetAttributions
+from sim.cluster.fleet_tables import ReplicaTables, replica_tables, table_result
 from sim.cluster.kv_event_pipeline import DelaySampler, KVEventPipeline
 from sim.cluster.kv_store import KVStore
-from sim.cluster.kv_store_summary import apply_store
 from sim.cluster.replica import ClusterHooks, Replica, ReplicaSpec, row_metrics, step_end_times, window_metrics
 from sim.cluster.router import ClusterView, ReplicaMetrics, Router, RouterRequest
 from sim.core.prefix_cache_stats import PrefixCacheStats
@@ -68,6 +64,9 @@ from sim.replay.intake import ARRIVAL_EPS_S
 from sim.replay.metrics import as_frame, finalize_requests, summarize
 from sim.replay.step_runner import Wait
 from workloads.trace_format import TraceRequest
+
+if TYPE_CHECKING:  # pandas is imported by the result's pandas path only (sim.cluster.fleet_tables)
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -154,7 +153,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         self._trace: dict[str, tuple[int, float]] = {}  # request -> (stream index, original arrival)
         self._fault_log: list[tuple[int, float, float | None, int]] = []
         self._finished = 0
-        self._idle_tables: dict[tuple[float, int], tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]] = {}
+        self._idle_tables: dict[tuple[float, int], ReplicaTables] = {}  # (sim.cluster.fleet_tables)
         router.attach(self)
 
     def _sink_for(self, i: int) -> Any:
@@ -320,19 +319,16 @@ class ClusterReplay(ClusterHooks, ClusterView):
         return self._result(time.perf_counter() - t0)
 
     def _replica_tables(self, r: Replica) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-        """Replica ``r``'s request and step frames and its summary (a fresh copy each); a replica
-        that recorded nothing shares one computation per end time and eviction count."""
-        key = (r.end_time, r.total_evictions)
-        if r.rec.is_empty and key in self._idle_tables:
-            rq, st, s = self._idle_tables[key]
-            return rq.copy(), st.copy(), copy.deepcopy(s)
-        rq, st = (as_frame(t) for t in r.rec.tables())
-        s = summarize(rq, st, r.rec.stats, sim_time_s=r.end_time, num_evictions=r.total_evictions)
-        if r.rec.is_empty:
-            self._idle_tables[key] = (rq.copy(), st.copy(), copy.deepcopy(s))
-        return rq, st, s
+        """Replica ``r``'s request and step frames and its summary (a fresh copy each)."""
+        t = replica_tables(r.rec, r.end_time, r.total_evictions, self._idle_tables)
+        return as_frame(t.requests), as_frame(t.steps), t.summary
 
     def _result(self, wall: float) -> ClusterResult:
+        if type(self) is ClusterReplay and (fast := table_result(self, wall, ClusterResult)) is not None:
+            return fast  # the common case from Tables, without pandas (its oracle: the path below)
+        import pandas as pd
+
+        from sim.cluster.cluster_summary import cluster_block
         per: list[ReplayResult] = []
         req_frames: list[pd.DataFrame] = []
         step_frames: list[pd.DataFrame] = []
@@ -394,5 +390,6 @@ class ClusterReplay(ClusterHooks, ClusterView):
         result = ClusterResult(requests, steps, stats, summary, wall, events=[(s, e) for _, s, e in recorded],
                                blocks=blocks, replicas=per, event_replicas=[r for r, _, _ in recorded])
         if self.kv_store is not None:
+            from sim.cluster.kv_store_summary import apply_store
             apply_store(result, per, self.kv_store)
         return result

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from sim.cluster.cluster import ClusterReplay, ClusterResult, Fault
 from sim.cluster.global_router import GlobalMooncakeRouter
@@ -44,7 +42,6 @@ from sim.core.executor import Executor
 from sim.core.scheduler import Scheduler
 from sim.experiment.cluster_store import build_store, store_engine, store_replicas
 from sim.experiment.config import ConfigError, ExperimentConfig, config_from_dict, config_to_dict
-from sim.experiment.disagg_run import disagg_factory
 from sim.experiment.engine_description import EngineDescription, resolve
 from sim.experiment.fleet_memory import FleetMemory, check_fleet_memory, estimate_fleet, request_bound
 from sim.experiment.kv_worker import build_kv_worker
@@ -52,6 +49,9 @@ from sim.experiment.workload import build_workload
 from sim.replay.kv_transfer import LinkKVWorker
 from sim.timing.latency import LatencyModel
 from workloads.registry import Workload
+
+if TYPE_CHECKING:  # pandas: imported where a file is written (a replay that only summarises never does)
+    import pandas as pd
 
 _CAPACITY_KEYS = ("num_gpu_blocks", "kv_cache_gib")
 
@@ -175,7 +175,11 @@ def replay_cluster(
     except ValueError as exc:
         raise ConfigError(f"{cfg.source}: cluster.kv_events.delay_s: {exc}") from None
     # cluster.disaggregation: a prefill and a decode pool (sim.experiment.disagg_run), same arguments
-    make = ClusterReplay if cluster.disaggregation is None else disagg_factory(cfg, engines, build_router)
+    if cluster.disaggregation is None:
+        make: Any = ClusterReplay
+    else:  # (imported here: its summary module imports pandas)
+        from sim.experiment.disagg_run import disagg_factory
+        make = disagg_factory(cfg, engines, build_router)
     replay = make(
         specs, router, workload.requests,
         kv_delay=sampler,
@@ -238,6 +242,8 @@ block rows), one table each with a ``router`` column (``apcsim explain --router 
 def write_cluster_extras(folder: Path, result: ClusterResult) -> None:
     """``replicas.csv`` (one row per replica), when recorded ``kv_events.jsonl`` with the replica
     of each event, and the compared routers' tables of an attributed run (:data:`COMPARED_REQUESTS`)."""
+    import pandas as pd
+
     write_table_csv(folder / "replicas.csv", pd.DataFrame(result.summary["cluster"]["replicas"]))
     if result.compared:
         reqs = pd.concat([r.requests.assign(router=label) for label, r in result.compared], ignore_index=True)

@@ -125,10 +125,12 @@ _LATENCY_INPUTS = ("arrival", "first_scheduled", "first_token", "finish", "outpu
 def finalize_requests(requests: Frame) -> Frame:
     """Add the derived latency columns (seconds): ``ttft``, ``queue_time``, ``e2e``, ``tpot``
     (NaN for a request of one output token). A :class:`Table` whose inputs are numeric arrays
-    gets them from numpy and stays a Table; anything else (a DataFrame, or a Table with ``None``
-    only in a time column: every request rejected) is computed by pandas as a DataFrame -- the
-    same values either way."""
+    gets them from numpy and stays a Table, and so does an empty one (no pandas for an idle fleet
+    replica); anything else (a DataFrame, or a Table with ``None`` only in a time column: every
+    request rejected) is computed by pandas as a DataFrame -- the same values either way."""
     if isinstance(requests, Table):
+        if not len(requests):  # no rows (an idle fleet replica): every column ``object`` either way
+            return requests.with_columns(ttft=[], queue_time=[], e2e=[], tpot=[])
         if not requests.numeric(*_LATENCY_INPUTS):
             return finalize_requests(requests.to_frame())
         arrival, first_token, finish, out = (_values(requests, c) for c in ("arrival", "first_token", "finish",
