@@ -26,7 +26,7 @@ neither simpy nor torch.
 from __future__ import annotations
 
 from collections import Counter, _count_elements  # type: ignore[attr-defined]  # (Counter.update's C loop)
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 _Compiled: Callable[[int], ActiveCounts] | None
@@ -40,11 +40,15 @@ except ImportError:  # pragma: no cover - where the extension is not built
 class ActiveCounts(Protocol):
     """What Dynamo's router asks of its active blocks (:class:`ActiveBlocks` and its compiled twin)."""
 
+    def words(self, hashes: Sequence[int]) -> Sequence[int]: ...
     def acquire(self, worker: int, hashes: Iterable[int]) -> None: ...
     def release(self, worker: int, hashes: Iterable[int]) -> None: ...
     def clear(self, worker: int) -> None: ...
     def num_active(self, worker: int) -> int: ...
     def overlaps(self, hashes: set[int]) -> dict[int, int]: ...
+    def logits(self, hashes: Sequence[int], workers: list[int], overlaps: dict[int, int], prefill_tokens: list[int],
+               isl: int, block_size: int, overlap_credit: float, prefill_load_scale: float,
+               host: dict[int, int] | None = None, host_weight: float = 0.0) -> list[float]: ...
 
 HOLDERS_FROM = 32
 """Fleets of more workers than this keep each active hash's holder mask (see the module docstring)."""
@@ -60,6 +64,11 @@ class ActiveBlocks:
         self.refs: list[dict[int, int]] = [{} for _ in range(num_workers)]
         self.holders: dict[int, int] = {}
         self.keep_holders = num_workers > HOLDERS_FROM if holders_kept is None else holders_kept
+
+    def words(self, hashes: Sequence[int]) -> Sequence[int]:
+        """The hashes in the form this class reads fastest: the list itself (the compiled twin
+        gives an ``array('Q')``)."""
+        return hashes
 
     def acquire(self, worker: int, hashes: Iterable[int]) -> None:
         """Changes state: a request with these prompt hashes is active on ``worker``."""
@@ -133,6 +142,29 @@ class ActiveBlocks:
                 w = low.bit_length() - 1
                 out[w] = out.get(w, 0) + n
                 mask ^= low
+        return out
+
+    def logits(self, hashes: Sequence[int], workers: list[int], overlaps: dict[int, int], prefill_tokens: list[int],
+               isl: int, block_size: int, overlap_credit: float, prefill_load_scale: float,
+               host: dict[int, int] | None = None, host_weight: float = 0.0) -> list[float]:
+        """Query: Dynamo's logit of each of ``workers``, in that order, for a prompt of ``isl`` tokens
+        whose blocks have these hashes (``sim.cluster.dynamo_router``'s docstring, the source):
+        ``prefill_load_scale * max((prefill_tokens[w] + isl) / block_size - credit_w, 0)
+        + num_active(w) + new_blocks_w``, where ``credit_w = overlap_credit * overlaps[w]`` (plus
+        ``host_weight * host[w]`` when ``host`` has entries) and ``new_blocks_w`` is the prompt's
+        blocks (the partial last one included) less those already active on ``w``. Absent keys of
+        ``overlaps`` / ``host`` are 0. The compiled twin computes the same floats."""
+        held = self.overlaps(set(hashes))
+        blocks = -(-isl // block_size)
+        out = []
+        for w in workers:
+            raw_prefill = (prefill_tokens[w] + isl) / block_size
+            credit = overlap_credit * overlaps.get(w, 0)
+            if host:
+                credit += host_weight * host.get(w, 0)
+            prefill = prefill_load_scale * max(raw_prefill - credit, 0.0)
+            # the prompt's blocks not already active there (the partial last block always is new)
+            out.append(prefill + self.num_active(w) + (blocks - held.get(w, 0)))
         return out
 
 

@@ -22,6 +22,17 @@ mixing the keys):
   acquire or release touches one table, and a release looks in ``extra`` only while it is not
   empty.
 
+Dynamo's logit per worker (``logits``: the formula of :meth:`sim.cluster.active_blocks.ActiveBlocks.logits`,
+its oracle) is computed here in one call per request: the prompt's held blocks per worker in one pass
+over its hashes, then the arithmetic per worker on C doubles, operation for operation as the Python
+floats do it (IEEE double, same order; no fused multiply-add: the build targets no FMA unit), so the
+logits -- and the choices made from them -- are equal, not close.
+
+Hashes come as a list of ints or as an ``array('Q')`` (read in place: a request's hashes converted
+once serve its logits, acquire and release). A prompt's hash counts once however often it occurs
+(``overlaps`` of a list equals ``overlaps`` of its set): a found slot is marked with the mask's top
+bit while the pass runs (no worker has it below 64 workers; with 64, the list is made a set first).
+
 Invariants: the worker's reference count of ``h`` is 0 when bit ``w`` of ``holders[h]`` is clear,
 else ``1 + extra.get((h, w), 0)``; ``_distinct[w]`` is the number of hashes with bit ``w`` set.
 Hashes are unsigned 64-bit ints (vLLM's event form,
@@ -30,9 +41,12 @@ Hashes are unsigned 64-bit ints (vLLM's event form,
 from the project.
 """
 
+from cpython cimport array as carray
+from cpython.dict cimport PyDict_GetItem
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.object cimport Py_SIZE, PyObject
 from libc.stdint cimport uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 
 include "mask_table.pxi"
 
@@ -55,27 +69,13 @@ cdef struct Ref:
 
 MAX_WORKERS = 64
 
+cdef uint64_t SEEN = (<uint64_t>1) << 63  # a found slot's mark during one pass (see the module docstring)
+cdef carray.array _WORDS = carray.array("Q")  # the template of words()'s arrays
+
 
 cdef inline uint64_t _ref_slot(uint64_t key, uint32_t worker) noexcept nogil:
     # a worker's copy of a hash lands elsewhere than another worker's (the golden ratio apart)
     return _mix(key ^ ((<uint64_t>worker + 1) * <uint64_t>0x9E3779B97F4A7C15))
-
-
-cdef uint64_t* _words(list hs, Py_ssize_t n) except NULL:
-    """The hashes of ``hs`` as C words (the caller frees them): converted first, so that the table
-    slots of the hashes ahead can be fetched while one is handled (a prompt's hashes are random
-    keys in a table larger than the caches: each is a miss)."""
-    cdef uint64_t* ks = <uint64_t*>malloc((n if n > 0 else 1) * sizeof(uint64_t))
-    cdef Py_ssize_t i
-    if ks == NULL:
-        raise MemoryError()
-    try:
-        for i in range(n):
-            ks[i] = <uint64_t>(<object>PyList_GET_ITEM(hs, i))
-    except BaseException:
-        free(ks)
-        raise
-    return ks
 
 
 cdef class CompiledActiveBlocks:
@@ -87,6 +87,9 @@ cdef class CompiledActiveBlocks:
     cdef MaskTable _h  # hash -> the workers holding it (mask_table.pxi)
     cdef int _n
     cdef Py_ssize_t _distinct[64]
+    cdef uint64_t* _buf          # scratch: a list's hashes as C words (see _keys)
+    cdef Py_ssize_t* _found      # scratch: the slots marked SEEN in one pass (see _held)
+    cdef Py_ssize_t _bufcap
 
     def __cinit__(self, int num_workers, Py_ssize_t initial_slots=1024):
         """``initial_slots``: each table's first size (rounded up to a power of two, at least 8);
@@ -102,6 +105,9 @@ cdef class CompiledActiveBlocks:
         if self._refs == NULL:
             raise MemoryError()
         _mt_init(&self._h, initial_slots)
+        self._buf = NULL
+        self._found = NULL
+        self._bufcap = 0
         self._rlive = self._rused = 0
         for w in range(64):
             self._distinct[w] = 0
@@ -109,6 +115,98 @@ cdef class CompiledActiveBlocks:
     def __dealloc__(self):
         free(self._refs)
         free(self._h.slots)
+        free(self._buf)
+        free(self._found)
+
+    # -- a prompt's hashes as C words -----------------------------------------------------------
+    def words(self, hashes):
+        """The hashes as an ``array('Q')``, the form every method here reads in place (a request's
+        hashes converted once serve its logits, acquire and release; ``array('Q', hashes)``
+        converts each int by the general byte-array path, several times slower)."""
+        cdef Py_ssize_t i, n
+        cdef list hs
+        cdef carray.array out
+        if type(hashes) is carray.array and (<carray.array>hashes).ob_descr.typecode == b'Q':
+            return hashes
+        hs = hashes if type(hashes) is list else list(hashes)
+        n = PyList_GET_SIZE(hs)
+        out = carray.clone(_WORDS, n, False)
+        for i in range(n):
+            out.data.as_ulonglongs[i] = <uint64_t>(<object>PyList_GET_ITEM(hs, i))
+        return out
+
+    cdef int _reserve(self, Py_ssize_t n) except -1:
+        """Both scratch buffers hold at least ``n`` entries."""
+        cdef Py_ssize_t cap = self._bufcap if self._bufcap else 256
+        cdef void* p
+        if n <= self._bufcap:
+            return 0
+        while cap < n:
+            cap *= 2
+        p = realloc(self._buf, cap * sizeof(uint64_t))
+        if p == NULL:
+            raise MemoryError()
+        self._buf = <uint64_t*>p
+        p = realloc(self._found, cap * sizeof(Py_ssize_t))
+        if p == NULL:
+            raise MemoryError()
+        self._found = <Py_ssize_t*>p
+        self._bufcap = cap
+        return 0
+
+    cdef const uint64_t* _keys(self, object hashes, Py_ssize_t* n) except NULL:
+        """The hashes as C words, their count in ``n``: an ``array('Q')``'s own buffer, else the
+        list's (or iterable's) ints converted into the scratch buffer -- converted first, so that
+        the table slots of the hashes ahead can be fetched while one is handled (a prompt's hashes
+        are random keys in a table larger than the caches: each is a miss). Valid until the next
+        call that converts (no Python code runs between)."""
+        cdef carray.array a
+        cdef list hs
+        cdef Py_ssize_t i
+        if type(hashes) is carray.array:
+            a = <carray.array>hashes
+            if a.ob_descr.typecode != b'Q':
+                raise TypeError(f"hashes as an array are an array('Q'), got typecode {a.typecode!r}")
+            n[0] = Py_SIZE(a)
+            return <const uint64_t*>a.data.as_ulonglongs if n[0] else <const uint64_t*>&SEEN
+        hs = hashes if type(hashes) is list else list(hashes)
+        n[0] = PyList_GET_SIZE(hs)
+        self._reserve(n[0] if n[0] else 1)
+        for i in range(n[0]):
+            self._buf[i] = <uint64_t>(<object>PyList_GET_ITEM(hs, i))
+        return self._buf
+
+    cdef int _held(self, object hashes, Py_ssize_t* counts) except -1:
+        """``counts[w]``: how many distinct hashes of ``hashes`` are active on worker ``w``."""
+        cdef Py_ssize_t i, j, n, found = 0
+        cdef uint64_t mask
+        cdef const uint64_t* ks
+        cdef int w
+        for w in range(self._n):
+            counts[w] = 0
+        if self._n == 64 and type(hashes) is not set:  # (SEEN is worker 63's bit: a set dedupes)
+            hashes = set(hashes)
+        ks = self._keys(hashes, &n)
+        self._reserve(n if n else 1)  # (a list's words: reserved by _keys already, so ks stays valid)
+        for i in range(n):
+            if i + AHEAD < n:
+                _mt_fetch(&self._h, ks[i + AHEAD])
+            j = _mt_find(&self._h, ks[i])
+            if j < 0:
+                continue
+            mask = self._h.slots[j].mask
+            if self._n < 64:
+                if mask & SEEN:
+                    continue  # a repeated hash: counted once
+                self._h.slots[j].mask = mask | SEEN
+                self._found[found] = j
+                found += 1
+            while mask:
+                counts[__builtin_ctzll(mask)] += 1
+                mask &= mask - 1
+        for i in range(found):  # (no deletion ran: the marked slots are where they were)
+            self._h.slots[self._found[i]].mask &= ~SEEN
+        return 0
 
     # -- the (hash, worker) -> extra references table ---------------------------------------------------------
     cdef Ref* _ref_insert(self, uint64_t key, uint32_t worker) except NULL:
@@ -179,54 +277,46 @@ cdef class CompiledActiveBlocks:
         """Changes state: a request with these prompt hashes is active on ``worker``."""
         cdef uint32_t w = <uint32_t>self._check(worker)
         cdef uint64_t bit = (<uint64_t>1) << w, key
-        cdef list hs = hashes if type(hashes) is list else list(hashes)
-        cdef Py_ssize_t i, n = PyList_GET_SIZE(hs)
+        cdef Py_ssize_t i, n
         cdef Slot* s
-        cdef uint64_t* ks = _words(hs, n)
-        try:
-            for i in range(n):
-                if i + AHEAD < n:
-                    _mt_fetch(&self._h, ks[i + AHEAD])
-                key = ks[i]
-                s = _mt_insert(&self._h, key)
-                if s.mask & bit:  # held already: one more reference
-                    self._ref_insert(key, w).count += 1
-                else:
-                    s.mask |= bit
-                    self._distinct[w] += 1
-        finally:
-            free(ks)
+        cdef const uint64_t* ks = self._keys(hashes, &n)
+        for i in range(n):
+            if i + AHEAD < n:
+                _mt_fetch(&self._h, ks[i + AHEAD])
+            key = ks[i]
+            s = _mt_insert(&self._h, key)
+            if s.mask & bit:  # held already: one more reference
+                self._ref_insert(key, w).count += 1
+            else:
+                s.mask |= bit
+                self._distinct[w] += 1
 
     def release(self, int worker, hashes):
         """Changes state: a request with these prompt hashes ended on ``worker`` (acquired before;
         a hash the worker does not hold raises KeyError, as the Python class's dict does)."""
         cdef uint32_t w = <uint32_t>self._check(worker)
         cdef uint64_t bit = (<uint64_t>1) << w, key
-        cdef list hs = hashes if type(hashes) is list else list(hashes)
-        cdef Py_ssize_t i, n = PyList_GET_SIZE(hs)
+        cdef Py_ssize_t i, n
         cdef Py_ssize_t j
         cdef Ref* r
-        cdef uint64_t* ks = _words(hs, n)
-        try:
-            for i in range(n):
-                if i + AHEAD < n:
-                    _mt_fetch(&self._h, ks[i + AHEAD])
-                key = ks[i]
-                j = _mt_find(&self._h, key)
-                if j < 0 or not (self._h.slots[j].mask & bit):
-                    raise KeyError(<object>PyList_GET_ITEM(hs, i))
-                if self._rlive:
-                    r = self._ref_find(key, w)
-                    if r != NULL:  # another reference stays
-                        r.count -= 1
-                        if r.count == 0:
-                            r.state = TOMB
-                            self._rlive -= 1
-                        continue
-                _mt_drop_bit(&self._h, j, bit)
-                self._distinct[w] -= 1
-        finally:
-            free(ks)
+        cdef const uint64_t* ks = self._keys(hashes, &n)
+        for i in range(n):
+            if i + AHEAD < n:
+                _mt_fetch(&self._h, ks[i + AHEAD])
+            key = ks[i]
+            j = _mt_find(&self._h, key)
+            if j < 0 or not (self._h.slots[j].mask & bit):
+                raise KeyError(key)
+            if self._rlive:
+                r = self._ref_find(key, w)
+                if r != NULL:  # another reference stays
+                    r.count -= 1
+                    if r.count == 0:
+                        r.state = TOMB
+                        self._rlive -= 1
+                    continue
+            _mt_drop_bit(&self._h, j, bit)
+            self._distinct[w] -= 1
 
     def clear(self, int worker):
         """Changes state: ``worker`` holds nothing (it left the pool)."""
@@ -245,34 +335,49 @@ cdef class CompiledActiveBlocks:
         return self._distinct[self._check(worker)]
 
     def overlaps(self, hashes):
-        """Query: per worker holding any, how many of ``hashes`` (a set: each counted once) are
-        active on it (absent: none), in worker order."""
+        """Query: per worker holding any, how many of ``hashes`` (each distinct hash counted once)
+        are active on it (absent: none), in worker order."""
         cdef Py_ssize_t counts[64]
-        cdef uint64_t mask
-        cdef Py_ssize_t j
         cdef int w
         cdef dict out = {}
-        cdef list hs = hashes if type(hashes) is list else list(hashes)
-        cdef Py_ssize_t i, n = PyList_GET_SIZE(hs)
-        cdef uint64_t* ks = _words(hs, n)
-        for w in range(self._n):
-            counts[w] = 0
-        try:
-            for i in range(n):
-                if i + AHEAD < n:
-                    _mt_fetch(&self._h, ks[i + AHEAD])
-                j = _mt_find(&self._h, ks[i])
-                if j < 0:
-                    continue
-                mask = self._h.slots[j].mask
-                while mask:
-                    counts[__builtin_ctzll(mask)] += 1
-                    mask &= mask - 1
-        finally:
-            free(ks)
+        self._held(hashes, counts)
         for w in range(self._n):
             if counts[w]:
                 out[w] = counts[w]
+        return out
+
+    def logits(self, hashes, list workers not None, dict overlaps not None, list prefill_tokens not None,
+               Py_ssize_t isl,
+               Py_ssize_t block_size, double overlap_credit, double prefill_load_scale, dict host=None,
+               double host_weight=0.0):
+        """Query: Dynamo's logit of each of ``workers``, in that order, for a prompt of ``isl``
+        tokens with these block hashes -- :meth:`sim.cluster.active_blocks.ActiveBlocks.logits`
+        (the formula and its arguments), in one call: its held blocks per worker in one pass, the
+        arithmetic on C doubles in the same order (see the module docstring)."""
+        cdef Py_ssize_t held[64]
+        cdef Py_ssize_t blocks, w
+        cdef double raw, credit, d
+        cdef PyObject* v
+        cdef bint tiers = bool(host)
+        cdef list out = []
+        if block_size <= 0 or isl < 0:
+            raise ValueError(f"block size {block_size} and prompt length {isl}: a positive size, a length >= 0")
+        self._held(hashes, held)
+        blocks = (isl + block_size - 1) // block_size  # -(-isl // bs): the partial last block counts
+        for x in workers:
+            w = self._check(x)
+            v = PyDict_GetItem(overlaps, x)
+            raw = <double>(<Py_ssize_t>prefill_tokens[w] + isl) / <double>block_size
+            credit = overlap_credit * <double>(0 if v == NULL else <Py_ssize_t><object>v)
+            if tiers:
+                v = PyDict_GetItem(host, x)
+                credit += host_weight * <double>(0 if v == NULL else <Py_ssize_t><object>v)
+            d = raw - credit
+            if 0.0 > d:  # max(d, 0.0): d unless 0.0 is greater
+                d = 0.0
+            d = prefill_load_scale * d
+            d = d + <double>self._distinct[w]
+            out.append(d + <double>(blocks - held[w]))
         return out
 
     cdef int _check(self, int worker) except -1:

@@ -27,6 +27,11 @@ placeholder is dropped (``sim.cluster.tier_index.DYNAMO``), so with vLLM's defau
 tier earns no credit. The active-prefill accounting keeps the device overlap; the believed hit is
 ``overlap_w + host_w`` blocks.
 
+The logits of a request are computed in one call per hasher (``ActiveCounts.logits``,
+``sim.cluster.active_blocks``: compiled for up to 64 workers, same floats as the Python oracle), the
+prompt's hashes converted once (``ActiveCounts.words``: an ``array('Q')`` for the compiled twin) for
+the logits, the acquire and the release.
+
 Temperature 0 picks the lowest logit, ties uniformly at random; ``temperature > 0`` samples
 ``softmax(-(logit - min) / ((max - min) * T))``, uniform when all logits are equal.
 Imports neither simpy nor torch.
@@ -48,7 +53,7 @@ from sim.core.kv_events import KVCacheEvent
 @dataclass(slots=True)
 class _Active:
     replica: int
-    hashes: list[int]
+    hashes: Sequence[int]  # the prompt's hashes under the replica's hasher (an array('Q') or a list)
     prefill_tokens: int
 
 
@@ -73,6 +78,7 @@ class DynamoRouter(Router):
         self._active: dict[str, _Active] = {}
         self._blocks = make_active_blocks(n)  # active prompt blocks per worker (sim.cluster.active_blocks)
         self._prefill_tokens = [0] * n
+        self._one_hasher = len({id(h) for h in self.events.group_of}) == 1
 
     def route(self, request: RouterRequest) -> Decision:
         assert self.view is not None
@@ -85,32 +91,39 @@ class DynamoRouter(Router):
             overlaps = {w: m.gpu for w, m in matches.items() if m.gpu}
             host = {w: m.host for w, m in matches.items() if m.host}
         isl = request.prompt_len
+        group_of = self.events.group_of
         logits: dict[int, float] = {}
-        active: dict[int, dict[int, int]] = {}  # per hasher: the prompt's blocks active per worker
-        for w in up:
-            bs = self.view.facts[w].block_size
-            hasher = self.events.group_of[w]
-            held = active.get(id(hasher))
-            if held is None:
-                held = active[id(hasher)] = self._blocks.overlaps(set(request.hashes(hasher)))
-            overlap = overlaps.get(w, 0)
-            raw_prefill = (self._prefill_tokens[w] + isl) / bs
-            credit = self.overlap_credit * overlap
-            if host:
-                credit += self.host_cache_hit_weight * host.get(w, 0)
-            prefill = self.prefill_load_scale * max(raw_prefill - credit, 0.0)
-            # the prompt's blocks not already active there (the partial last block always is new)
-            new_blocks = -(-isl // bs) - held.get(w, 0)
-            logits[w] = prefill + self._blocks.num_active(w) + new_blocks
+        words: Sequence[int] | None = None
+        # per hasher, the logits of its workers in one call (ActiveCounts.logits: the formula)
+        for members in self._by_hasher(up):
+            hasher = group_of[members[0]]
+            hashes: Sequence[int] = request.hashes(hasher)
+            if len(members) == len(up):  # one hasher: its hashes as words serve logits, acquire, release
+                hashes = words = self._blocks.words(hashes)
+            logits.update(zip(members, self._blocks.logits(
+                hashes, members, overlaps, self._prefill_tokens, isl, self.view.facts[members[0]].block_size,
+                self.overlap_credit, self.prefill_load_scale, host, self.host_cache_hit_weight)))
+        if not self._one_hasher:
+            logits = {w: logits[w] for w in up}  # (in up's order, as ties are broken)
         choice = self._pick(logits)
-        hashes = request.hashes(self.events.group_of[choice])
-        self._blocks.acquire(choice, hashes)
+        held: Sequence[int] = words if words is not None else request.hashes(group_of[choice])
+        self._blocks.acquire(choice, held)
         bs = self.view.facts[choice].block_size
         uncached = max(isl - overlaps.get(choice, 0) * bs, 0)
-        self._active[request.request_id] = _Active(choice, hashes, uncached)
+        self._active[request.request_id] = _Active(choice, held, uncached)
         self._prefill_tokens[choice] += uncached
         believed = overlaps.get(choice, 0) + host.get(choice, 0)
         return Decision(choice, self.events.hit_tokens(request, choice, believed))
+
+    def _by_hasher(self, up: list[int]) -> list[list[int]]:
+        """``up`` split by the workers' hashers (each a list in index order; one list, ``up``
+        itself, when every replica hashes alike)."""
+        if self._one_hasher:
+            return [up]
+        by: dict[int, list[int]] = {}
+        for w in up:
+            by.setdefault(id(self.events.group_of[w]), []).append(w)
+        return list(by.values())
 
     def _pick(self, logits: dict[int, float]) -> int:
         if self.temperature <= 0:
