@@ -21,6 +21,10 @@ Raw batches (``raw=True``, for a router whose ``on_kv_events`` only feeds its KV
 events into a :class:`sim.core.compiled_pool.KVEventLog` -- kind and hashes as 64-bit words, in C,
 no Python object per block event -- and its batches are :class:`~sim.core.compiled_pool.RawEventBatch`
 slices of it, cut at the same steps, due at the same times, counted the same (``len``: events).
+A fast-forward window's batches that are due by its end (all of them without a delay) travel as
+one batch, counted as the batches it holds (``publish_rows``): the next delivery -- never before
+the present -- takes them all at once either way, and a raw router's index keeps each replica's
+blocks apart, so it reads the same at every routing instant.
 The event objects stay where something reads more than kind and hashes: recorded events
 (``record``), a replica with a CPU tier (the tiered index reads parent and tokens), the Python
 pool, and every other router; the object path is the raw path's oracle in the tests.
@@ -149,7 +153,8 @@ class KVEventPipeline:
         self.raw = raw and not record and _Log is not None
         self._last_due = [0.0] * num_replicas
         self._epoch = [0] * num_replicas
-        self._in_flight: list[tuple[float, int, int, int, EventBatch]] = []
+        # (due, seq, replica, epoch, batch, batches merged into it: publish_rows)
+        self._in_flight: list[tuple[float, int, int, int, EventBatch, int]] = []
         self._seq = 0
         self.num_batches = 0
         self.num_events = 0
@@ -213,7 +218,7 @@ class KVEventPipeline:
         due = max(end + self.delay(), self._last_due[replica])
         self._last_due[replica] = due
         self._seq += 1
-        heapq.heappush(self._in_flight, (due, self._seq, replica, self._epoch[replica], batch))
+        heapq.heappush(self._in_flight, (due, self._seq, replica, self._epoch[replica], batch, 1))
 
     def publish_rows(self, replica: int, steps: Sequence[int], ends: list[float]) -> None:
         """Changes state: :meth:`publish` for each of a window's steps, in step order (the events
@@ -222,6 +227,9 @@ class KVEventPipeline:
         n = len(steps)
         if len(ends) != n:
             raise ValueError(f"{n} steps but {len(ends)} ends")
+        if n and steps[-1] - steps[0] == n - 1 and _Log is not None and isinstance(c, _Log):
+            self._publish_merged(replica, c, steps, ends)
+            return
         if n and steps[-1] - steps[0] == n - 1:
             # a window's rows (consecutive step indexes): the row that publishes the front event
             # is found from its tag, the first row whose step reaches it -- a Python step per
@@ -241,14 +249,54 @@ class KVEventPipeline:
             if front <= step:
                 self.publish(replica, step, end)
 
+    def _publish_merged(self, replica: int, log: KVEventLog, steps: Sequence[int], ends: list[float]) -> None:
+        """:meth:`publish_rows` of a window's rows (consecutive steps) on a raw log, the batches
+        that are due by the window's end merged into one (a raw router only feeds its index, whose
+        replicas' bits are independent, so what it reads at a routing instant is the same): each
+        row that publishes draws its delay and gets its due as in :meth:`publish`, in row order
+        (the same draws); while those dues are at most the window's end -- the present, so every
+        later delivery takes all of them at once, in the same order -- their events travel as one
+        batch, due at the first one's due and counted as that many batches; the rest (a delay
+        past the window's end) are published one by one, as before."""
+        first, last, bound = steps[0], steps[-1], ends[-1]
+        # the rows that publish: the first whose step reaches each event's tag (earlier tags: row 0);
+        # the tags never decrease, so their distinct values come in order
+        rows: list[int] = []
+        for t in dict.fromkeys(log.tags()):
+            if t > last:
+                break
+            j = t - first if t > first else 0
+            if not rows or rows[-1] != j:
+                rows.append(j)
+        merged, head_due = 0, 0.0
+        for i, j in enumerate(rows):
+            due = max(ends[j] + self.delay(), self._last_due[replica])
+            self._last_due[replica] = due
+            if due > bound:  # (dues never decrease: the rest are past the window's end too)
+                if merged:
+                    self._push(replica, head_due, log.take(steps[rows[i - 1]]), merged)
+                    merged = 0
+                self._push(replica, due, log.take(steps[j]), 1)
+                continue
+            if not merged:
+                head_due = due
+            merged += 1
+        if merged:
+            self._push(replica, head_due, log.take(last), merged)
+
+    def _push(self, replica: int, due: float, batch: EventBatch | None, count: int) -> None:
+        assert batch is not None
+        self._seq += 1
+        heapq.heappush(self._in_flight, (due, self._seq, replica, self._epoch[replica], batch, count))
+
     def deliver_until(self, now: float) -> None:
         """Changes state: hand the router every batch due by ``now``, in due order."""
         heap = self._in_flight
         while heap and heap[0][0] <= now:
-            _, _, replica, epoch, batch = heapq.heappop(heap)
+            _, _, replica, epoch, batch, count = heapq.heappop(heap)
             if epoch != self._epoch[replica]:
                 continue  # sent by an incarnation that crashed since
-            self.num_batches += 1
+            self.num_batches += count
             self.num_events += len(batch)
             self._deliver(replica, batch)
 
