@@ -316,3 +316,38 @@ def test_compiled_pool_gives_the_same_simulation_as_the_python_pool(sc, algo):
         assert [s.new_block_ids for s in x.output.scheduled] == [s.new_block_ids for s in y.output.scheduled]
     assert [event_to_dict(e) for e in sa.event_sink] == [event_to_dict(e) for e in sb.event_sink]
     assert sa.kv_cache_manager.block_pool.num_evictions == sb.kv_cache_manager.block_pool.num_evictions
+
+
+class _Keyed:
+    """A request stand-in holding raw keys (``cache_full_blocks`` reads its ``block_hashes``)."""
+
+    def __init__(self, keys: list[bytes]) -> None:
+        self.request_id = "k"
+        self.block_hashes = keys
+
+
+# 16-byte keys (their own digest) and 20-byte ones (folded, compared in full), sharing prefixes
+_KEYS = [bytes([i]) * 16 for i in range(1, 9)] + [bytes([i]) * 20 for i in range(1, 5)]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(n_blocks=st.integers(4, 8), rounds=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 2**30)), max_size=60))
+def test_compiled_pool_deletes_emptied_keys_keeping_every_probe_run(n_blocks, rounds):
+    """Up to 7 live keys in a 16-slot table churn: a key whose last block is reused leaves the table
+    at once (backward-shift deletion), moving later keys of its probe run back. After every round
+    each pool has the same state, every key is found under the same blocks, no used slot is left
+    without blocks (``check_integrity``), and the table's used slots are exactly the live keys."""
+    pools = (BlockPool(n_blocks), CompiledBlockPool(n_blocks))
+    for k, seed in rounds:
+        keys = [_KEYS[(seed >> (4 * i)) % len(_KEYS)] for i in range(k)]
+        for p in pools:
+            if p.get_num_free_blocks() < k:
+                continue
+            blocks = p.get_new_blocks(k)
+            p.cache_full_blocks(_Keyed(keys), blocks, 0, k, BS)  # (the hot path: a list of blocks)
+            p.free_blocks(blocks if seed % 2 else blocks[::-1])
+            p.check_integrity()
+        assert _state(pools[0]) == _state(pools[1]), (k, seed)
+        for key in _KEYS:
+            assert pools[0].cached_block_hash_to_block.block_ids(key) == pools[1].cached_block_hash_to_block.block_ids(
+                key), key

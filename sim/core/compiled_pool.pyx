@@ -11,9 +11,9 @@ state in C arrays:
   key is its own digest; other lengths are folded to 128 bits and compared in full on a digest
   match), each slot holding a doubly linked list of the blocks cached under it, first-inserted
   first (vLLM keeps every block per hash);
-* eviction is lazy: a reused block is unlinked from its list in O(1), but the key stays in the
-  table with an empty list -- a lookup of it checks the list and misses -- until the table is
-  rebuilt (when used slots pass half its size), so an eviction never probes or deletes;
+* eviction unlinks a reused block from its list in O(1); a key left with no block is deleted
+  from the table then (backward-shift deletion: no tombstones, so the table never needs a rebuild
+  to drop dead keys -- it is rebuilt only when the pool grows);
 * range APIs: ``get_new_blocks(n)``, ``cache_full_blocks`` over a range, ``free_blocks`` and
   ``longest_cached_prefix(keys, max_blocks)`` are one call each;
 * it grows with the blocks it touches: a block's object and C state are made when it is first
@@ -30,9 +30,9 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_Check, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_INCREF, PyObject
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Realloc
-from libc.string cimport memcmp, memcpy, memmove
+from libc.string cimport memcmp, memcpy, memmove, memset
 
 from collections.abc import Set
 
@@ -177,21 +177,21 @@ cdef class CompiledBlockPool(_PoolQueue):
         inserted (the slots are random: waiting on one cache miss at a time would dominate)."""
         cdef uint64_t k0[GROUP]
         cdef uint64_t k1[GROUP]
-        cdef int32_t home[GROUP]
+        cdef uint32_t spread[GROUP]
         cdef int i = start, g, m
         cdef CompiledBlock blk
         while i < stop:
             m = stop - i if stop - i < GROUP else GROUP
             for g in range(m):
                 _digest(<object>PyList_GET_ITEM(hashes, i + g), &k0[g], &k1[g])
-                home[g] = self._home(k0[g], k1[g])
-                __builtin_prefetch(&self._slots[home[g]])
+                spread[g] = _spread(k0[g], k1[g])
+                __builtin_prefetch(&self._slots[spread[g] & <uint32_t>self._tmask])
                 __builtin_prefetch(PyList_GET_ITEM(blocks, i + g))
             for g in range(m):
                 blk = <CompiledBlock?><object>PyList_GET_ITEM(blocks, i + g)  # checked: needs an object
                 if blk._key is not None:
                     raise AssertionError(f"block {blk.block_id} already cached")
-                self._insert_at(blk, <object>PyList_GET_ITEM(hashes, i + g), k0[g], k1[g], home[g])
+                self._insert_at(blk, <object>PyList_GET_ITEM(hashes, i + g), k0[g], k1[g], spread[g])
                 self.num_cached_blocks += 1
             i += m
 
@@ -260,11 +260,14 @@ cdef class CompiledBlockPool(_PoolQueue):
 
     cdef inline void _prefetch_pop(self, int32_t bid) noexcept:
         """Start fetching what popping ``bid`` touches: its block object and, when it is cached,
-        its key's table slot (for writing: the eviction unlinks the block from the slot's list)."""
+        its key's table slot and the next (for writing: the eviction unlinks the block from the
+        slot's list, and deletes an emptied key)."""
         cdef int32_t slot = self._link[bid].slot
         __builtin_prefetch(PyList_GET_ITEM(self.blocks, bid))
         if slot != NONE:
             __builtin_prefetch(&self._slots[slot], 1)
+            # and the next slot's: a key left without blocks is deleted, which reads on from there
+            __builtin_prefetch(&self._slots[(slot + 1) & self._tmask], 1)
 
     def touch(self, blocks):
         """Take a reference on hit blocks, unlinking free ones from the queue (they keep their hash)."""

@@ -9,7 +9,9 @@ Every array grows with the blocks the pool has handed out, not with ``num_gpu_bl
 slots, so a pool that used a few hundred of its blocks holds a few hundred blocks' state (taken
 with ``PyMem_*``, so ``tracemalloc`` counts it). A table
 that grows is rebuilt at the new size; its slot order is nowhere observable (the Python pool's
-dict has another order, and every result is the same with either pool).
+dict has another order, and every result is the same with either pool). A key whose last block
+is evicted leaves the table at once (backward-shift deletion, ``_delete_slot``), so the table
+holds only live keys: at most half its slots, and no rebuild ever runs to drop dead ones.
 """
 
 
@@ -102,7 +104,7 @@ cdef class _PoolIndex:
 
     cdef inline int32_t _home(self, uint64_t k0, uint64_t k1) noexcept:
         """The slot a key's probe starts at."""
-        return <int32_t>(_mix(k0 ^ (k1 * GOLD)) & <uint64_t>self._tmask)
+        return <int32_t>(_spread(k0, k1) & <uint32_t>self._tmask)
 
     cdef inline int32_t _probe(self, uint64_t k0, uint64_t k1, Py_ssize_t n, object key, bint* found) except -2:
         return self._probe_at(self._home(k0, k1), k0, k1, n, key, found)
@@ -142,9 +144,8 @@ cdef class _PoolIndex:
         return -1 if s < 0 else self._slots[s].head
 
     cdef void _rebuild(self, int32_t cap) except *:
-        """Drop the keys whose list is empty (lazy evictions), into a table of ``cap`` slots (the
-        same size, or a larger one when the pool grows): a live key holds a cached block, so at
-        most a quarter of the slots are live (``_table_size``)."""
+        """Move every key into a table of ``cap`` slots (a larger one: the pool grew, so
+        ``_table_size`` did); every used slot holds a key with blocks (``_delete_slot``)."""
         cdef Slot* old = self._slots
         cdef list okeys = self._tkeys
         cdef int32_t old_cap = self._tcap, s, t, b
@@ -169,23 +170,23 @@ cdef class _PoolIndex:
         """Cache ``blk`` under ``key`` after any block already there (no de-duplication)."""
         cdef uint64_t k0 = 0, k1 = 0
         _digest(key, &k0, &k1)
-        self._insert_at(blk, key, k0, k1, self._home(k0, k1))
+        self._insert_at(blk, key, k0, k1, _spread(k0, k1))
 
-    cdef void _insert_at(self, CompiledBlock blk, object key, uint64_t k0, uint64_t k1, int32_t home) except *:
-        """:meth:`_insert` with the key's digest and home slot already computed."""
+    cdef void _insert_at(self, CompiledBlock blk, object key, uint64_t k0, uint64_t k1, uint32_t spread) except *:
+        """:meth:`_insert` with the key's digest and ``_spread`` already computed."""
         cdef bint found
         cdef Py_ssize_t n = PyBytes_GET_SIZE(key)
         cdef int32_t s, bid = blk.block_id, tail
         cdef Slot* t
-        s = self._probe_at(home, k0, k1, n, key, &found)
+        s = self._probe_at(<int32_t>(spread & <uint32_t>self._tmask), k0, k1, n, key, &found)
         if not found:
-            if (self._tn_used + 1) * 2 > self._tcap:
-                self._rebuild(self._tcap)
-                s = self._probe(k0, k1, n, key, &found)
+            # (no rebuild here: every used slot holds a cached block's key, and the table has at
+            # least 2x the slots of the blocks handed out -- _table_size, kept by _PoolQueue._grow)
             t = &self._slots[s]
             t.k0 = k0
             t.k1 = k1
             t.klen = <int32_t>n
+            t.spread = spread
             t.head = t.tail = NONE
             if n != 16:
                 self._set_tkey(s, key)
@@ -204,7 +205,7 @@ cdef class _PoolIndex:
         blk._key = key
 
     cdef void _unlink_hash(self, CompiledBlock blk) noexcept:
-        """Remove ``blk`` from its key's list (the key stays in the table: lazy eviction)."""
+        """Remove ``blk`` from its key's list, and the key from the table when no block is left."""
         cdef int32_t bid = blk.block_id
         cdef Link* l = &self._link[bid]
         cdef Slot* t = &self._slots[l.slot]
@@ -218,8 +219,39 @@ cdef class _PoolIndex:
             self._link[l.hnext].hprev = l.hprev
         if t.head == NONE:
             self._tlive -= 1
+            self._delete_slot(l.slot)
         l.hprev = l.hnext = l.slot = NONE
         blk._key = None
+
+    cdef void _delete_slot(self, int32_t s) noexcept:
+        """Empty slot ``s`` (its list just became empty) by backward-shift deletion: each key of the
+        probe run after it that may sit earlier (its home slot is not between the hole and it, going
+        round) moves back into the hole, which moves on to its old slot, until an empty slot ends
+        the run. Linear probing then still finds every key, and the table keeps no dead keys (no
+        tombstones, so no rebuild to drop them: an eviction is paid when it happens)."""
+        cdef int32_t hole = s, j = s, mask = self._tmask, b
+        cdef Slot* t
+        cdef list tkeys = self._tkeys
+        while True:
+            j = (j + 1) & mask
+            t = &self._slots[j]
+            if t.klen == 0:
+                break
+            # distance home -> j at least hole -> j: the home is at or before the hole
+            if ((j - <int32_t>(t.spread & <uint32_t>mask)) & mask) >= ((j - hole) & mask):
+                self._slots[hole] = t[0]
+                if tkeys is not None:
+                    tkeys[hole] = tkeys[j]
+                b = t.head
+                self._link[b].slot = hole
+                while b != t.tail:  # (the tail test first: most lists hold one block, whose
+                    b = self._link[b].hnext  # links then are only written, never waited for)
+                    self._link[b].slot = hole
+                hole = j
+        memset(&self._slots[hole], 0, sizeof(Slot))
+        if tkeys is not None:
+            tkeys[hole] = None
+        self._tn_used -= 1
 
     cdef void _evict(self, CompiledBlock blk, object reason=EVICT_REUSED) except *:
         """Drop a cached block's hash, emitting ``BlockRemoved`` with a sink (the observer is told

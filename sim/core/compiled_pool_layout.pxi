@@ -49,6 +49,11 @@ cdef inline void _digest(object key, uint64_t* k0, uint64_t* k1) except *:
     k1[0] = b
 
 
+cdef inline uint32_t _spread(uint64_t k0, uint64_t k1) noexcept nogil:
+    """A digest's table hash: its home slot is the low bits (``& mask``), at every table size."""
+    return <uint32_t>_mix(k0 ^ (k1 * GOLD))
+
+
 @cython.no_gc
 cdef class CompiledBlock:
     """One KV block's metadata (the fields of ``KVCacheBlock``; ``block_hash`` is read-only: the
@@ -61,12 +66,10 @@ cdef class CompiledBlock:
     cdef readonly bint is_null
     cdef object _key  # the map key while cached, else None
 
-    def __cinit__(self, int block_id):
+    # (no __cinit__: a new object's C fields are zero and its key None; the pool makes its blocks
+    # with _new_block, which skips the argument parsing of a call -- a fleet makes one per block)
+    def __init__(self, int block_id):
         self.block_id = block_id
-        self.ref_cnt = 0
-        self.group_id = 0
-        self.is_null = False
-        self._key = None
 
     @property
     def block_hash(self):
@@ -74,6 +77,13 @@ cdef class CompiledBlock:
 
     def __repr__(self):
         return f"KVCacheBlock(id={self.block_id}, ref={self.ref_cnt}, cached={self._key is not None})"
+
+
+cdef inline CompiledBlock _new_block(int32_t block_id):
+    """A new unused block (``CompiledBlock(block_id)`` without the call's argument parsing)."""
+    cdef CompiledBlock blk = CompiledBlock.__new__(CompiledBlock)
+    blk.block_id = block_id
+    return blk
 
 
 ctypedef struct Link:
@@ -85,20 +95,21 @@ ctypedef struct Link:
 
 
 ctypedef struct Slot:
-    # one table slot: the key's 128-bit digest and length (0: empty), its block list (empty: a
-    # tombstone, see compiled_pool_index.pxi)
+    # one table slot: the key's 128-bit digest and length (0: empty), its block list (never empty
+    # in a used slot: an emptied key is deleted, see compiled_pool_index.pxi)
     uint64_t k0
     uint64_t k1
     int32_t klen
     int32_t head
     int32_t tail
-    int32_t pad
+    uint32_t spread  # _spread(k0, k1): the home slot is its low bits (a deletion reads it)
 
 
 cdef int32_t _table_size(int num_gpu_blocks):
-    """A power of two at least 4x the blocks (a cached block holds one key): at most a quarter live."""
+    """A power of two at least 2x the blocks: a cached block holds one key and an emptied key is
+    deleted at once, so at most half the slots are used (linear probing stays short)."""
     cdef int32_t cap = 16
-    while cap < 4 * num_gpu_blocks:
+    while cap < 2 * num_gpu_blocks:
         cap *= 2
     return cap
 

@@ -88,7 +88,7 @@ cdef class _PoolQueue(_PoolIndex):
         stop = self._next_virgin + take
         self._grow(stop)
         for i in range(len(self.blocks), stop):
-            self.blocks.append(CompiledBlock(i))
+            self.blocks.append(_new_block(i))
 
     # -- the ring -----------------------------------------------------------------------------
     cdef inline void _unlink_free(self, int32_t bid) noexcept:
@@ -208,7 +208,7 @@ cdef class _PoolQueue(_PoolIndex):
         assert 0 < self._next_virgin <= self._cap <= self.num_gpu_blocks, (self._next_virgin, self._cap)
         assert len(self.blocks) == self._next_virgin, (len(self.blocks), self._next_virgin)
         assert self._rmask + 1 >= 2 * self._cap or self._cap == self.num_gpu_blocks, "ring smaller than 2x blocks"
-        assert self._tcap >= 4 * self._cap or self._cap == self.num_gpu_blocks, "table smaller than 4x blocks"
+        assert self._tcap >= 2 * self._cap, "table smaller than 2x blocks"
         assert 0 <= self._rtail - self._rhead <= self._rmask + 1, "free-queue ring overfull"
         if run:
             assert self._rhead <= self._vpos <= self._rtail, (self._rhead, self._vpos, self._rtail)
@@ -266,8 +266,9 @@ cdef class _PoolQueue(_PoolIndex):
             assert (tkey is None) == (self._slots[s].klen == 16), f"slot {s} key object"
             prev = NONE
             b = self._slots[s].head
-            if b != NONE:
-                n_live += 1
+            assert b != NONE, f"slot {s} holds a key without blocks (deleted keys leave no slot)"
+            assert self._slots[s].spread == _spread(self._slots[s].k0, self._slots[s].k1), f"slot {s} spread"
+            n_live += 1
             while b != NONE:
                 assert self._link[b].hprev == prev and self._link[b].slot == s, f"hash list broken at block {b}"
                 _digest(self._block(b)._key, &k0, &k1)
