@@ -104,6 +104,50 @@ def test_it_grows_rebuilds_and_deletes_like_the_oracle() -> None:
     assert [c.num_entries(r) for r in range(3)] == [py.num_entries(r) for r in range(3)] == [5_000, 0, 6_667]
 
 
+def test_tables_past_2_mib_in_their_own_mapping_answer_as_the_oracle() -> None:
+    """Past 2 MiB a table has its own huge-page mapping (``mask_table.pxi``): grown into it, shrunk
+    out of it by a clear's rebuild, grown again -- the answers stay the oracle's."""
+    py, c = KVEventIndex(3), CompiledKVEventIndex(3)
+    big = CompiledKVEventIndex(3, initial_slots=1 << 18)  # (starts at 4 MiB)
+    for idx in (py, c, big):
+        idx.store(0, range(0, 600_000, 2))   # 300,000 live: 2**21 slots, 32 MiB
+        idx.store(1, range(1, 200_000, 3))
+        idx.remove(0, range(0, 300_000, 4))
+        idx.clear(0)                         # rebuilt for 66,667 live: 4 MiB
+        idx.store(2, range(5, 400_000, 7))
+    probe = [*range(0, 60), *range(299_990, 300_010), 2**64 - 1]
+    assert c.match(probe, [0, 1, 2]) == big.match(probe, [0, 1, 2]) == py.match(probe, [0, 1, 2])
+    assert [c.num_entries(r) for r in range(3)] == [big.num_entries(r) for r in range(3)] \
+        == [py.num_entries(r) for r in range(3)] == [0, 66_667, 57_143]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0, 0, 1, 1, 2]), st.lists(HASHES, max_size=40)),
+                max_size=30))
+def test_a_long_raw_batch_applies_as_its_calls(events: list[tuple]) -> None:
+    """``apply_raw`` (every word through the lookahead ring, headers too) leaves the index as the
+    store/remove/clear calls of its events do; a cleared event's words, if any, are skipped."""
+    from array import array
+
+    py, c = KVEventIndex(4), CompiledKVEventIndex(4, initial_slots=8)
+    for replica in range(4):
+        words = array("Q")
+        for r, kind, hashes in events:
+            if r != replica:
+                continue
+            words.append(kind | len(hashes) << 8)
+            words.extend(hashes)
+            if kind == 0:
+                py.store(replica, hashes)
+            elif kind == 1:
+                py.remove(replica, hashes)
+            else:
+                py.clear(replica)
+        c.apply_raw(replica, words)
+    assert [c.num_entries(r) for r in range(4)] == [py.num_entries(r) for r in range(4)]
+    assert [c.match([h], range(4)) for h in UNIVERSE] == [py.match([h], range(4)) for h in UNIVERSE]
+
+
 def test_replica_numbers_are_checked_and_large_fleets_get_the_python_index() -> None:
     c = CompiledKVEventIndex(4)
     with pytest.raises(IndexError, match="replica 4"):

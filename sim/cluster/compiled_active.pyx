@@ -54,9 +54,6 @@ cdef extern from *:
     int __builtin_ctzll(unsigned long long x) nogil  # (GCC/Clang: the lowest set bit's index)
 
 cdef enum:
-    AHEAD = 8  # hashes read ahead: the table slots of the next ones are fetched while one is handled
-
-cdef enum:
     EMPTY = 0
     LIVE = 1
     TOMB = 2
@@ -74,7 +71,8 @@ cdef carray.array _WORDS = carray.array("Q")  # the template of words()'s arrays
 
 
 cdef inline uint64_t _ref_slot(uint64_t key, uint32_t worker) noexcept nogil:
-    # a worker's copy of a hash lands elsewhere than another worker's (the golden ratio apart)
+    # (key: a hash mixed, as the holders table keeps it) a worker's copy of a hash lands elsewhere
+    # than another worker's (the golden ratio apart)
     return _mix(key ^ ((<uint64_t>worker + 1) * <uint64_t>0x9E3779B97F4A7C15))
 
 
@@ -114,7 +112,7 @@ cdef class CompiledActiveBlocks:
 
     def __dealloc__(self):
         free(self._refs)
-        free(self._h.slots)
+        _mt_free(&self._h)
         free(self._buf)
         free(self._found)
 
@@ -180,6 +178,7 @@ cdef class CompiledActiveBlocks:
         """``counts[w]``: how many distinct hashes of ``hashes`` are active on worker ``w``."""
         cdef Py_ssize_t i, j, n, found = 0
         cdef uint64_t mask
+        cdef uint64_t ring[RING]
         cdef const uint64_t* ks
         cdef int w
         for w in range(self._n):
@@ -188,10 +187,9 @@ cdef class CompiledActiveBlocks:
             hashes = set(hashes)
         ks = self._keys(hashes, &n)
         self._reserve(n if n else 1)  # (a list's words: reserved by _keys already, so ks stays valid)
+        _mt_start(&self._h, ring, ks, n)
         for i in range(n):
-            if i + AHEAD < n:
-                _mt_fetch(&self._h, ks[i + AHEAD])
-            j = _mt_find(&self._h, ks[i])
+            j = _mt_find(&self._h, _mt_next(&self._h, ring, ks, i, n))
             if j < 0:
                 continue
             mask = self._h.slots[j].mask
@@ -277,13 +275,13 @@ cdef class CompiledActiveBlocks:
         """Changes state: a request with these prompt hashes is active on ``worker``."""
         cdef uint32_t w = <uint32_t>self._check(worker)
         cdef uint64_t bit = (<uint64_t>1) << w, key
+        cdef uint64_t ring[RING]
         cdef Py_ssize_t i, n
         cdef Slot* s
         cdef const uint64_t* ks = self._keys(hashes, &n)
+        _mt_start(&self._h, ring, ks, n)
         for i in range(n):
-            if i + AHEAD < n:
-                _mt_fetch(&self._h, ks[i + AHEAD])
-            key = ks[i]
+            key = _mt_next(&self._h, ring, ks, i, n)
             s = _mt_insert(&self._h, key)
             if s.mask & bit:  # held already: one more reference
                 self._ref_insert(key, w).count += 1
@@ -296,17 +294,19 @@ cdef class CompiledActiveBlocks:
         a hash the worker does not hold raises KeyError, as the Python class's dict does)."""
         cdef uint32_t w = <uint32_t>self._check(worker)
         cdef uint64_t bit = (<uint64_t>1) << w, key
+        cdef uint64_t ring[RING]
         cdef Py_ssize_t i, n
         cdef Py_ssize_t j
         cdef Ref* r
         cdef const uint64_t* ks = self._keys(hashes, &n)
+        for i in range(0, n, 8):  # (a request's words were made at its routing: cold by its end)
+            __builtin_prefetch(&ks[i])
+        _mt_start(&self._h, ring, ks, n)
         for i in range(n):
-            if i + AHEAD < n:
-                _mt_fetch(&self._h, ks[i + AHEAD])
-            key = ks[i]
+            key = _mt_next(&self._h, ring, ks, i, n)
             j = _mt_find(&self._h, key)
             if j < 0 or not (self._h.slots[j].mask & bit):
-                raise KeyError(key)
+                raise KeyError(ks[i])
             if self._rlive:
                 r = self._ref_find(key, w)
                 if r != NULL:  # another reference stays

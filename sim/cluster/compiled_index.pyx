@@ -28,7 +28,6 @@ cdef enum:
     EV_STORED = 0  # the raw event kinds of sim.core.compiled_pool's KVEventLog
     EV_REMOVED = 1
     EV_CLEARED = 2
-    AHEAD = 16  # words whose table slots are fetched ahead of their turn in apply_raw
 
 MAX_REPLICAS = 64
 
@@ -50,7 +49,7 @@ cdef class CompiledKVEventIndex:
         self._entries = [0] * num_replicas
 
     def __dealloc__(self):
-        free(self._t.slots)
+        _mt_free(&self._t)
 
     def store(self, int replica, hashes):
         """Changes state: ``BlockStored``."""
@@ -93,52 +92,52 @@ cdef class CompiledKVEventIndex:
         event a header word, ``kind | count << 8``, then its hashes) in order -- ``store`` for a
         stored event, ``remove`` for a removed one, ``clear`` for a cleared one: the calls
         ``apply`` makes for the same events as objects, without an object or a list per event.
-        Each word's table slot is fetched ``AHEAD`` words before its turn (the hashes are
-        random: one cache miss at a time would dominate)."""
+        Each word's table slot is fetched ``RING`` words before its turn (``mask_table.pxi``:
+        the hashes are random, one cache miss at a time would dominate)."""
         cdef uint64_t bit = (<uint64_t>1) << self._check(replica)
         if words.ob_descr.typecode != b'Q':
             raise TypeError(f"raw KV-event words are an array('Q'), got typecode {words.typecode!r}")
         cdef const uint64_t* w = <const uint64_t*>words.data.as_ulonglongs
-        cdef Py_ssize_t n = len(words), i = 0, j, k, end, delta = 0
-        cdef uint64_t head
-        cdef int kind
+        cdef Py_ssize_t n = len(words), i, j, left = 0, delta = 0
+        cdef uint64_t key
+        cdef uint64_t ring[RING]
+        cdef int kind = EV_STORED
         cdef Slot* s
-        for j in range(min(n, AHEAD)):
-            _mt_fetch(&self._t, w[j])
-        while i < n:
-            head = w[i]
-            kind = <int>(head & 0xFF)
-            k = <Py_ssize_t>(head >> 8)
-            i += 1
-            end = i + k
-            if end > n or kind > EV_CLEARED:
-                raise ValueError(f"malformed raw KV-event words at word {i - 1} of {n}")
-            if kind == EV_CLEARED:
-                self._entries[replica] += delta
-                delta = 0
-                self.clear(replica)
+        for i in range(0, n, 8):  # (the batch's words, written at its step: cold by its delivery)
+            __builtin_prefetch(&w[i])
+        # every word goes through the ring, headers too (mixed for nothing: the ring stays in step)
+        _mt_start(&self._t, ring, w, n)
+        for i in range(n):
+            key = _mt_next(&self._t, ring, w, i, n)
+            if left == 0:  # a header: kind | count << 8
+                kind = <int>(w[i] & 0xFF)
+                left = <Py_ssize_t>(w[i] >> 8)
+                if left > n - 1 - i or kind > EV_CLEARED:
+                    raise ValueError(f"malformed raw KV-event words at word {i} of {n}")
+                if kind == EV_CLEARED:
+                    self._entries[replica] += delta
+                    delta = 0
+                    self.clear(replica)
                 continue
-            while i < end:
-                if i + AHEAD < n:
-                    _mt_fetch(&self._t, w[i + AHEAD])
-                if kind == EV_STORED:
-                    s = _mt_insert(&self._t, w[i])
-                    if not (s.mask & bit):
-                        s.mask |= bit
-                        delta += 1
-                else:
-                    j = _mt_find(&self._t, w[i])
-                    if j >= 0 and self._t.slots[j].mask & bit:
-                        _mt_drop_bit(&self._t, j, bit)
-                        delta -= 1
-                i += 1
+            left -= 1
+            if kind == EV_STORED:
+                s = _mt_insert(&self._t, key)
+                if not (s.mask & bit):
+                    s.mask |= bit
+                    delta += 1
+            elif kind == EV_REMOVED:
+                j = _mt_find(&self._t, key)
+                if j >= 0 and self._t.slots[j].mask & bit:
+                    _mt_drop_bit(&self._t, j, bit)
+                    delta -= 1
+            # (a cleared event's words, if it had any, say nothing: skipped, as RawEventBatch.runs does)
         self._entries[replica] += delta
 
     cdef int _store(self, int replica, uint64_t bit, list hs) except -1:
         cdef Py_ssize_t i, n = PyList_GET_SIZE(hs), added = 0
         cdef Slot* s
         for i in range(n):
-            s = _mt_insert(&self._t, <uint64_t>(<object>PyList_GET_ITEM(hs, i)))
+            s = _mt_insert(&self._t, _mix(<uint64_t>(<object>PyList_GET_ITEM(hs, i))))
             if not (s.mask & bit):
                 s.mask |= bit
                 added += 1
@@ -148,7 +147,7 @@ cdef class CompiledKVEventIndex:
     cdef int _remove(self, int replica, uint64_t bit, list hs) except -1:
         cdef Py_ssize_t i, j, n = PyList_GET_SIZE(hs), removed = 0
         for i in range(n):
-            j = _mt_find(&self._t, <uint64_t>(<object>PyList_GET_ITEM(hs, i)))
+            j = _mt_find(&self._t, _mix(<uint64_t>(<object>PyList_GET_ITEM(hs, i))))
             if j >= 0 and self._t.slots[j].mask & bit:
                 _mt_drop_bit(&self._t, j, bit)
                 removed += 1
@@ -172,7 +171,7 @@ cdef class CompiledKVEventIndex:
         for i in range(n):
             if not active:
                 return out
-            j = _mt_find(&self._t, <uint64_t>(<object>PyList_GET_ITEM(hs, i)))
+            j = _mt_find(&self._t, _mix(<uint64_t>(<object>PyList_GET_ITEM(hs, i))))
             mask = self._t.slots[j].mask if j >= 0 else 0
             held = active & mask
             dropped = active & ~held

@@ -3,24 +3,68 @@ the one layout both keep, a 64-bit hash mapped to the bitmask of the replicas (o
 hold it -- the KV-event index's hash -> replicas (llm-d's ``kvblock`` index, Dynamo's
 ``KvIndexer``) and the active blocks' hash -> workers (Dynamo's ``sequences``).
 
-Open addressing, linear probing, power-of-two size; each slot is (hash, mask), 16 bytes, and is
-empty when its mask is 0 (a hash is in the table while some bit of it is set). The slot index
-mixes the hash (SplitMix64's finaliser), so no key pattern clusters the probes. A hash whose last
-bit goes leaves by backward-shift deletion (Knuth's algorithm R: the entries after it in its probe
-run move up when their home allows), so no tombstone lengthens later probes and constant
-insert/delete churn never forces a rebuild; the table is rebuilt (to at least four times the live
-count) only when the live hashes pass half its size, or after a bit is cleared everywhere.
+Open addressing, linear probing, power-of-two size; each slot is (key, mask), 16 bytes, and is
+empty when its mask is 0 (a hash is in the table while some bit of it is set). The key is the hash
+MIXED (SplitMix64's finaliser, ``_mix``: a bijection of 64-bit words, so two keys are equal iff
+their hashes are), and a key's home slot is its low bits: no hash pattern clusters the probes, and
+the moves of a deletion and of a rebuild read a slot's home from the slot, without mixing again.
+The functions below take mixed keys; a caller mixes each hash once (``_mt_start``/``_mt_next``
+mix a run of hashes ``RING`` ahead of their turn and fetch their home slots meanwhile: each is a
+cache miss in a table larger than the caches). A hash whose last bit goes leaves by backward-shift
+deletion (Knuth's algorithm R: the entries after it in its probe run move up when their home
+allows), so no tombstone lengthens later probes and constant insert/delete churn never forces a
+rebuild; the table is rebuilt (to at least four times the live count) only when the live hashes
+pass half its size, or after a bit is cleared everywhere.
+
+A table of 2 MiB or more has its own mapping, aligned to 2 MiB and advised to the kernel for huge
+pages (``madvise(MADV_HUGEPAGE)``, Linux; the default ``transparent_hugepage=madvise`` gives them
+only to memory that asks): a fleet's index is tens of MiB probed at random, and with 4 KiB pages
+nearly every probe missed the TLB too (its page walk stalled the very prefetch meant to hide the
+miss). Elsewhere, or below 2 MiB, plain ``calloc``; both are zeroed, both freed by ``_mt_free``.
 """
 
 from libc.stdint cimport uint64_t
-from libc.stdlib cimport calloc, free
 
 cdef extern from *:
     void __builtin_prefetch(const void* addr) nogil  # (GCC/Clang: a hint, never a fault)
 
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <stdlib.h>
+    #include <sys/mman.h>
+    #define APC_MT_HUGE ((size_t)2 << 20)
+    /* bytes zeroed: calloc below 2 MiB; else an anonymous mapping aligned to 2 MiB (the slack
+       around it unmapped) and advised for huge pages where the system has them */
+    static void* apc_mt_alloc(size_t bytes) {
+        char *raw, *p;
+        size_t head;
+        if (bytes < APC_MT_HUGE) return calloc(bytes, 1);
+        raw = (char*)mmap(NULL, bytes + APC_MT_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == (char*)MAP_FAILED) return NULL;
+        p = (char*)(((uintptr_t)raw + APC_MT_HUGE - 1) & ~(uintptr_t)(APC_MT_HUGE - 1));
+        head = (size_t)(p - raw);
+        if (head) munmap(raw, head);
+        munmap(p + bytes, APC_MT_HUGE - head);
+    #ifdef MADV_HUGEPAGE
+        madvise(p, bytes, MADV_HUGEPAGE);
+    #endif
+        return p;
+    }
+    static void apc_mt_free(void* p, size_t bytes) {
+        if (p == NULL) return;
+        if (bytes < APC_MT_HUGE) free(p); else munmap(p, bytes);
+    }
+    """
+    void* apc_mt_alloc(size_t bytes) nogil
+    void apc_mt_free(void* p, size_t bytes) nogil
+
 cdef struct Slot:
-    uint64_t key
+    uint64_t key   # the hash, mixed (_mix)
     uint64_t mask
+
+cdef enum:
+    RING = 16  # hashes mixed and fetched ahead of their turn (a power of two: _mt_next)
 
 cdef struct MaskTable:
     Slot* slots
@@ -42,22 +86,48 @@ cdef int _mt_init(MaskTable* t, Py_ssize_t initial_slots) except -1:
     t.cap = 8
     while t.cap < initial_slots:
         t.cap *= 2
-    t.slots = <Slot*>calloc(t.cap, sizeof(Slot))
+    t.slots = <Slot*>apc_mt_alloc(t.cap * sizeof(Slot))
     if t.slots == NULL:
         raise MemoryError()
     t.live = 0
     return 0
 
 
+cdef void _mt_free(MaskTable* t) noexcept:
+    """Release the table's slots (the owner's ``__dealloc__``)."""
+    apc_mt_free(t.slots, t.cap * sizeof(Slot))
+    t.slots = NULL
+
+
 cdef inline void _mt_fetch(MaskTable* t, uint64_t key) noexcept:
-    """Hint: ``key``'s home slot will be read soon."""
-    __builtin_prefetch(&t.slots[<Py_ssize_t>(_mix(key) & <uint64_t>(t.cap - 1))])
+    """Hint: mixed ``key``'s home slot will be read soon."""
+    __builtin_prefetch(&t.slots[<Py_ssize_t>(key & <uint64_t>(t.cap - 1))])
+
+
+cdef inline void _mt_start(MaskTable* t, uint64_t* ring, const uint64_t* hs, Py_ssize_t n) noexcept:
+    """Begin a run over the ``n`` hashes ``hs``: the first ``RING`` mixed into ``ring``, their home
+    slots fetched. Then ``_mt_next`` for ``i = 0, 1, ..., n - 1``, each once and in order."""
+    cdef Py_ssize_t j
+    for j in range(n if n < RING else RING):
+        ring[j] = _mix(hs[j])
+        _mt_fetch(t, ring[j])
+
+
+cdef inline uint64_t _mt_next(MaskTable* t, uint64_t* ring, const uint64_t* hs, Py_ssize_t i,
+                              Py_ssize_t n) noexcept:
+    """``hs[i]`` mixed (from ``ring``), after mixing ``hs[i + RING]`` into its place and fetching
+    its home slot. Valid across a rebuild: a mixed key does not depend on the table's size."""
+    cdef uint64_t key = ring[i & (RING - 1)]
+    if i + RING < n:
+        ring[i & (RING - 1)] = _mix(hs[i + RING])
+        _mt_fetch(t, ring[i & (RING - 1)])
+    return key
 
 
 cdef inline Py_ssize_t _mt_find(MaskTable* t, uint64_t key) noexcept:
-    """The live slot of ``key``, or -1."""
+    """The live slot of mixed ``key``, or -1."""
     cdef Py_ssize_t m = t.cap - 1
-    cdef Py_ssize_t i = <Py_ssize_t>(_mix(key) & <uint64_t>m)
+    cdef Py_ssize_t i = <Py_ssize_t>(key & <uint64_t>m)
     cdef Slot* s
     while True:
         s = &t.slots[i]
@@ -75,31 +145,31 @@ cdef int _mt_rebuild(MaskTable* t) except -1:
     cdef Slot* new
     while cap < 4 * (t.live + 1):
         cap *= 2
-    new = <Slot*>calloc(cap, sizeof(Slot))
+    new = <Slot*>apc_mt_alloc(cap * sizeof(Slot))
     if new == NULL:
         raise MemoryError()
     m = cap - 1
     for i in range(old_cap):
         if old[i].mask != 0:
-            j = <Py_ssize_t>(_mix(old[i].key) & <uint64_t>m)
+            j = <Py_ssize_t>(old[i].key & <uint64_t>m)
             while new[j].mask != 0:
                 j = (j + 1) & m
             new[j] = old[i]
-    free(old)
+    apc_mt_free(old, old_cap * sizeof(Slot))
     t.slots = new
     t.cap = cap
     return 0
 
 
 cdef inline Slot* _mt_insert(MaskTable* t, uint64_t key) except NULL:
-    """The live slot of ``key``, made (mask 0: the caller sets a bit at once) when absent; may
-    rebuild the table first."""
+    """The live slot of mixed ``key``, made (mask 0: the caller sets a bit at once) when absent;
+    may rebuild the table first."""
     cdef Py_ssize_t m, i
     cdef Slot* s
     if (t.live + 1) * 2 > t.cap:
         _mt_rebuild(t)
     m = t.cap - 1
-    i = <Py_ssize_t>(_mix(key) & <uint64_t>m)
+    i = <Py_ssize_t>(key & <uint64_t>m)
     while True:
         s = &t.slots[i]
         if s.mask == 0:
@@ -122,7 +192,7 @@ cdef void _mt_delete_at(MaskTable* t, Py_ssize_t i) noexcept:
         j = (j + 1) & m
         if t.slots[j].mask == 0:
             break
-        k = <Py_ssize_t>(_mix(t.slots[j].key) & <uint64_t>m)
+        k = <Py_ssize_t>(t.slots[j].key & <uint64_t>m)
         if (i < k <= j) if i <= j else (k > i or k <= j):
             continue  # its home lies after the hole: it must stay
         t.slots[i] = t.slots[j]
