@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from sim.cluster.active_blocks import make_active_blocks
 from sim.cluster.kv_view import EventCacheView
-from sim.cluster.router import ClusterView, Decision, Router, RouterRequest, argbest
+from sim.cluster.router import ClusterView, Decision, Router, RouterRequest
 from sim.cluster.tier_index import DYNAMO
 from sim.core.kv_events import KVCacheEvent
 
@@ -81,66 +81,74 @@ class DynamoRouter(Router):
         self._one_hasher = len({id(h) for h in self.events.group_of}) == 1
 
     def route(self, request: RouterRequest) -> Decision:
-        assert self.view is not None
-        up = self.view.up()
+        view = self.view
+        assert view is not None
+        up = view.up()
+        events = self.events
         host: dict[int, int] = {}
-        if self.events.tiers is None:
-            overlaps = self.events.match_blocks(request, up)
-        else:
-            matches = self.events.match_tiers(request, up)
-            overlaps = {w: m.gpu for w, m in matches.items() if m.gpu}
-            host = {w: m.host for w, m in matches.items() if m.host}
-        isl = request.prompt_len
-        group_of = self.events.group_of
-        logits: dict[int, float] = {}
         words: Sequence[int] | None = None
-        # per hasher, the logits of its workers in one call (ActiveCounts.logits: the formula)
-        for members in self._by_hasher(up):
-            hasher = group_of[members[0]]
-            hashes: Sequence[int] = request.hashes(hasher)
-            if len(members) == len(up):  # one hasher: its hashes as words serve logits, acquire, release
-                hashes = words = self._blocks.words(hashes)
-            logits.update(zip(members, self._blocks.logits(
-                hashes, members, overlaps, self._prefill_tokens, isl, self.view.facts[members[0]].block_size,
-                self.overlap_credit, self.prefill_load_scale, host, self.host_cache_hit_weight)))
-        if not self._one_hasher:
-            logits = {w: logits[w] for w in up}  # (in up's order, as ties are broken)
-        choice = self._pick(logits)
-        held: Sequence[int] = words if words is not None else request.hashes(group_of[choice])
+        if events.tiers is None and self._one_hasher:
+            # the common fleet (every replica hashes alike, no CPU tier): the prompt's hashes once,
+            # as words for the logits, the acquire and the release (EventCacheView.match_blocks's
+            # one group, without grouping)
+            hashes = request.hashes(events.group_of[0])
+            overlaps = events.index.match(hashes, up)
+            words = self._blocks.words(hashes)
+            logits = self._blocks.logits(words, up, overlaps, self._prefill_tokens, request.prompt_len,
+                                         view.facts[0].block_size, self.overlap_credit, self.prefill_load_scale)
+        else:
+            if events.tiers is None:
+                overlaps = events.match_blocks(request, up)
+            else:
+                matches = events.match_tiers(request, up)
+                overlaps = {w: m.gpu for w, m in matches.items() if m.gpu}
+                host = {w: m.host for w, m in matches.items() if m.host}
+            logits = self._grouped_logits(request, up, overlaps, host)
+        choice = self._pick(up, logits)
+        held: Sequence[int] = words if words is not None else request.hashes(events.group_of[choice])
         self._blocks.acquire(choice, held)
-        bs = self.view.facts[choice].block_size
-        uncached = max(isl - overlaps.get(choice, 0) * bs, 0)
+        bs = view.facts[choice].block_size
+        uncached = max(request.prompt_len - overlaps.get(choice, 0) * bs, 0)
         self._active[request.request_id] = _Active(choice, held, uncached)
         self._prefill_tokens[choice] += uncached
         believed = overlaps.get(choice, 0) + host.get(choice, 0)
-        return Decision(choice, self.events.hit_tokens(request, choice, believed))
+        return Decision(choice, events.hit_tokens(request, choice, believed))
 
-    def _by_hasher(self, up: list[int]) -> list[list[int]]:
-        """``up`` split by the workers' hashers (each a list in index order; one list, ``up``
-        itself, when every replica hashes alike)."""
-        if self._one_hasher:
-            return [up]
+    def _grouped_logits(self, request: RouterRequest, up: list[int], overlaps: dict[int, int],
+                        host: dict[int, int]) -> list[float]:
+        """The logits of ``up``'s workers, in its order: one ``ActiveCounts.logits`` call per hasher
+        (a mixed fleet hashes each group's way), with CPU-tier credit where ``host`` has any."""
+        assert self.view is not None
+        group_of = self.events.group_of
         by: dict[int, list[int]] = {}
         for w in up:
-            by.setdefault(id(self.events.group_of[w]), []).append(w)
-        return list(by.values())
+            by.setdefault(id(group_of[w]), []).append(w)
+        out: dict[int, float] = {}
+        for members in by.values():
+            out.update(zip(members, self._blocks.logits(
+                request.hashes(group_of[members[0]]), members, overlaps, self._prefill_tokens, request.prompt_len,
+                self.view.facts[members[0]].block_size, self.overlap_credit, self.prefill_load_scale, host,
+                self.host_cache_hit_weight)))
+        return [out[w] for w in up]
 
-    def _pick(self, logits: dict[int, float]) -> int:
+    def _pick(self, workers: list[int], logits: list[float]) -> int:
+        """The worker of the lowest logit, ties uniformly at random (temperature 0), else a softmax
+        sample (see the module docstring); ``logits[i]`` is ``workers[i]``'s."""
+        lo = min(logits)
         if self.temperature <= 0:
-            return argbest(logits, self, lowest=True)
-        lo, hi = min(logits.values()), max(logits.values())
-        items = list(logits.items())
+            return self.pick_random([w for w, c in zip(workers, logits) if c == lo])
+        hi = max(logits)
         if hi == lo:
-            return self.pick_random([w for w, _ in items])
+            return self.pick_random(workers)
         scale = 1.0 / ((hi - lo) * self.temperature)
-        weights = [math.exp(-(c - lo) * scale) for _, c in items]
+        weights = [math.exp(-(c - lo) * scale) for c in logits]
         u = self.rng.random() * sum(weights)
         acc = 0.0
-        for (w, _), p in zip(items, weights):
+        for w, p in zip(workers, weights):
             acc += p
             if u <= acc:
                 return w
-        return items[-1][0]
+        return workers[-1]
 
     def on_first_token(self, request_id: str, replica: int) -> None:
         a = self._active.get(request_id)
