@@ -59,7 +59,7 @@ compiled_active = pytest.importorskip("sim.cluster.compiled_active", reason="com
 
 
 @settings(max_examples=80, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), workers=st.sampled_from([1, 3, 16, 64]))
+@given(seed=st.integers(0, 2**32 - 1), workers=st.sampled_from([1, 3, 16, 31, 32, 40, 64]))
 def test_compiled_twin_answers_as_the_python_class(seed: int, workers: int) -> None:
     """Call for call on random streams (small tables: probing, tombstones and rebuilds happen),
     hashes spread over the whole 64-bit range as vLLM's event form is."""

@@ -61,7 +61,7 @@ def _state(rng: random.Random, workers: int, pool: list[int], blocks: list[Activ
 
 
 @settings(max_examples=150, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), workers=st.sampled_from([1, 3, 16, 63, 64]))
+@given(seed=st.integers(0, 2**32 - 1), workers=st.sampled_from([1, 3, 16, 31, 32, 63, 64]))
 def test_compiled_logits_are_the_python_floats(seed: int, workers: int) -> None:
     rng = random.Random(seed)
     oracle = ActiveBlocks(workers)

@@ -3,6 +3,7 @@
 from collections.abc import Iterable, Sequence
 
 MAX_WORKERS: int
+FLAGGED: int
 
 class CompiledActiveBlocks:
     def __init__(self, num_workers: int, initial_slots: int = 1024) -> None: ...

@@ -10,17 +10,16 @@ in Python that was a set intersection per worker (16 per request in a 16-replica
 millisecond for a Mooncake prompt of 500 blocks), or a holder mask kept by a Python loop per block.
 Here one pass over the prompt reads each hash's holder mask from a C table.
 
-Layout: two open-addressing tables (linear probing, power-of-two sizes, SplitMix64's finaliser
-mixing the keys):
+Layout: two open-addressing tables (linear probing, power-of-two sizes, keys mixed):
 
 * ``holders``: hash -> the bitmask of the workers holding it (never 0: the last holder deletes it),
-  ``mask_table.pxi``'s table, shared with ``sim.cluster.compiled_index`` (backward-shift
-  deletion); a worker's bit stands for its first reference to the block;
+  ``mask_table.pxi``'s table, shared with ``sim.cluster.compiled_index``; a worker's bit stands for
+  its first reference to the block. Up to ``FLAGGED`` workers, bit ``32 + w`` says that worker
+  ``w`` holds it more than once (has an ``extra`` entry), so a release looks in ``extra`` only
+  for those hashes (before: for every released hash while ``extra`` was not empty);
 * ``extra``: (hash, worker) -> the worker's references beyond the first (never 0; tombstones for
-  deletions, rebuilt when live plus tombstone slots pass half the size), for blocks that
-  several active requests of one worker share (a common prefix); most blocks have none, so an
-  acquire or release touches one table, and a release looks in ``extra`` only while it is not
-  empty.
+  deletions, rebuilt when live plus tombstone slots pass half the size), for blocks that several
+  active requests of one worker share (a common prefix).
 
 Dynamo's logit per worker (``logits``: the formula of :meth:`sim.cluster.active_blocks.ActiveBlocks.logits`,
 its oracle) is computed here in one call per request: the prompt's held blocks per worker in one pass
@@ -65,6 +64,7 @@ cdef struct Ref:
     unsigned char state
 
 MAX_WORKERS = 64
+FLAGGED = 31  # fleets of up to this many workers flag multiple references in the holder masks
 
 cdef uint64_t SEEN = (<uint64_t>1) << 63  # a found slot's mark during one pass (see the module docstring)
 cdef carray.array _WORDS = carray.array("Q")  # the template of words()'s arrays
@@ -84,6 +84,7 @@ cdef class CompiledActiveBlocks:
     cdef Py_ssize_t _rcap, _rlive, _rused
     cdef MaskTable _h  # hash -> the workers holding it (mask_table.pxi)
     cdef int _n
+    cdef uint64_t _hmask         # the holder bits of a mask (the flags and SEEN are above them)
     cdef Py_ssize_t _distinct[64]
     cdef uint64_t* _buf          # scratch: a list's hashes as C words (see _keys)
     cdef Py_ssize_t* _found      # scratch: the slots marked SEEN in one pass (see _held)
@@ -96,6 +97,7 @@ cdef class CompiledActiveBlocks:
         if num_workers < 0 or num_workers > MAX_WORKERS:
             raise ValueError(f"the compiled active blocks hold 0 to {MAX_WORKERS} workers, got {num_workers}")
         self._n = num_workers
+        self._hmask = ((<uint64_t>1) << num_workers) - 1 if num_workers < 64 else ~(<uint64_t>0)
         self._rcap = 8
         while self._rcap < initial_slots:
             self._rcap *= 2
@@ -192,11 +194,11 @@ cdef class CompiledActiveBlocks:
             j = _mt_find(&self._h, _mt_next(&self._h, ring, ks, i, n))
             if j < 0:
                 continue
-            mask = self._h.slots[j].mask
+            mask = self._h.slots[j].mask & self._hmask
             if self._n < 64:
-                if mask & SEEN:
+                if self._h.slots[j].mask & SEEN:
                     continue  # a repeated hash: counted once
-                self._h.slots[j].mask = mask | SEEN
+                self._h.slots[j].mask |= SEEN
                 self._found[found] = j
                 found += 1
             while mask:
@@ -274,7 +276,7 @@ cdef class CompiledActiveBlocks:
     def acquire(self, int worker, hashes):
         """Changes state: a request with these prompt hashes is active on ``worker``."""
         cdef uint32_t w = <uint32_t>self._check(worker)
-        cdef uint64_t bit = (<uint64_t>1) << w, key
+        cdef uint64_t bit = (<uint64_t>1) << w, key, xbit = self._xbit(w)
         cdef uint64_t ring[RING]
         cdef Py_ssize_t i, n
         cdef Slot* s
@@ -283,8 +285,9 @@ cdef class CompiledActiveBlocks:
         for i in range(n):
             key = _mt_next(&self._h, ring, ks, i, n)
             s = _mt_insert(&self._h, key)
-            if s.mask & bit:  # held already: one more reference
+            if s.mask & bit:  # held already: one more reference (flagged in the mask)
                 self._ref_insert(key, w).count += 1
+                s.mask |= xbit
             else:
                 s.mask |= bit
                 self._distinct[w] += 1
@@ -293,7 +296,7 @@ cdef class CompiledActiveBlocks:
         """Changes state: a request with these prompt hashes ended on ``worker`` (acquired before;
         a hash the worker does not hold raises KeyError, as the Python class's dict does)."""
         cdef uint32_t w = <uint32_t>self._check(worker)
-        cdef uint64_t bit = (<uint64_t>1) << w, key
+        cdef uint64_t bit = (<uint64_t>1) << w, key, xbit = self._xbit(w)
         cdef uint64_t ring[RING]
         cdef Py_ssize_t i, n
         cdef Py_ssize_t j
@@ -307,13 +310,14 @@ cdef class CompiledActiveBlocks:
             j = _mt_find(&self._h, key)
             if j < 0 or not (self._h.slots[j].mask & bit):
                 raise KeyError(ks[i])
-            if self._rlive:
+            if (self._h.slots[j].mask & xbit) if xbit else self._rlive:
                 r = self._ref_find(key, w)
                 if r != NULL:  # another reference stays
                     r.count -= 1
                     if r.count == 0:
                         r.state = TOMB
                         self._rlive -= 1
+                        self._h.slots[j].mask &= ~xbit
                     continue
             _mt_drop_bit(&self._h, j, bit)
             self._distinct[w] -= 1
@@ -327,7 +331,7 @@ cdef class CompiledActiveBlocks:
             if self._refs[i].state == LIVE and self._refs[i].worker == w:
                 self._refs[i].state = TOMB
                 self._rlive -= 1
-        _mt_clear_bit(&self._h, bit)
+        _mt_clear_bit(&self._h, bit | self._xbit(w))
         self._distinct[w] = 0
 
     def num_active(self, int worker):
@@ -379,6 +383,10 @@ cdef class CompiledActiveBlocks:
             d = d + <double>self._distinct[w]
             out.append(d + <double>(blocks - held[w]))
         return out
+
+    cdef inline uint64_t _xbit(self, uint32_t w) noexcept:
+        """Worker ``w``'s more-than-once flag in a holder mask (0: not flagged in this fleet)."""
+        return (<uint64_t>1) << (32 + w) if self._n <= FLAGGED else 0
 
     cdef int _check(self, int worker) except -1:
         if worker < 0 or worker >= self._n:
