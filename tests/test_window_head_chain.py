@@ -1,8 +1,7 @@
 """A decode window whose steps hand out blocks of the refused waiting head's hit chain
 (``sim.replay.window_apply``): the head is looked up again from the pool after such a step, and the
-window equals the plain loop (tables, prefix-cache stats, KV events, free queue). The chain's ids
-are collected only when an allocation evicted something (the pool's ``num_evictions`` grew): the
-spy checks that these cases -- re-walks after evicting allocations -- are actually played.
+window equals the plain loop (tables, prefix-cache stats, KV events, free queue); the spy checks
+that such re-walks are actually played.
 Interpreted only for the spy (a compiled window_apply is not patched); the equality runs either way."""
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ def test_windows_handing_out_the_heads_chain_equal_the_plain_loop(case: int, see
     assert s_plain.kv_cache_manager.block_pool.free_block_ids() == s_fast.kv_cache_manager.block_pool.free_block_ids()
 
 
-def test_re_walks_after_evicting_allocations_are_played(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_re_walks_of_the_heads_chain_are_played(monkeypatch: pytest.MonkeyPatch) -> None:
     if not window_apply_mod.__file__.endswith(".py"):
         pytest.skip("window_apply is compiled: its calls cannot be spied on")
     state = {"in_window": False, "walks": 0, "windows": 0}

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from itertools import chain
 
-from sim.core.kv_cache_coordinator import NO_HITS, HitBlocks
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler import Scheduler
 from sim.replay.decode_window import Window
@@ -81,12 +80,8 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     head = window.lookup_head
     # The head's lookup (recorded in PrefixCacheStats, then refused -- see decode_window's docstring)
     # only changes when a block of its hit chain is handed out again; walk it again only then.
-    # ids of the blocks of the head's hit chain, made when first needed: only an allocation that
-    # hands out a cached block (it evicts: the pool's num_evictions grows) can take one of them
-    head_chain: set[int] | None = None
-    hit_blocks: HitBlocks = NO_HITS
+    head_chain: set[int] = set()  # ids of the blocks of the head's hit chain
     head_hits = -1
-    evictions = pool.num_evictions
     n_free, n_cached = pool.get_num_free_blocks(), pool.num_cached_blocks
     if head is None:  # no lookup: only the steps with block operations do anything
         _play_ops(scheduler, events, frees, cached, k, n_free, n_cached)
@@ -98,19 +93,15 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
                 for kind, r, arg in step_ops:
                     if kind == 0:
                         new_blocks = kvm.allocate_new_blocks(r.request_id, arg)
-                        if head_hits > 0 and pool.num_evictions != evictions:
-                            evictions = pool.num_evictions
-                            if head_chain is None:  # (C loops: hits run long)
-                                head_chain = set(map(id, chain.from_iterable(hit_blocks)))
-                            if not head_chain.isdisjoint(map(id, new_blocks)):
-                                head_hits = -1
+                        if head_chain and not head_chain.isdisjoint(map(id, new_blocks)):
+                            head_hits = -1
                     else:
                         kvm.cache_blocks(r, arg)
                 n_free, n_cached = pool.get_num_free_blocks(), pool.num_cached_blocks
             if window.lookups[j]:  # (a lookup changes neither gauge)
                 if head_hits < 0:
                     hit_blocks, head_hits = kvm.get_computed_blocks(head)
-                    head_chain, evictions = None, pool.num_evictions
+                    head_chain = set(map(id, chain.from_iterable(hit_blocks)))  # (C loops: hits run long)
                 else:
                     kvm.repeat_lookup(head, head_hits)
             frees.append(n_free)
