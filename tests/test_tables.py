@@ -355,3 +355,32 @@ def test_a_numeric_table_takes_a_range_as_its_values(first, k, floats_before) ->
     by_range.extend(range(first, first + k), [2.5] * k)
     by_list.extend(list(range(first, first + k)), [2.5] * k)
     assert_frame_equal(by_range.to_table().to_frame(), by_list.to_table().to_frame())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(numeric_rows(), st.lists(st.integers(1, 5), max_size=6)), min_size=1, max_size=4),
+       st.integers(2, 5))
+def test_joined_numeric_tables_are_their_tables_concatenated(cases, chunk_rows) -> None:
+    """join_numeric (a fleet's step columns in one copy) against each table's to_table, concatenated:
+    the same columns when every table types a column alike, else None -- chunks cut every few rows."""
+    import sim.replay.column_table as column_table
+
+    names = ("a", "b")
+    old = column_table.NUMERIC_CHUNK_ROWS
+    column_table.NUMERIC_CHUNK_ROWS = chunk_rows
+    try:
+        tables = []
+        for (_, rows), cuts in cases:
+            rows = [(r[0], r[-1]) for r in rows] or [(1, 2.5)]  # two columns from the drawn ones
+            tables.append(_numeric_tables(names, rows, cuts)[1])
+    finally:
+        column_table.NUMERIC_CHUNK_ROWS = old
+    joined = column_table.join_numeric(tables)
+    parts = [t.to_table() for t in tables]
+    same = all(len({p[n].dtype for p in parts}) == 1 for n in names)
+    assert (joined is not None) == same
+    if joined is not None:
+        for n, col in zip(names, joined, strict=True):
+            want = np.concatenate([p[n] for p in parts])
+            assert col.dtype == want.dtype
+            np.testing.assert_array_equal(col, want)

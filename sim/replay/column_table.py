@@ -263,6 +263,22 @@ class NumericColumnTable:
         return Table({name: _joined([*chunks, col]) for name, chunks, col in parts})
 
 
+def join_numeric(tables: Sequence[NumericColumnTable]) -> list[np.ndarray] | None:
+    """Each column of ``tables`` (non-empty, the same columns) joined across them in one go: the
+    rows of the first, then of the second, ... -- what ``np.concatenate`` of their ``to_table``
+    columns gives, without those per-table copies first (a fleet's step table: one copy of its rows
+    instead of two). None when a column's dtype differs between tables (int64 in one, float64 in
+    another: the caller then joins their Tables as pandas would type them)."""
+    out = []
+    for i in range(len(tables[0].columns)):
+        parts = [[*t._chunks[i], t._cols[i]] for t in tables]
+        kinds = {p[-1].typecode for p in parts}
+        if len(kinds) != 1:
+            return None
+        out.append(_joined([c for p in parts for c in p]))
+    return out
+
+
 def _joined(chunks: list[array[Any]]) -> np.ndarray:
     """One column from its chunks: float64 if its last chunk is (the column turned float64 on the
     way: ints before that become their nearest doubles), else int64."""

@@ -140,6 +140,16 @@ class ReplayRecorder:
         """(requests with the derived latency columns, steps): Tables (the requests a DataFrame in
         the corner case of ``finalize_requests``); ``.to_frame()`` of each, or
         :func:`sim.replay.metrics.as_frame`, gives the DataFrames."""
+        return self.request_table(), self._steps.to_table()
+
+    @property
+    def step_columns(self) -> NumericColumnTable:
+        """The step rows as recorded (read it, do not change it: a fleet joins its replicas' step
+        columns in one go, ``sim.replay.column_table.join_numeric``)."""
+        return self._steps
+
+    def request_table(self) -> Frame:
+        """The requests of :meth:`tables`."""
         requests = finalize_requests(self._requests.to_table())
         if self._tier is not None:
             cols = list(zip(*(self._tier.get(row[0], (0, "", 0)) for row in self._requests.rows), strict=True))
@@ -150,4 +160,4 @@ class ReplayRecorder:
             else:
                 for k, v in values.items():
                     requests[k] = v
-        return requests, self._steps.to_table()
+        return requests
