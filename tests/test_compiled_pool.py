@@ -74,9 +74,10 @@ def _apply(pool, holders: list, op: str, seed: int, k: int, algo: str, grouped: 
             hits = got or []
         else:
             hits = pool.longest_cached_prefix(req.block_hashes, k)
+        evictable = pool.num_evictable(hits)  # (what the coordinator asks before touching)
         pool.touch(hits)
         holders.append([req, list(hits), len(hits), 0])
-        return _ids(hits)
+        return _ids(hits), evictable
     if op == "free" and holders:
         _, blocks, _, _ = holders.pop(seed % len(holders))
         pool.free_blocks(reversed(blocks) if seed % 2 else blocks)

@@ -185,6 +185,16 @@ class BlockPool:
         block.block_hash = None
         self.num_cached_blocks -= 1
 
+    def num_evictable(self, blocks: Iterable[KVCacheBlock]) -> int:
+        """Query: how many of the hit ``blocks`` touching would take from the free queue (``ref_cnt``
+        0, not the null block): vLLM's ``num_evictable_computed_blocks`` in
+        ``SingleTypeKVCacheManager.get_num_blocks_to_allocate``."""
+        n = 0
+        for block in blocks:
+            if block.ref_cnt == 0 and not block.is_null:
+                n += 1
+        return n
+
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on hit blocks, unlinking free ones from the queue (they keep their hash)."""
         remove = self.free_block_queue.remove

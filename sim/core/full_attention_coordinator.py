@@ -97,11 +97,9 @@ class UnitaryFullAttentionCoordinator(KVCacheCoordinator):
         if request_id in self.num_cached_block:  # running: no new hits
             return max(required - len(req_blocks), 0)
         new = max(required - len(hits) - len(req_blocks), 0)
-        evictable = 0
-        for b in hits:
-            if b.ref_cnt == 0 and not b.is_null:
-                evictable += 1
-        return new + evictable
+        # hit blocks with ref_cnt 0 each cost a free block when touched: counted by the pool in one
+        # call (compiled, the coordinator would read two attributes a block through the generic API)
+        return new + self.block_pool.num_evictable(hits) if hits else new
 
     def allocate_slots(
         self,
