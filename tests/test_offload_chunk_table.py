@@ -7,6 +7,7 @@ None), the same lookups, counters and usage, the same eviction order, and vLLM's
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, cast
 
 import pytest
@@ -27,9 +28,12 @@ OP = st.tuples(st.sampled_from(["offer", "offer", "offer", "done", "done", "load
                st.integers(0, 5), st.integers(0, 9), st.integers(0, 9))
 
 
-def _keys(family: int, branch_at: int, branch: int, n: int) -> list[bytes]:
-    return [f"{family}:{i}".encode() if i < branch_at else f"{family}:{branch}@{branch_at}:{i}".encode()
-            for i in range(n)]
+def _keys(family: int, branch_at: int, branch: int, n: int, kind: str = "short") -> list[bytes]:
+    """A request's keys: short ``bytes``, 16-byte ones (as the engine's block hashes, whose table hash
+    is mixed from their two words) or both (by index), each call making new objects."""
+    names = [f"{family}:{i}" if i < branch_at else f"{family}:{branch}@{branch_at}:{i}" for i in range(n)]
+    return [hashlib.md5(name.encode()).digest() if kind == "bytes16" or (kind == "mixed" and i % 2)
+            else name.encode() for i, name in enumerate(names)]
 
 
 def _out(res: PrepareStoreOutput | None, compiled: bool) -> tuple[list[bytes], list[bytes], list[int]] | None:
@@ -42,10 +46,10 @@ def _out(res: PrepareStoreOutput | None, compiled: bool) -> tuple[list[bytes], l
 class Twins:
     """The compiled table and its two Python oracles, driven together."""
 
-    def __init__(self, capacity: int, requests: list[tuple[int, int, int, int]]) -> None:
+    def __init__(self, capacity: int, requests: list[tuple[int, int, int, int]], kind: str = "short") -> None:
         self.table = make_offloading_manager(capacity, "lru", 0, TPC)
         self.oracles = [CPUOffloadingManager(capacity, "lru"), CPUOffloadingManager(capacity, "lru_reference")]
-        self.keys = [_keys(*r) for r in requests]
+        self.keys = [_keys(*r, kind) for r in requests]
         self.ctxs: list[list[ReqContext]] = []
         for i, keys in enumerate(self.keys):
             ctxs = [ReqContext(f"r{i}") for _ in range(3)]
@@ -125,11 +129,11 @@ class Twins:
 @needs_table
 @settings(max_examples=300, deadline=None)
 @given(capacity=st.integers(1, 8), requests=st.lists(REQ, min_size=1, max_size=6),
-       ops=st.lists(OP, min_size=1, max_size=60))
+       ops=st.lists(OP, min_size=1, max_size=60), kind=st.sampled_from(["short", "bytes16", "mixed"]))
 def test_compiled_table_equals_python_managers(
-    capacity: int, requests: list[tuple[int, int, int, int]], ops: list[tuple[str, int, int, int]]
+    capacity: int, requests: list[tuple[int, int, int, int]], ops: list[tuple[str, int, int, int]], kind: str
 ) -> None:
-    twins = Twins(capacity, requests)
+    twins = Twins(capacity, requests, kind)
     for kind, r, a, b in ops:
         r %= len(requests)
         if kind in ("offer", "load", "finish") and r in twins.finished:
@@ -147,6 +151,42 @@ def test_compiled_table_equals_python_managers(
         else:
             twins.look(r, a, b)
         twins.compare()
+
+
+@needs_table
+def test_a_position_past_32_bits_is_refused() -> None:
+    """The table keeps a chunk's minor rank (minus its end position) in 32 bits: an offer reaching
+    past token 2**31 - 1 is refused with OverflowError, never wrapped into a wrong rank."""
+    table = make_offloading_manager(4, "lru", 0, 2**30)
+    assert table.prepare_store([b"a"], ReqContext("r0"), 0) is not None  # (ends at token 2**30)
+    with pytest.raises(OverflowError, match="2\\*\\*31 - 1 tokens"):
+        table.prepare_store([b"b", b"c"], ReqContext("r1"), 1)
+    assert table.num_resident() == 1 and table.lookup(b"b") is LookupResult.MISS  # (nothing changed)
+
+
+@needs_table
+@pytest.mark.parametrize("events", [False, True])
+def test_evictions_not_reported_leave_the_victims_out_and_nothing_else(events: bool) -> None:
+    """``report_evictions=False`` (the connector's table) empties ``evicted_keys`` and changes no
+    other answer, unless the KV events are on: then the victims are listed, for them."""
+    tables = [cast(Any, make_offloading_manager(3, "lru", 0, TPC, report_evictions=r)) for r in (True, False)]
+    for t in tables:
+        t.events = [] if events else None
+    for i in range(6):
+        keys = _keys(i % 2, 0, i, 2 + i % 3, "mixed")
+        ctxs = [ReqContext(f"r{i}") for _ in tables]
+        outs = [t.prepare_store(keys, ctx, 0) for t, ctx in zip(tables, ctxs, strict=True)]
+        for t, ctx, out in zip(tables, ctxs, outs, strict=True):
+            if out is not None:
+                t.complete_store(out.keys_to_store, out.chunks)
+            t.on_request_finished(ctx)
+        full, quiet = (_out(o, True) for o in outs)
+        if full is None or quiet is None:
+            assert full is quiet is None
+            continue
+        assert quiet == (full if events else (full[0], [], full[2]))
+    assert tables[0].stats == tables[1].stats and tables[0].policy.ranks == tables[1].policy.ranks
+    assert tables[0].events == tables[1].events
 
 
 @needs_table

@@ -4,13 +4,17 @@ Steps are driven by hand so each test reads one step's ``kv_connector_metadata``
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+
 from sim.core.config import CacheConfig, OffloadConfig, SchedulerConfig
 from sim.core.executor import planned_samples
 from sim.core.hashing import make_block_hasher
+from sim.core.kv_cache_block import KVCacheBlock
 from sim.core.offload.connector import OffloadingConnectorScheduler
 from sim.core.offload.manager import LookupResult
 from sim.core.offload.policy import ReqContext
-from sim.core.offload.request_state import RequestOffloadState
+from sim.core.offload.request_state import RequestOffloadState, chunk_blocks
 from sim.core.offload.step_worker import StepDelayWorker
 from sim.core.offload.transfer import KVConnectorMetadata, KVConnectorOutput
 from sim.core.request import Request
@@ -196,3 +200,15 @@ def test_block_sized_chunks_share_the_requests_hash_list() -> None:
     two = RequestOffloadState(r2, ReqContext("b"), track_positions=False)
     two.update_offload_keys(2, 32)
     assert two.keys == r2.block_hashes[1::2] and two.keys is not r2.block_hashes
+
+
+@settings(max_examples=200, deadline=None)
+@given(bpc=hst.integers(1, 3), picked=hst.sets(hst.integers(0, 11), min_size=1))
+def test_a_store_jobs_source_blocks_are_its_chunks_blocks(bpc: int, picked: set[int]) -> None:
+    """``chunk_blocks`` of listed chunk indices (ascending, distinct: a partial offer's stored
+    chunks) gives every block of those chunks, in order -- a run of indices as one slice."""
+    blocks = [KVCacheBlock(i) for i in range(12 * bpc)]
+    ids = sorted(picked)
+    want = [blocks[c * bpc + j] for c in ids for j in range(bpc)]
+    assert chunk_blocks(blocks, ids[0], ids[-1] + 1, ids, bpc) == want
+    assert chunk_blocks(blocks, ids[0], ids[-1] + 1, [], bpc) == blocks[ids[0] * bpc : (ids[-1] + 1) * bpc]

@@ -9,7 +9,8 @@ state in C arrays indexed by chunk id instead of one Python object per chunk.
 * a chunk slot is one 32-byte record (``Slot``: a chunk's operations touch one cache line, the
   cost that dominates at ~50,000 chunks) holding its key (a reference owned by the table),
   ``ref_cnt`` (-1 being stored, 0 evictable, > 0 pinned by loads), its LRU rank ``(major, minor)``
-  and its entries' version; an open-addressing table (linear
+  (``minor`` in 32 bits), its entries' version and its key's table hash (an eviction finds the
+  bucket without reading the key, a cold object by then); an open-addressing table (linear
   probing, at most half full, deletion by backward shift) maps a key's hash to its chunk id, a hit
   confirmed by comparing the key itself (the same object, usually);
 * eviction takes the smallest ranks among the evictable, unprotected chunks, as vLLM's lazy
@@ -63,23 +64,16 @@ cdef struct Entry:
 
 cdef struct Slot:  # one chunk (module docstring)
     int64_t major
-    int64_t minor
     PyObject* key  # owned; NULL: free
+    int32_t minor  # (-position: _minor checks it fits)
     int32_t ref_cnt
     int32_t version
+    uint32_t hash  # its key's table hash (its bucket's)
 
 
 cdef struct Bucket:  # a key table entry: chunk id (-1: empty) and 32 bits of its key's hash, one load
     int32_t slot
     uint32_t hash
-
-
-cdef inline bint _less(const Entry* a, const Entry* b) noexcept nogil:
-    return a.major < b.major or (a.major == b.major and a.minor < b.minor)
-
-
-cdef int _compare(const void* a, const void* b) noexcept nogil:
-    return -1 if _less(<const Entry*>a, <const Entry*>b) else (1 if _less(<const Entry*>b, <const Entry*>a) else 0)
 
 
 include "chunk_table_keys.pxi"
@@ -116,8 +110,9 @@ cdef class _TableCore:
     cdef Py_ssize_t group_entries
     cdef int32_t gseq
     cdef public object events  # (removed, keys) raw events while KV events are on, else None
+    cdef public bint report_evictions  # False: ``evicted_keys`` left empty (nothing reads it)
 
-    def __cinit__(self, int num_chunks, int tokens_per_chunk) -> None:
+    def __cinit__(self, int num_chunks, int tokens_per_chunk, bint report_evictions=True) -> None:
         if num_chunks < 1:
             raise ValueError(f"the CPU tier needs at least one chunk, got {num_chunks}")
         self.num_chunks = num_chunks
@@ -145,6 +140,7 @@ cdef class _TableCore:
             self.sl[i].version = 0
             self.protected[i] = 0
         self.events = None
+        self.report_evictions = report_evictions
         self.groups, self.group_ids, self.free_gids = {}, [], []
 
     def __dealloc__(self) -> None:
@@ -304,13 +300,15 @@ cdef class _TableCore:
         self.tbl[i].slot, self.tbl[i].hash = s, h
         Py_INCREF(key)
         self.sl[s].key = <PyObject*>key
+        self.sl[s].hash = h
         return 0
 
     @cython.final
-    cdef int _index_del(self, object key, int32_t s, uint32_t h) except -1:
-        """``key`` (``h``: its hash), held by chunk ``s``, leaves the table (and its reference); the
-        entries after it in its probe run move back where their own probe would find them first."""
-        cdef size_t mask = self.tbl_mask, i = <size_t>h & mask, j, home
+    cdef int _index_del(self, int32_t s) except -1:
+        """Chunk ``s``'s key leaves the table (and its reference); the entries after it in its probe
+        run move back where their own probe would find them first."""
+        cdef size_t mask = self.tbl_mask, i = <size_t>self.sl[s].hash & mask, j, home
+        cdef PyObject* key = self.sl[s].key
         while self.tbl[i].slot != s:
             i = (i + 1) & mask
         j = i
@@ -325,7 +323,7 @@ cdef class _TableCore:
             i = j
         self.tbl[i].slot = -1
         self.sl[s].key = NULL
-        Py_DECREF(key)
+        Py_DECREF(<object>key)
         return 0
 
     cdef int32_t* _scratch(self, Py_ssize_t n) except NULL:
@@ -372,12 +370,20 @@ cdef class _TableCore:
         return i < PyList_GET_SIZE(acc.seen) and <object>PyList_GET_ITEM(acc.seen, i) is not None
 
     @cython.final
+    cdef int32_t _minor(self, Py_ssize_t index) except? -1:
+        """Chunk index ``index``'s minor rank (minus its end position), checked to fit 32 bits."""
+        cdef int64_t pos = (index + 1) * self.tokens_per_chunk
+        if pos > 0x7FFFFFFF:
+            raise OverflowError(f"a chunk ending at token {pos} is past the CPU tier's 2**31 - 1 tokens")
+        return <int32_t>-pos
+
+    @cython.final
     cdef int _touch(self, int32_t s, int64_t rank, int64_t minor) except -1:
         """vLLM ``on_request_access`` of one resident key: a touch only raises its rank."""
         cdef Slot* c = &self.sl[s]
         if c.major > rank or (c.major == rank and c.minor >= minor):
             return 0
-        c.major, c.minor = rank, minor
+        c.major, c.minor = rank, <int32_t>minor
         if c.ref_cnt == 0:
             self._push(s)
         return 0

@@ -1,5 +1,13 @@
-"""The key table's hash, the prefetch hint (``APC_PREFETCH``) and a request's access record
-(included by ``chunk_table.pyx``)."""
+"""The entries' order (``_less``), the key table's hash, the prefetch hint (``APC_PREFETCH``) and a
+request's access record (included by ``chunk_table.pyx``)."""
+
+
+cdef inline bint _less(const Entry* a, const Entry* b) noexcept nogil:
+    return a.major < b.major or (a.major == b.major and a.minor < b.minor)
+
+
+cdef int _compare(const void* a, const void* b) noexcept nogil:
+    return -1 if _less(<const Entry*>a, <const Entry*>b) else (1 if _less(<const Entry*>b, <const Entry*>a) else 0)
 
 
 cdef extern from *:

@@ -60,6 +60,8 @@ cdef class LRUChunkTable(_TableCore):
         cdef int32_t* slots = self._slots(keys)
         cdef int32_t s
         cdef int64_t rank = 0
+        if n:
+            self._minor(first + n - 1)
         for i in range(n):
             s = slots[i]
             assert s >= 0 and self.sl[s].ref_cnt >= 0, f"chunk {keys[i]!r} is not loadable"
@@ -76,7 +78,7 @@ cdef class LRUChunkTable(_TableCore):
                 if rank == 0:
                     assert not acc.finished, "new cache keys observed after request finalization"
                     rank = self._rank(acc)
-                self._touch(slots[i], rank, -(first + i + 1) * self.tokens_per_chunk)
+                self._touch(slots[i], rank, self._minor(first + i))
 
     def complete_load(self, keys) -> None:
         """Unpin the chunks of a finished load."""
@@ -103,6 +105,8 @@ cdef class LRUChunkTable(_TableCore):
         cdef int64_t rank = 0
         cdef bint fresh
         cdef _Access acc = self._access(ctx)
+        if n:  # (refused before anything changes: see _minor)
+            self._minor(first + n - 1)
         fresh = not acc.finished
         slots = self._slots(keys)  # (their hashes stay in hbuf for _store)
         for i in range(n):
@@ -131,7 +135,7 @@ cdef class LRUChunkTable(_TableCore):
                     rank = self._rank(acc)
                 if s >= 0:
                     acc.note(first + i, s)
-                    self._touch(s, rank, -(first + i + 1) * self.tokens_per_chunk)
+                    self._touch(s, rank, self._minor(first + i))
         if num_to_store == 0:
             return PrepareStoreOutput([], [])
         return self._store(keys, first, n, num_to_store, acc)
@@ -142,9 +146,9 @@ cdef class LRUChunkTable(_TableCore):
         cdef int32_t* slots = self.buf
         cdef Py_ssize_t i, num_to_evict = num_to_store - (self.num_free_stack + self.num_chunks - self.num_allocated)
         cdef int32_t s
-        cdef int64_t rank, tpc = self.tokens_per_chunk
+        cdef int64_t rank
         cdef bint ok
-        cdef list evicted = []
+        cdef list evicted = [] if self.report_evictions or self.events is not None else None
         if num_to_evict > 0:
             if num_to_evict > self.num_evictable:
                 return None
@@ -180,7 +184,7 @@ cdef class LRUChunkTable(_TableCore):
             c = &self.sl[s]
             c.ref_cnt = -1
             c.major = rank
-            c.minor = -(first + i + 1) * tpc
+            c.minor = self._minor(first + i)
             acc.note(first + i, s)
             ids[k] = s
             k += 1
@@ -189,16 +193,15 @@ cdef class LRUChunkTable(_TableCore):
         self.num_write_pending += num_to_store
         self.chunks_stored += num_to_store
         self.allocations += 1
-        return PrepareStoreOutput(to_store, evicted, chunk_ids)
+        return PrepareStoreOutput(to_store, evicted if evicted is not None else [], chunk_ids)
 
     cdef bint _evict(self, Py_ssize_t n, Py_ssize_t num_protected, list out) except -1:
         """Remove the ``n`` smallest-rank evictable, unprotected chunks (their keys appended to
-        ``out`` in eviction order, their ids pushed on the free stack); False, and nothing
-        changed, when there are fewer (vLLM ``evict``: protected entries are pushed back)."""
+        ``out`` in eviction order unless ``out`` is None, their ids pushed on the free stack);
+        False, and nothing changed, when there are fewer (vLLM ``evict``: protected entries are
+        pushed back)."""
         cdef Entry* picked = <Entry*>malloc((n + num_protected + 1) * sizeof(Entry))
-        cdef uint32_t* hashes = <uint32_t*>malloc((n + 1) * sizeof(uint32_t))
-        if not (picked and hashes):
-            free(picked); free(hashes)
+        if not picked:
             raise MemoryError()
         cdef Py_ssize_t i, num_picked = 0, num_deferred = 0
         cdef Entry e
@@ -222,24 +225,21 @@ cdef class LRUChunkTable(_TableCore):
                 for i in range(num_picked):
                     _heap_push(&self.heap, picked[i])
                 return False
-            # (in passes, each fetching ahead what the next one reads: the keys, then their buckets)
+            # (the victims' buckets fetched ahead, found by the hashes their records keep: the key
+            # objects are not read for them)
             for i in range(n):
-                APC_PREFETCH(self.sl[picked[i].slot].key)
-            for i in range(n):
-                hashes[i] = <uint32_t>_key_hash(<object>self.sl[picked[i].slot].key)
-                APC_PREFETCH(&self.tbl[<size_t>hashes[i] & self.tbl_mask])
+                APC_PREFETCH(&self.tbl[<size_t>self.sl[picked[i].slot].hash & self.tbl_mask])
             for i in range(n):
                 s = picked[i].slot
-                key = <object>self.sl[s].key
-                out.append(key)
-                self._index_del(key, s, hashes[i])
+                if out is not None:
+                    out.append(<object>self.sl[s].key)
+                self._index_del(s)
                 self.free_stack[self.num_free_stack] = s
                 self.num_free_stack += 1
             self.num_evictable -= n
             return True
         finally:
             free(picked)
-            free(hashes)
 
     def complete_store(self, keys, chunks=None) -> None:
         """Make the chunks of a finished store ready and evictable; ``chunks``: the ids of its

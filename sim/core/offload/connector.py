@@ -66,9 +66,11 @@ class OffloadingConnectorScheduler:
         self.tokens_per_chunk = block_size * config.blocks_per_chunk
         self.hashes_per_chunk = config.blocks_per_chunk  # the hash block size is the block size
         self.offload_prompt_only = config.offload_prompt_only
-        # (sim.core.offload.manager_impl's choice, or ``manager``: one built already -- a fleet's shared store)
+        # (sim.core.offload.manager_impl's choice, or ``manager``: one built already -- a fleet's shared
+        # store); the connector reads no evicted key (the KV events take theirs from ``manager.events``)
         self.manager: OffloadingManager = manager if manager is not None else make_offloading_manager(
-            config.num_cpu_chunks, config.policy, config.store_threshold, self.tokens_per_chunk, manager_impl)
+            config.num_cpu_chunks, config.policy, config.store_threshold, self.tokens_per_chunk, manager_impl,
+            report_evictions=False)
         self.req_status: dict[str, RequestOffloadState] = {}
         self.jobs: dict[int, JobStatus] = {}
         self._job_counter = 0

@@ -94,15 +94,20 @@ def compiled_table_class() -> Any:
 
 
 def make_offloading_manager(
-    num_chunks: int, policy: str, store_threshold: int, tokens_per_chunk: int, impl: str = "compiled"
+    num_chunks: int, policy: str, store_threshold: int, tokens_per_chunk: int, impl: str = "compiled",
+    report_evictions: bool = True,
 ) -> OffloadingManager:
     """The manager of ``impl`` (see the module docstring): the compiled table when it applies and is
-    built, else the Python manager; raises ValueError for an unknown ``impl`` or policy."""
+    built, else the Python manager; raises ValueError for an unknown ``impl`` or policy. With
+    ``report_evictions`` False the compiled table leaves ``PrepareStoreOutput.evicted_keys`` empty
+    unless its KV events are on (``events``): a caller that reads no victim spares it making an
+    evicted key's ``bytes`` again (it holds 16-byte keys as their bytes; the Python manager's victims
+    are at hand, it always lists them)."""
     if impl not in MANAGER_IMPLS:
         raise ValueError(f"unknown CPU-tier manager {impl!r}; choose one of {MANAGER_IMPLS}")
     if impl == "compiled" and policy == "lru" and store_threshold < 2:
         # (a threshold of 0 or 1 admits every key: vLLM keeps no tracker then)
         cls = compiled_table_class()
         if cls is not None:
-            return cast(OffloadingManager, cls(num_chunks, tokens_per_chunk))
+            return cast(OffloadingManager, cls(num_chunks, tokens_per_chunk, report_evictions))
     return CPUOffloadingManager(num_chunks, policy, store_threshold)

@@ -162,6 +162,9 @@ def chunk_blocks(
     ``[first, end)``, or of the listed ``chunk_ids`` when not all of them were stored (non-empty then)."""
     if not chunk_ids:
         return blocks[first * blocks_per_chunk : end * blocks_per_chunk]
+    lo, hi = chunk_ids[0], chunk_ids[-1]
+    if hi - lo + 1 == len(chunk_ids):  # (ascending and distinct: a run, usually the offer's tail)
+        return blocks[lo * blocks_per_chunk : (hi + 1) * blocks_per_chunk]
     out: list[KVCacheBlock] = []
     for i in chunk_ids:  # (block by block: a slice per chunk cost more than the offer itself)
         for j in range(i * blocks_per_chunk, (i + 1) * blocks_per_chunk):
