@@ -23,6 +23,10 @@ On the full trace at the default settings (H100 pool, fast-forward, no attributi
 the issue's targets, met or missed: the replay under 6 s at block 16 and under 3 s at block 512
 (CPU and wall seconds both; absolute seconds, so they depend on the host).
 
+``--tree DIR`` also times another checkout (its packages on ``PYTHONPATH``), alternating with this
+one run by run, so both sit side by side in the same minutes: every row is tagged ``tree``
+(``this`` or ``tree``) and each tree's ratios are to its own untiered run.
+
 ``--out DIR`` also keeps the figures as a results folder, replaced whole (``bench_results``):
 ``runs.json`` (every run), ``rows.json`` (the printed rows), ``table.md`` and ``meta.json`` (commit,
 versions, CPU model, load averages, the arguments).
@@ -36,7 +40,7 @@ import resource
 import sys
 import time
 
-from bench_results import BenchFolder, child_json, compile_bytecode, run_with_folder
+from bench_results import BenchFolder, bench_trees, child_json, run_with_folder
 
 TARGETS_S = {16: 6.0, 512: 3.0}  # the full-trace replay targets (seconds) of the speed issue
 
@@ -60,7 +64,8 @@ TIER_TARGET = 1.5  # issue 33: a tiered replay costs at most 1.5x the untiered o
 
 def tier_verdicts(rows: list[dict]) -> list[str]:
     """One line per tiered row: its CPU time over the untiered run's, against the 1.5x target."""
-    return [f"block {r['block_size']}, CPU tier {r['cpu_tier_gib']:g} GiB: {r['cpu_ratio']}x the untiered CPU time "
+    return [(f"{r['tree']}: " if "tree" in r else "") + f"block {r['block_size']}, CPU tier {r['cpu_tier_gib']:g} GiB: "
+            f"{r['cpu_ratio']}x the untiered CPU time "
             f"(target: at most {TIER_TARGET:g}x: {'met' if r['cpu_ratio'] <= TIER_TARGET else 'missed'})"
             for r in rows if r.get("cpu_tier_gib")]
 
@@ -132,6 +137,7 @@ def main() -> None:
     ap.add_argument("--cpu-tier", type=float, nargs="+", default=[], metavar="GIB",
                     help="also run with a CPU offload tier of GIB GiB each (alternated; ratios to the untiered run)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per block size and level (the min is kept)")
+    ap.add_argument("--tree", default=None, help="also time this other checkout, alternating (rows tagged 'tree')")
     ap.add_argument("--out", default=None, help="also keep the figures as this results folder (replaced whole)")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -143,36 +149,39 @@ def main() -> None:
 
 
 def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
-    compile_bytecode()
+    trees = bench_trees(args.tree)
     runs: list[dict] = []
     rows = []
     # the variants alternated per block size: attribution levels (untiered), then the CPU tiers
     variants = [(level, 0.0) for level in args.attribution] + [(args.attribution[0], g) for g in args.cpu_tier]
     for bs in args.block_sizes:
-        best: dict[tuple[str, float], dict] = {}
+        best: dict[tuple[str, str, float], dict] = {}
         for _ in range(args.repeat):
-            for level, tier in variants:
-                cmd = [sys.executable, __file__, "--child", str(bs), "--gpu", args.gpu, "--attribution", level]
-                if tier:
-                    cmd += ["--cpu-tier", str(tier)]
-                if args.limit:
-                    cmd += ["--limit", str(args.limit)]
-                if args.no_fast_forward:
-                    cmd.append("--no-fast-forward")
-                row = child_json(cmd)
-                runs.append(dict(row))
-                print(json.dumps(row), flush=True)
-                if (level, tier) not in best or row["cpu_s"] < best[level, tier]["cpu_s"]:
-                    best[level, tier] = row
-        base = best[variants[0]]
-        for v in variants:
-            r = best[v]
-            r["wall_ratio"] = round(r["wall_s"] / base["wall_s"], 3)
-            r["cpu_ratio"] = round(r["cpu_s"] / base["cpu_s"], 3)
-            rows.append(r)
-    keys = ["block_size", "attribution", "cpu_tier_gib", "num_gpu_blocks", "wall_s", "cpu_s", "wall_ratio",
-            "cpu_ratio", "sim_requests_per_wall_s", "sim_s_per_wall_s", "peak_rss_mib", "token_hit_rate",
-            "request_hit_rate", "gpu_hit_rate", "cpu_hit_rate", "steps", "fast_forwarded_steps"]
+            for label, root in trees:
+                for level, tier in variants:
+                    cmd = [sys.executable, __file__, "--child", str(bs), "--gpu", args.gpu, "--attribution", level]
+                    if tier:
+                        cmd += ["--cpu-tier", str(tier)]
+                    if args.limit:
+                        cmd += ["--limit", str(args.limit)]
+                    if args.no_fast_forward:
+                        cmd.append("--no-fast-forward")
+                    row = child_json(cmd, root) | ({"tree": label} if args.tree else {})
+                    runs.append(dict(row))
+                    print(json.dumps(row), flush=True)
+                    if (label, level, tier) not in best or row["cpu_s"] < best[label, level, tier]["cpu_s"]:
+                        best[label, level, tier] = row
+        for label, _ in trees:
+            base = best[(label, *variants[0])]
+            for v in variants:
+                r = best[(label, *v)]
+                r["wall_ratio"] = round(r["wall_s"] / base["wall_s"], 3)
+                r["cpu_ratio"] = round(r["cpu_s"] / base["cpu_s"], 3)
+                rows.append(r)
+    keys = ["tree"] * bool(args.tree) + [
+        "block_size", "attribution", "cpu_tier_gib", "num_gpu_blocks", "wall_s", "cpu_s", "wall_ratio",
+        "cpu_ratio", "sim_requests_per_wall_s", "sim_s_per_wall_s", "peak_rss_mib", "token_hit_rate",
+        "request_hit_rate", "gpu_hit_rate", "cpu_hit_rate", "steps", "fast_forwarded_steps"]
     table = "| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n"
     table += "".join("| " + " | ".join(str(r[k]) for k in keys) + " |\n" for r in rows)
     print("\n" + table, end="")
@@ -182,7 +191,7 @@ def _bench(args: argparse.Namespace, folder: BenchFolder | None) -> None:
     if folder is not None:
         meta = {"benchmark": "bench_mooncake", "block_sizes": args.block_sizes, "gpu": args.gpu, "limit": args.limit,
                 "fast_forward": not args.no_fast_forward, "attribution": args.attribution, "cpu_tier": args.cpu_tier,
-                "repeat": args.repeat}
+                "repeat": args.repeat, "tree": args.tree}
         print(f"results folder: {folder.write({'runs.json': runs, 'rows.json': rows, 'table.md': table}, meta)}")
 
 
