@@ -146,7 +146,7 @@ cdef class LRUChunkTable(_TableCore):
         cdef int32_t* slots = self.buf
         cdef Py_ssize_t i, num_to_evict = num_to_store - (self.num_free_stack + self.num_chunks - self.num_allocated)
         cdef int32_t s
-        cdef int64_t rank
+        cdef int64_t rank, tpc = self.tokens_per_chunk
         cdef bint ok
         cdef list evicted = [] if self.report_evictions or self.events is not None else None
         if num_to_evict > 0:
@@ -184,7 +184,7 @@ cdef class LRUChunkTable(_TableCore):
             c = &self.sl[s]
             c.ref_cnt = -1
             c.major = rank
-            c.minor = self._minor(first + i)
+            c.minor = <int32_t>(-(first + i + 1) * tpc)  # (prepare_store checked it fits: _minor)
             acc.note(first + i, s)
             ids[k] = s
             k += 1
