@@ -226,3 +226,22 @@ def test_compiled_batch_dispatch_equals_event_by_event(seed: int) -> None:
             assert compiled.index.num_entries(r) == plain.index.num_entries(r)
         probe = list(range(40))
         assert compiled.index.match(probe, range(3)) == plain.index.match(probe, range(3))
+
+
+def test_a_windows_step_ends_are_its_rows_start_plus_duration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode window hands the cluster its rows' ends (its next steps' starts) instead of the
+    cluster adding start + duration per row: the same floats, row for row (the oracle is
+    ``step_end_times``, what the cluster computes when no ends come)."""
+    from sim.cluster.cluster import ClusterReplay
+    from sim.cluster.replica import step_end_times
+
+    seen = []
+    step_ends = ClusterReplay.step_ends
+
+    def spy(self: Any, replica: int, columns: Any, ends: Any = None) -> None:
+        seen.append(ends is not None and [e.hex() for e in ends] == [e.hex() for e in step_end_times(columns)])
+        step_ends(self, replica, columns, ends)
+
+    monkeypatch.setattr(ClusterReplay, "step_ends", spy)
+    _fleet("dynamo", True)
+    assert len(seen) > 10 and all(seen)

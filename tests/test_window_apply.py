@@ -75,3 +75,23 @@ def test_a_window_hands_out_the_blocks_its_steps_would(pool_impl: str, events: b
     windowed.check_integrity()
     if events:
         assert list(windowed.event_sink) == list(plain.event_sink)
+
+
+@pytest.mark.parametrize("pool_impl", ["compiled", "python"])
+def test_a_windows_gauges_are_those_of_its_steps(pool_impl: str) -> None:
+    """The free count, cached count and KV usage ``apply_window`` records after each step (the
+    usage one float per run of equal free counts) equal the plain steps' gauges read after each
+    step, the usage float bit for bit (``pool.get_usage()``, what the plain loop records)."""
+    windowed, plain = (_scheduler(pool_impl, False, False) for _ in range(2))
+    for s in (windowed, plain):
+        drive(s, {}, max_steps=3, until_idle=False)
+    window = plan_window(windowed, K, lambda shape, step: 0.01, 0.0, math.inf)
+    assert window is not None and window.k == K
+    apply_window(windowed, window)
+    pool = plain.kv_cache_manager.block_pool
+    gauges = []
+    for _ in range(K):
+        drive(plain, {}, max_steps=1, until_idle=False)
+        gauges.append((pool.get_num_free_blocks(), pool.num_cached_blocks, pool.get_usage().hex()))
+    assert len(set(gauges)) > 2  # the gauges move inside the window
+    assert list(zip(window.free_blocks, window.cached_blocks, [u.hex() for u in window.usage])) == gauges

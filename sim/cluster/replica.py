@@ -88,9 +88,11 @@ class ClusterHooks:
         """A step row was recorded (``sim.replay.metrics.STEP_COLUMNS`` order; see
         :func:`row_metrics`)."""
 
-    def step_ends(self, replica: int, columns: tuple[Sequence[Any], ...]) -> None:
+    def step_ends(self, replica: int, columns: tuple[Sequence[Any], ...], ends: list[float] | None = None) -> None:
         """A fast-forward window's rows were recorded, given as columns in ``STEP_COLUMNS`` order:
-        the same as :meth:`step_end` on each row in step order (an override does it in bulk)."""
+        the same as :meth:`step_end` on each row in step order (an override does it in bulk).
+        ``ends``: :func:`step_end_times` of ``columns`` when the window already has them (its
+        steps' starts after the first: each is the previous start + duration, the same float)."""
         for row in zip(*columns, strict=True):
             self.step_end(replica, row)
 
@@ -179,12 +181,12 @@ class ReplicaRecorder(ReplayRecorder):
         super().step(*values)
         self._hooks.step_end(self.index, values)
 
-    def steps(self, *columns: Sequence[Any]) -> None:
+    def steps(self, *columns: Sequence[Any], ends: list[float] | None = None) -> None:
         """A fast-forward window's rows: appended in one go, then reported to the cluster as step
         ends in step order (the router's gauges and the KV-event batches are per step, as in the
         plain loop; nothing else runs between a window's rows, so the order of the two is free)."""
         super().steps(*columns)
-        self._hooks.step_ends(self.index, columns)
+        self._hooks.step_ends(self.index, columns, ends)
 
 
 class Replica:

@@ -82,6 +82,7 @@ class Window:
     tail_blocks: list[int] = field(default_factory=list)  # same for the tail
     free_blocks: list[int] = field(default_factory=list)  # the pool's free blocks after each step (apply_window)
     cached_blocks: list[int] = field(default_factory=list)  # its cached blocks after each step
+    usage: list[float] = field(default_factory=list)  # the KV usage after each step (apply_window)
     starts: list[float] = field(default_factory=list)  # each step's start, then the window's end
     finished: list[Request] = field(default_factory=list)  # freed at the last step (apply_window)
 

@@ -124,9 +124,11 @@ class ReplayRecorder:
         """One step row, in ``STEP_COLUMNS`` order."""
         self._steps.append(*values)
 
-    def steps(self, *columns: Sequence[Any]) -> None:
+    def steps(self, *columns: Sequence[Any], ends: list[float] | None = None) -> None:
         """Several step rows given as columns (lists, or arrays for a window's constant columns:
-        ``NumericColumnTable.extend``), in ``STEP_COLUMNS`` order (a fast-forward window)."""
+        ``NumericColumnTable.extend``), in ``STEP_COLUMNS`` order (a fast-forward window).
+        ``ends``: each row's start + duration when the caller has those floats already (a window's
+        next step starts), for a subclass reporting step ends (``sim.cluster.replica``)."""
         self._steps.extend(*columns)
 
     def add_stats(self, stats: PrefixCacheStats | None) -> None:

@@ -77,18 +77,21 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
     for j, firsts in window.first_tokens:
         for r in firsts:
             rec.first_token(r, starts[j + 1])
-    total_blocks = sched.kv_cache_manager.block_pool.num_gpu_blocks - 1
     free = window.free_blocks
     n_finished = constant_column(0, k)
     n_finished[k - 1] = len(window.finished)
     durations = window.durations
+    # each row's end: the next step's start, the float start + duration made when planning
+    ends: list[float] | None = starts[1:]
     if run.kv_worker is not None:  # a tiered step records its end minus its start (StepRunner._transfers)
         durations = [starts[j + 1] - starts[j] for j in range(k)]
+        ends = None  # (start + (end - start) may round off the end: the hook adds them itself)
     zeros = constant_column(0, k)
     rec.steps(  # (lists, arrays where constant, a range of step indexes: NumericColumnTable.extend)
         range(first_step, first_step + k), starts[:k], durations, window.num_seqs, window.num_new_tokens,
         window.num_prefill_tokens, window.num_decode_seqs, zeros, zeros, n_finished, constant_column(n_running, k),
-        waiting, free, window.cached_blocks, [1.0 - f / total_blocks for f in free],
+        waiting, free, window.cached_blocks, window.usage,  # (usage: apply_window's, 1 - free / usable blocks)
+        ends=ends,
     )
     now = starts[k]
     for r in window.finished:  # in running order (apply_window frees them in that order)

@@ -28,8 +28,8 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     """Play the window's steps on the scheduler, KV manager and pool (see the module docstring);
     right after ``plan_window``, on the state it was planned on (it reuses the block counts read there).
 
-    Fills ``window.free_blocks`` and ``window.cached_blocks`` with the pool's gauges after each
-    step (before the last step's frees: finished requests, last step only, are freed in
+    Fills ``window.free_blocks``, ``window.cached_blocks`` and ``window.usage`` with the pool's gauges
+    after each step (before the last step's frees: finished requests, last step only, are freed in
     ``running`` order, as ``update_from_output``, listed in ``window.finished``, and the last
     step's gauges are read again after them).
     """
@@ -76,6 +76,8 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
 
     frees = window.free_blocks
     cached = window.cached_blocks
+    usage = window.usage
+    total = pool.num_gpu_blocks - 1
     base_step = scheduler.step_index
     head = window.lookup_head
     # The head's lookup (recorded in PrefixCacheStats, then refused -- see decode_window's docstring)
@@ -83,8 +85,9 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
     head_chain: set[int] = set()  # ids of the blocks of the head's hit chain
     head_hits = -1
     n_free, n_cached = pool.get_num_free_blocks(), pool.num_cached_blocks
+    u = 1.0 - n_free / total  # (pool.get_usage()'s float)
     if head is None:  # no lookup: only the steps with block operations do anything
-        _play_ops(scheduler, events, frees, cached, k, n_free, n_cached)
+        _play_ops(scheduler, events, window, k, n_free, n_cached, u)
     else:
         for j in range(k):
             scheduler.step_index = base_step + j  # KV events of step j are attributed to it
@@ -98,6 +101,7 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
                     else:
                         kvm.cache_blocks(r, arg)
                 n_free, n_cached = pool.get_num_free_blocks(), pool.num_cached_blocks
+                u = 1.0 - n_free / total
             if window.lookups[j]:  # (a lookup changes neither gauge)
                 if head_hits < 0:
                     hit_blocks, head_hits = kvm.get_computed_blocks(head)
@@ -106,37 +110,45 @@ def apply_window(scheduler: Scheduler, window: Window) -> None:
                     kvm.repeat_lookup(head, head_hits)
             frees.append(n_free)
             cached.append(n_cached)
+            usage.append(u)
 
     _advance(scheduler, window, base_step)
 
 
-def _play_ops(scheduler: Scheduler, events: dict[int, list[tuple[int, Request, int]]], frees: list[int],
-              cached: list[int], k: int, n_free: int, n_cached: int) -> None:
+def _play_ops(scheduler: Scheduler, events: dict[int, list[tuple[int, Request, int]]], window: Window, k: int,
+              n_free: int, n_cached: int, u: float) -> None:
     """The step loop of :func:`apply_window` without a lookup: the steps with block operations in
     step order, each one's gauges after them; a run of steps without any keeps the gauges, so its
     entries are written in one go (a decode window's steps mostly allocate and cache nothing: a
-    decoder does each once every ``block_size`` steps)."""
+    decoder does each once every ``block_size`` steps), its usage one float object for the run."""
     kvm = scheduler.kv_cache_manager
     pool = kvm.block_pool
+    frees, cached, usage = window.free_blocks, window.cached_blocks, window.usage
+    total = pool.num_gpu_blocks - 1
     base_step = scheduler.step_index  # (the window's first step)
     done = 0  # steps whose gauges are written
     for j in sorted(events):
         if j > done:
             frees.extend([n_free] * (j - done))
             cached.extend([n_cached] * (j - done))
+            usage.extend([u] * (j - done))
         scheduler.step_index = base_step + j  # KV events of step j are attributed to it
         for kind, r, arg in events[j]:
             if kind == 0:
                 kvm.allocate_new_blocks(r.request_id, arg)
             else:
                 kvm.cache_blocks(r, arg)
-        n_free, n_cached = pool.get_num_free_blocks(), pool.num_cached_blocks
+        n_free, n_cached, before = pool.get_num_free_blocks(), pool.num_cached_blocks, n_free
+        if n_free != before:  # (a step that only caches keeps the free count, and so the usage float)
+            u = 1.0 - n_free / total
         frees.append(n_free)
         cached.append(n_cached)
+        usage.append(u)
         done = j + 1
     if k > done:
         frees.extend([n_free] * (k - done))
         cached.extend([n_cached] * (k - done))
+        usage.extend([u] * (k - done))
 
 
 def _advance(scheduler: Scheduler, window: Window, base_step: int) -> None:
@@ -165,4 +177,5 @@ def _advance(scheduler: Scheduler, window: Window, base_step: int) -> None:
         scheduler.running = [r for r in scheduler.running if id(r) not in done]
         frees[-1] = pool.get_num_free_blocks()
         cached[-1] = pool.num_cached_blocks
+        window.usage[-1] = 1.0 - frees[-1] / (pool.num_gpu_blocks - 1)
     scheduler.step_index = base_step + k
