@@ -4,6 +4,8 @@ keeps the equality structure (same tokens <=> same key)."""
 
 from __future__ import annotations
 
+from array import ArrayType
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -140,7 +142,7 @@ def test_compiled_chain_equals_numpy_chain(runs, bs, cut):
        lookahead=st.sampled_from([0, 2]), array=st.booleans())
 def test_prompt_event_hashes_in_c_equal_the_converted_keys(runs, bs, salt, lookahead, array):
     """A router's prompt hashes (``prompt_external_hashes``: the compiled chain's keys, their event
-    forms and the chain state) are the request's own keys and state, and ``external_block_hash`` of
+    forms as words and the chain state) are the request's own keys and state, and ``external_block_hash`` of
     them, wherever given; None where the keys must be converted (extra keys, lookahead, an expanded
     prompt)."""
     from sim.core.hashing import external_block_hash
@@ -156,4 +158,5 @@ def test_prompt_event_hashes_in_c_equal_the_converted_keys(runs, bs, salt, looka
         keys, ext, state = made
         r = Request("r", tokens, 1, cache_salt=salt, hasher=hasher)
         assert keys == r.block_hashes and state == r.hash_state
-        assert ext == [external_block_hash(k) for k in keys] and all(type(x) is int for x in ext)
+        # as an array('Q'): no int object per block (RouterRequest.words; the compiled index reads it in place)
+        assert type(ext) is ArrayType and ext.typecode == "Q" and ext.tolist() == [external_block_hash(k) for k in keys]

@@ -19,6 +19,7 @@ that. Imports nothing from the project.
 
 from cpython cimport array as carray
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
+from cpython.object cimport Py_SIZE
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free
 
@@ -161,17 +162,25 @@ cdef class CompiledKVEventIndex:
         self._entries[replica] = 0
 
     def match(self, hashes, candidates):
-        """Query: leading hashes held per candidate replica (only those holding block 0)."""
+        """Query: leading hashes held per candidate replica (only those holding block 0). ``hashes``:
+        a list of ints, or an ``array('Q')`` read in place (``RouterRequest.words``)."""
         cdef uint64_t active = 0, held, dropped, mask
-        cdef list hs = hashes if type(hashes) is list else list(hashes)
-        cdef Py_ssize_t i, j, n = PyList_GET_SIZE(hs)
+        cdef list hs = None
+        cdef const unsigned long long* words = NULL
+        cdef Py_ssize_t i, j, n
         cdef dict out = {}
+        if type(hashes) is carray.array and (<carray.array>hashes).ob_descr.typecode == b'Q':
+            words = (<carray.array>hashes).data.as_ulonglongs
+            n = Py_SIZE(hashes)
+        else:
+            hs = hashes if type(hashes) is list else list(hashes)
+            n = PyList_GET_SIZE(hs)
         for r in candidates:
             active |= (<uint64_t>1) << self._check(r)
         for i in range(n):
             if not active:
                 return out
-            j = _mt_find(&self._t, _mix(<uint64_t>(<object>PyList_GET_ITEM(hs, i))))
+            j = _mt_find(&self._t, _mix(words[i] if words != NULL else <uint64_t>(<object>PyList_GET_ITEM(hs, i))))
             mask = self._t.slots[j].mask if j >= 0 else 0
             held = active & mask
             dropped = active & ~held

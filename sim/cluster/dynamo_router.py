@@ -91,7 +91,7 @@ class DynamoRouter(Router):
             # the common fleet (every replica hashes alike, no CPU tier): the prompt's hashes once,
             # as words for the logits, the acquire and the release (EventCacheView.match_blocks's
             # one group, without grouping)
-            hashes = request.hashes(events.group_of[0])
+            hashes = request.words(events.group_of[0])  # (an array('Q') from the compiled chain)
             overlaps = events.index.match(hashes, up)
             words = self._blocks.words(hashes)
             logits = self._blocks.logits(words, up, overlaps, self._prefill_tokens, request.prompt_len,

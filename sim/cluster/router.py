@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -100,7 +101,7 @@ class RouterRequest:
 
     trace: TraceRequest
     index: int  # position in the arrival stream
-    _hashes: dict[int, list[int]] = field(default_factory=dict)  # id(hasher) -> hashes
+    _hashes: dict[int, list[int] | array[int]] = field(default_factory=dict)  # id(hasher) -> hashes (words)
     _tokens: Any = None
     # BlockHasher.prompt_key -> the prompt's keys and chain state (for the engine: engine_keys)
     _keys: dict[tuple[Any, ...], tuple[list[bytes], tuple[int, int]]] = field(default_factory=dict)
@@ -131,6 +132,16 @@ class RouterRequest:
         """The 64-bit hashes of the prompt's full blocks under ``hasher`` (salt and LoRA in the
         extra keys, as vLLM's request hasher puts them), memoised per hasher object (routers keep
         theirs for the whole run)."""
+        made = self.words(hasher)
+        if isinstance(made, list):
+            return made
+        out = made.tolist()
+        self._hashes[id(hasher)] = out  # (the same values, as a list from now on)
+        return out
+
+    def words(self, hasher: BlockHasher) -> list[int] | array[int]:
+        """:meth:`hashes` as made: an ``array('Q')`` where the compiled chain made them (no int
+        object per block; the compiled index and active blocks read it in place), else the list."""
         key = id(hasher)
         out = self._hashes.get(key)
         if out is None:

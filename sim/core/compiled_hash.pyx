@@ -12,6 +12,7 @@ event form too. Equality with the numpy path is a test.
 Imports neither simpy nor torch.
 """
 
+from cpython cimport array as carray
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_INCREF
@@ -19,6 +20,8 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 
 import numpy as np
+
+cdef carray.array _WORDS = carray.array("Q")  # the template of chain_runs_external's arrays
 
 
 cdef inline uint64_t _splitmix(uint64_t x) noexcept nogil:
@@ -41,9 +44,14 @@ def chain_runs_external(const int64_t[:] starts, const int64_t[:] lengths, Py_ss
                         const uint64_t[:, :] lane_keys, const uint64_t[:] mult, uint64_t state0,
                         uint64_t state1):
     """:func:`chain_runs`, and each key's event form (``sim.core.hashing.external_block_hash``: the
-    key's last 8 bytes read big-endian) in the same pass; returns ``(keys, externals, (h0, h1))``.
-    A router needs the event form of every prompt hash it matches against KV events."""
-    cdef list ext = PyList_New(n)
+    key's last 8 bytes read big-endian) in the same pass, as an ``array('Q')`` (no int object per
+    block: the router's index and active blocks read the words in place); returns
+    ``(keys, externals, (h0, h1))``. A router needs the event form of every prompt hash it matches
+    against KV events."""
+    cdef carray.array ext
+    if n < 0:
+        raise ValueError(f"{n} blocks of {bs} exceed the runs' tokens")
+    ext = carray.clone(_WORDS, n, False)
     keys, state = _chain_runs(starts, lengths, n, bs, run_keys, pos_key, pos_mult, lane_keys, mult, state0, state1,
                               ext)
     return keys, ext, state
@@ -52,10 +60,9 @@ def chain_runs_external(const int64_t[:] starts, const int64_t[:] lengths, Py_ss
 cdef tuple _chain_runs(const int64_t[:] starts, const int64_t[:] lengths, Py_ssize_t n, int bs,
                        const uint64_t[:, :] run_keys, const uint64_t[:] pos_key, const uint64_t[:] pos_mult,
                        const uint64_t[:, :] lane_keys, const uint64_t[:] mult, uint64_t state0, uint64_t state1,
-                       list ext):
-    """The chain (``ext``: a list of ``n`` empty slots to fill with the event forms, or None)."""
-    cdef uint64_t e
-    cdef object pe
+                       carray.array ext):
+    """The chain (``ext``: an ``array('Q')`` of ``n`` words to fill with the event forms, or None)."""
+    cdef unsigned long long* words = ext.data.as_ulonglongs if ext is not None else NULL
     cdef Py_ssize_t i, k, r = 0, rr
     cdef int64_t b0, t0, t
     cdef uint64_t c0, c1, m, s0, s1, h0 = state0, h1 = state1, f0, f1
@@ -113,13 +120,11 @@ cdef tuple _chain_runs(const int64_t[:] starts, const int64_t[:] lengths, Py_ssi
         memcpy(out + 8, &f1, 8)
         Py_INCREF(key)  # PyList_SET_ITEM steals a reference
         PyList_SET_ITEM(keys, i, key)
-        if ext is not None:  # bytes 8..15 read big-endian, whatever the host's byte order
+        if words != NULL:  # bytes 8..15 read big-endian, whatever the host's byte order
             b = <const unsigned char*>out + 8  # (written out: gcc makes the shifts one byte swap)
-            e = ((<uint64_t>b[0] << 56) | (<uint64_t>b[1] << 48) | (<uint64_t>b[2] << 40) | (<uint64_t>b[3] << 32)
-                 | (<uint64_t>b[4] << 24) | (<uint64_t>b[5] << 16) | (<uint64_t>b[6] << 8) | <uint64_t>b[7])
-            pe = e
-            Py_INCREF(pe)
-            PyList_SET_ITEM(ext, i, pe)
+            words[i] = ((<uint64_t>b[0] << 56) | (<uint64_t>b[1] << 48) | (<uint64_t>b[2] << 40)
+                        | (<uint64_t>b[3] << 32) | (<uint64_t>b[4] << 24) | (<uint64_t>b[5] << 16)
+                        | (<uint64_t>b[6] << 8) | <uint64_t>b[7])
     return keys, (h0, h1)
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+from array import array
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +56,8 @@ try:  # the compiled chain over runs (same keys; built by pip install -e .)
     from sim.core.compiled_hash import chain_runs as _chain_runs
 except ImportError:  # pragma: no cover - where the extension is not built
     _chain_runs = None
-_chain_runs_external: Callable[..., tuple[list[bytes], list[int], tuple[int, int]]] | None
-try:  # the same chain, also giving each key's event form (an older build lacks it: the plain path)
+_chain_runs_external: Callable[..., tuple[list[bytes], array[int], tuple[int, int]]] | None
+try:  # the same chain, also giving the keys' event forms (an older build lacks it: the plain path)
     from sim.core.compiled_hash import chain_runs_external as _chain_runs_external
 except ImportError:  # pragma: no cover - where the extension is not built
     _chain_runs_external = None
@@ -97,9 +98,9 @@ class BlockHasher:
     def hash_new_blocks(self, request: Request) -> list[BlockHash]:  # pragma: no cover
         raise NotImplementedError
 
-    def prompt_external_hashes(self, request: Request) -> tuple[list[BlockHash], list[int], tuple[int, int]] | None:
+    def prompt_external_hashes(self, request: Request) -> tuple[list[BlockHash], array[int], tuple[int, int]] | None:
         """A fresh request's prompt keys, their event forms (:func:`external_block_hash`, what a router
-        matches against KV events) and the chain state after them, where made in C; else None."""
+        matches against KV events; an ``array('Q')``, no int per block) and the chain state, where made in C."""
         return None
 
     def hash_token_blocks(
@@ -346,7 +347,7 @@ class FastBlockHasher(BlockHasher):
             keys = fold(keys, lookahead_extra_keys(request, start, n_blocks, bs, self.num_lookahead_tokens))
         return keys + gen_keys if gen_keys else keys
 
-    def prompt_external_hashes(self, request: Request) -> tuple[list[BlockHash], list[int], tuple[int, int]] | None:
+    def prompt_external_hashes(self, request: Request) -> tuple[list[BlockHash], array[int], tuple[int, int]] | None:
         """In the one case where ``hash_new_blocks`` takes the compiled chain from block 0 (prompt as
         runs, no extra keys, no lookahead): equal to converting ``block_hashes`` (a test)."""
         bs, n_blocks = self.block_size, request.num_prompt_tokens // self.block_size
