@@ -320,7 +320,7 @@ def test_a_numeric_table_takes_array_columns_as_their_lists(data: st.DataObject)
 @settings(max_examples=200, deadline=None)
 @given(numeric_rows(), st.lists(st.integers(1, 5), max_size=6), st.integers(1, 4), st.data())
 def test_a_numeric_table_in_small_chunks_is_the_same_table(case, cuts, chunk, data) -> None:
-    """Columns cut into chunks of ``chunk`` rows (``NUMERIC_CHUNK_ROWS``, 2048 in a replay) join
+    """Columns cut into chunks of ``chunk`` rows (``NUMERIC_CHUNK_ROWS``, 512 in a replay) join
     into the same table, a column turned float64 after some chunks included, and a refused row or
     window after a cut leaves it as it was."""
     import sim.replay.column_table as column_table
