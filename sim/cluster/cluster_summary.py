@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.cluster.fleet_tables import cluster_head, ratio_or_nan
 from sim.core.prefix_cache_stats import PrefixCacheStats
 
 
@@ -46,10 +47,6 @@ def _rejected(requests: pd.DataFrame) -> pd.Series:
     if "status" not in requests.columns:
         return pd.Series(False, index=requests.index)
     return requests["status"].astype(str) == "rejected"
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b else math.nan
 
 
 def _p(values: pd.Series, q: float) -> float:
@@ -66,7 +63,7 @@ def replica_rows(requests: pd.DataFrame, steps: pd.DataFrame,
     at_rq = requests.groupby("replica", sort=False).indices if len(requests) else {}
     at_sp = steps.groupby("replica", sort=False).indices if len(steps) else {}
     for i, st in enumerate(stats):
-        token_hit_rate = _ratio(st.hits, st.queries) if st.queries else 0.0
+        token_hit_rate = ratio_or_nan(st.hits, st.queries) if st.queries else 0.0
         if i not in at_rq and i not in at_sp:  # no request, no step: the empty row
             rows.append({"replica": i, "num_requests": 0, "num_rejected_requests": 0, "prompt_tokens": 0,
                          "token_hit_rate": token_hit_rate, "request_hit_rate": 0.0, "busy_s": 0.0, "num_steps": 0,
@@ -82,18 +79,13 @@ def replica_rows(requests: pd.DataFrame, steps: pd.DataFrame,
             "num_rejected_requests": int(rejected[pos].sum()),
             "prompt_tokens": prompt,
             "token_hit_rate": token_hit_rate,
-            "request_hit_rate": _ratio(float(rq["hit_tokens"].sum()), prompt) if prompt else 0.0,
+            "request_hit_rate": ratio_or_nan(float(rq["hit_tokens"].sum()), prompt) if prompt else 0.0,
             "busy_s": float(sp["duration"].sum()),
             "num_steps": len(sp),
             "ttft_p50_s": _p(rq["ttft"], 50),
             "ttft_p99_s": _p(rq["ttft"], 99),
         })
     return rows
-
-
-def _imbalance(values: list[float]) -> float:
-    mean = float(np.mean(values)) if values else 0.0
-    return max(values) / mean if mean > 0 else math.nan
 
 
 def belief_summary(requests: pd.DataFrame) -> dict[str, Any]:
@@ -111,8 +103,8 @@ def belief_summary(requests: pd.DataFrame) -> dict[str, Any]:
         "actual_hit_tokens": float(actual.sum()),
         "false_positive_tokens": float(fp.sum()),
         "false_negative_tokens": float(fn.sum()),
-        "false_positive_rate": _ratio(float(fp.sum()), float(believed.sum())),
-        "false_negative_rate": _ratio(float(fn.sum()), float(actual.sum())),
+        "false_positive_rate": ratio_or_nan(float(fp.sum()), float(believed.sum())),
+        "false_negative_rate": ratio_or_nan(float(fn.sum()), float(actual.sum())),
         "overestimated_requests": float((fp > 0).mean()),
         "underestimated_requests": float((fn > 0).mean()),
     }
@@ -121,7 +113,7 @@ def belief_summary(requests: pd.DataFrame) -> dict[str, Any]:
 def _window(requests: pd.DataFrame, lo: float, hi: float) -> dict[str, float]:
     rq = requests[(requests["arrival"] >= lo) & (requests["arrival"] < hi)]
     prompt = float(rq["prompt_tokens"].sum())
-    return {"requests": len(rq), "request_hit_rate": _ratio(float(rq["hit_tokens"].sum()), prompt),
+    return {"requests": len(rq), "request_hit_rate": ratio_or_nan(float(rq["hit_tokens"].sum()), prompt),
             "ttft_p50_s": _p(rq["ttft"], 50)}
 
 
@@ -162,18 +154,10 @@ def cluster_block(requests: pd.DataFrame, steps: pd.DataFrame, stats: Sequence[P
     rows = replica_rows(requests, steps, stats)
     served = requests[~_rejected(requests)]  # the one rule: rejected requests are counted, never averaged
     met = served["ttft"] <= ttft_slo_s
-    out: dict[str, Any] = {
-        "num_replicas": len(stats),
-        "router": router,
-        "replicas": rows,
-        "load_imbalance_busy": _imbalance([r["busy_s"] for r in rows]),
-        "load_imbalance_prompt_tokens": _imbalance([float(r["prompt_tokens"]) for r in rows]),
-        "ttft_slo_s": ttft_slo_s,
-        "goodput_fraction": float(met.mean()) if len(served) else math.nan,
-        "goodput_requests_per_s": _ratio(float(met.sum()), span_s),
-        "num_reroutes": int(requests["reroutes"].sum()) if len(requests) else 0,
-        "kv_events": kv_events,
-    }
+    out = cluster_head(num_replicas=len(stats), router=router, rows=rows, ttft_slo_s=ttft_slo_s,
+                       goodput_fraction=float(met.mean()) if len(served) else math.nan,
+                       goodput_count=float(met.sum()), span_s=span_s,
+                       num_reroutes=int(requests["reroutes"].sum()) if len(requests) else 0, kv_events=kv_events)
     belief = belief_summary(requests)
     if belief:
         out["belief"] = belief

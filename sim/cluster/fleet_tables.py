@@ -125,7 +125,7 @@ def _sum(x: np.ndarray) -> Any:
     return x.sum()
 
 
-def _ratio(a: float, b: float) -> float:
+def ratio_or_nan(a: float, b: float) -> float:
     return a / b if b else math.nan
 
 
@@ -146,7 +146,7 @@ def replica_rows(per: Sequence[ReplicaTables], stats: Sequence[PrefixCacheStats]
     are its own rows in order, as the combined table holds them."""
     rows = []
     for i, (t, st) in enumerate(zip(per, stats, strict=True)):
-        token_hit_rate = _ratio(st.hits, st.queries) if st.queries else 0.0
+        token_hit_rate = ratio_or_nan(st.hits, st.queries) if st.queries else 0.0
         rq, sp = t.requests, t.steps
         if not len(rq) and not len(sp):
             rows.append({"replica": i, "num_requests": 0, "num_rejected_requests": 0, "prompt_tokens": 0,
@@ -163,7 +163,7 @@ def replica_rows(per: Sequence[ReplicaTables], stats: Sequence[PrefixCacheStats]
             "num_rejected_requests": 0,
             "prompt_tokens": prompt,
             "token_hit_rate": token_hit_rate,
-            "request_hit_rate": _ratio(hits, prompt) if prompt else 0.0,
+            "request_hit_rate": ratio_or_nan(hits, prompt) if prompt else 0.0,
             "busy_s": float(_sum(np.asarray(sp["duration"], dtype=np.float64))) if len(sp) else 0.0,
             "num_steps": len(sp),
             "ttft_p50_s": _p(ttft, 50),
@@ -189,10 +189,29 @@ def belief_summary(requests: Table) -> dict[str, Any]:
         "actual_hit_tokens": a,
         "false_positive_tokens": p,
         "false_negative_tokens": n,
-        "false_positive_rate": _ratio(p, b),
-        "false_negative_rate": _ratio(n, a),
+        "false_positive_rate": ratio_or_nan(p, b),
+        "false_negative_rate": ratio_or_nan(n, a),
         "overestimated_requests": float((fp > 0).mean()),
         "underestimated_requests": float((fn > 0).mean()),
+    }
+
+
+def cluster_head(*, num_replicas: int, router: dict[str, Any], rows: list[dict[str, Any]], ttft_slo_s: float,
+                 goodput_fraction: float, goodput_count: float, span_s: float, num_reroutes: int,
+                 kv_events: dict[str, int]) -> dict[str, Any]:
+    """The ``cluster`` block's leading fields, in ``summary.json``'s key order, from figures either
+    table layer computed (this module's numpy columns or ``cluster_summary``'s pandas frames)."""
+    return {
+        "num_replicas": num_replicas,
+        "router": router,
+        "replicas": rows,
+        "load_imbalance_busy": _imbalance([r["busy_s"] for r in rows]),
+        "load_imbalance_prompt_tokens": _imbalance([float(r["prompt_tokens"]) for r in rows]),
+        "ttft_slo_s": ttft_slo_s,
+        "goodput_fraction": goodput_fraction,
+        "goodput_requests_per_s": ratio_or_nan(goodput_count, span_s),
+        "num_reroutes": num_reroutes,
+        "kv_events": kv_events,
     }
 
 
@@ -203,18 +222,9 @@ def cluster_block(requests: Table, per: Sequence[ReplicaTables], stats: Sequence
     rows = replica_rows(per, stats)
     ttft = np.asarray(requests["ttft"], dtype=np.float64)
     met = ttft <= ttft_slo_s  # (NaN: not met, as pandas compares)
-    out: dict[str, Any] = {
-        "num_replicas": len(stats),
-        "router": router,
-        "replicas": rows,
-        "load_imbalance_busy": _imbalance([r["busy_s"] for r in rows]),
-        "load_imbalance_prompt_tokens": _imbalance([float(r["prompt_tokens"]) for r in rows]),
-        "ttft_slo_s": ttft_slo_s,
-        "goodput_fraction": float(met.mean()) if len(requests) else math.nan,
-        "goodput_requests_per_s": _ratio(float(met.sum()), span_s),
-        "num_reroutes": 0,
-        "kv_events": kv_events,
-    }
+    out = cluster_head(num_replicas=len(stats), router=router, rows=rows, ttft_slo_s=ttft_slo_s,
+                       goodput_fraction=float(met.mean()) if len(requests) else math.nan,
+                       goodput_count=float(met.sum()), span_s=span_s, num_reroutes=0, kv_events=kv_events)
     belief = belief_summary(requests)
     if belief:
         out["belief"] = belief
