@@ -48,7 +48,7 @@ import numpy as np
 from sim.core.prefix_cache_stats import PrefixCacheStats
 from sim.replay.column_table import join_numeric
 from sim.replay.engine import ReplayResult
-from sim.replay.metrics import Frame, summarize
+from sim.replay.metrics import Frame, nan_percentile, summarize
 from sim.replay.table import Column, Table
 
 R = TypeVar("R", bound=ReplayResult)
@@ -129,12 +129,6 @@ def ratio_or_nan(a: float, b: float) -> float:
     return a / b if b else math.nan
 
 
-def _p(x: np.ndarray, q: float) -> float:
-    """``np.percentile`` of the non-NaN values (NaN when none), as ``cluster_summary._p``."""
-    x = x[~np.isnan(x)] if x.dtype.kind == "f" else x
-    return float(np.percentile(x, q)) if len(x) else math.nan
-
-
 def _imbalance(values: list[float]) -> float:
     mean = float(np.mean(values)) if values else 0.0
     return max(values) / mean if mean > 0 else math.nan
@@ -166,8 +160,8 @@ def replica_rows(per: Sequence[ReplicaTables], stats: Sequence[PrefixCacheStats]
             "request_hit_rate": ratio_or_nan(hits, prompt) if prompt else 0.0,
             "busy_s": float(_sum(np.asarray(sp["duration"], dtype=np.float64))) if len(sp) else 0.0,
             "num_steps": len(sp),
-            "ttft_p50_s": _p(ttft, 50),
-            "ttft_p99_s": _p(ttft, 99),
+            "ttft_p50_s": nan_percentile(ttft, 50),
+            "ttft_p99_s": nan_percentile(ttft, 99),
         })
     return rows
 

@@ -168,7 +168,9 @@ def _mean(x: np.ndarray) -> float:
     return float(x.sum(dtype=np.float64) / len(x)) if len(x) else math.nan
 
 
-def _pct(x: np.ndarray, q: float) -> float:
+def nan_percentile(x: np.ndarray, q: float) -> float:
+    """``np.percentile`` of the non-NaN values, NaN when there are none (what pandas' ``quantile``
+    of a column with missing values gives)."""
     x = x[~np.isnan(x)] if x.dtype.kind == "f" else x
     return float(np.percentile(x, q)) if len(x) else math.nan
 
@@ -231,5 +233,5 @@ def summarize(
         x = col(metric).astype(np.float64) if n else None
         out[f"{metric}_mean_s"] = _mean(x) if x is not None else math.nan
         for q in (50, 90, 99):
-            out[f"{metric}_p{q}_s"] = _pct(x, q) if x is not None else math.nan
+            out[f"{metric}_p{q}_s"] = nan_percentile(x, q) if x is not None else math.nan
     return out
