@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.cluster.fleet_tables import cluster_head, ratio_or_nan
+from sim.cluster.fleet_tables import belief_block, cluster_head, ratio_or_nan, replica_row
 from sim.core.prefix_cache_stats import PrefixCacheStats
 
 
@@ -65,26 +65,16 @@ def replica_rows(requests: pd.DataFrame, steps: pd.DataFrame,
     for i, st in enumerate(stats):
         token_hit_rate = ratio_or_nan(st.hits, st.queries) if st.queries else 0.0
         if i not in at_rq and i not in at_sp:  # no request, no step: the empty row
-            rows.append({"replica": i, "num_requests": 0, "num_rejected_requests": 0, "prompt_tokens": 0,
-                         "token_hit_rate": token_hit_rate, "request_hit_rate": 0.0, "busy_s": 0.0, "num_steps": 0,
-                         "ttft_p50_s": math.nan, "ttft_p99_s": math.nan})
+            rows.append(replica_row(i, token_hit_rate))
             continue
         pos = at_rq.get(i, np.zeros(0, dtype=np.intp))
         rq = requests.iloc[pos[~rejected[pos]]]
         sp = steps.iloc[at_sp.get(i, np.zeros(0, dtype=np.intp))]
-        prompt = int(rq["prompt_tokens"].sum())
-        rows.append({
-            "replica": i,
-            "num_requests": len(rq),
-            "num_rejected_requests": int(rejected[pos].sum()),
-            "prompt_tokens": prompt,
-            "token_hit_rate": token_hit_rate,
-            "request_hit_rate": ratio_or_nan(float(rq["hit_tokens"].sum()), prompt) if prompt else 0.0,
-            "busy_s": float(sp["duration"].sum()),
-            "num_steps": len(sp),
-            "ttft_p50_s": _p(rq["ttft"], 50),
-            "ttft_p99_s": _p(rq["ttft"], 99),
-        })
+        rows.append(replica_row(
+            i, token_hit_rate, num_requests=len(rq), num_rejected=int(rejected[pos].sum()),
+            prompt_tokens=int(rq["prompt_tokens"].sum()), hit_tokens=float(rq["hit_tokens"].sum()),
+            busy_s=float(sp["duration"].sum()), num_steps=len(sp),
+            ttft_p50_s=_p(rq["ttft"], 50), ttft_p99_s=_p(rq["ttft"], 99)))
     return rows
 
 
@@ -97,17 +87,8 @@ def belief_summary(requests: pd.DataFrame) -> dict[str, Any]:
     actual = rq["hit_tokens"].astype(float)
     fp = (believed - actual).clip(lower=0)
     fn = (actual - believed).clip(lower=0)
-    return {
-        "requests": len(rq),
-        "believed_hit_tokens": float(believed.sum()),
-        "actual_hit_tokens": float(actual.sum()),
-        "false_positive_tokens": float(fp.sum()),
-        "false_negative_tokens": float(fn.sum()),
-        "false_positive_rate": ratio_or_nan(float(fp.sum()), float(believed.sum())),
-        "false_negative_rate": ratio_or_nan(float(fn.sum()), float(actual.sum())),
-        "overestimated_requests": float((fp > 0).mean()),
-        "underestimated_requests": float((fn > 0).mean()),
-    }
+    return belief_block(len(rq), float(believed.sum()), float(actual.sum()), float(fp.sum()), float(fn.sum()),
+                        float((fp > 0).mean()), float((fn > 0).mean()))
 
 
 def _window(requests: pd.DataFrame, lo: float, hi: float) -> dict[str, float]:

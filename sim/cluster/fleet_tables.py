@@ -143,27 +143,36 @@ def replica_rows(per: Sequence[ReplicaTables], stats: Sequence[PrefixCacheStats]
         token_hit_rate = ratio_or_nan(st.hits, st.queries) if st.queries else 0.0
         rq, sp = t.requests, t.steps
         if not len(rq) and not len(sp):
-            rows.append({"replica": i, "num_requests": 0, "num_rejected_requests": 0, "prompt_tokens": 0,
-                         "token_hit_rate": token_hit_rate, "request_hit_rate": 0.0, "busy_s": 0.0, "num_steps": 0,
-                         "ttft_p50_s": math.nan, "ttft_p99_s": math.nan})
+            rows.append(replica_row(i, token_hit_rate))
             continue
         n = len(rq)
         prompt = int(_sum(np.asarray(rq["prompt_tokens"]))) if n else 0
         hits = float(_sum(np.asarray(rq["hit_tokens"]))) if n else 0.0
         ttft = np.asarray(rq["ttft"], dtype=np.float64) if n else np.zeros(0)
-        rows.append({
-            "replica": i,
-            "num_requests": n,
-            "num_rejected_requests": 0,
-            "prompt_tokens": prompt,
-            "token_hit_rate": token_hit_rate,
-            "request_hit_rate": ratio_or_nan(hits, prompt) if prompt else 0.0,
-            "busy_s": float(_sum(np.asarray(sp["duration"], dtype=np.float64))) if len(sp) else 0.0,
-            "num_steps": len(sp),
-            "ttft_p50_s": nan_percentile(ttft, 50),
-            "ttft_p99_s": nan_percentile(ttft, 99),
-        })
+        rows.append(replica_row(
+            i, token_hit_rate, num_requests=n, prompt_tokens=prompt, hit_tokens=hits,
+            busy_s=float(_sum(np.asarray(sp["duration"], dtype=np.float64))) if len(sp) else 0.0,
+            num_steps=len(sp), ttft_p50_s=nan_percentile(ttft, 50), ttft_p99_s=nan_percentile(ttft, 99)))
     return rows
+
+
+def replica_row(replica: int, token_hit_rate: float, *, num_requests: int = 0, num_rejected: int = 0,
+                prompt_tokens: int = 0, hit_tokens: float = 0.0, busy_s: float = 0.0, num_steps: int = 0,
+                ttft_p50_s: float = math.nan, ttft_p99_s: float = math.nan) -> dict[str, Any]:
+    """One replica's row of the ``cluster`` block, in ``summary.json``'s key order, from figures
+    either table layer computed (the defaults: a replica with no request and no step)."""
+    return {
+        "replica": replica,
+        "num_requests": num_requests,
+        "num_rejected_requests": num_rejected,
+        "prompt_tokens": prompt_tokens,
+        "token_hit_rate": token_hit_rate,
+        "request_hit_rate": ratio_or_nan(hit_tokens, prompt_tokens) if prompt_tokens else 0.0,
+        "busy_s": busy_s,
+        "num_steps": num_steps,
+        "ttft_p50_s": ttft_p50_s,
+        "ttft_p99_s": ttft_p99_s,
+    }
 
 
 def belief_summary(requests: Table) -> dict[str, Any]:
@@ -177,16 +186,22 @@ def belief_summary(requests: Table) -> dict[str, Any]:
     fp = np.clip(believed - actual, 0.0, None)
     fn = np.clip(actual - believed, 0.0, None)
     b, a, p, n = (float(_sum(x)) for x in (believed, actual, fp, fn))
+    return belief_block(int(keep.sum()), b, a, p, n, float((fp > 0).mean()), float((fn > 0).mean()))
+
+
+def belief_block(requests: int, believed: float, actual: float, false_positive: float, false_negative: float,
+                 overestimated: float, underestimated: float) -> dict[str, Any]:
+    """The ``belief`` block, in ``summary.json``'s key order, from sums either table layer computed."""
     return {
-        "requests": int(keep.sum()),
-        "believed_hit_tokens": b,
-        "actual_hit_tokens": a,
-        "false_positive_tokens": p,
-        "false_negative_tokens": n,
-        "false_positive_rate": ratio_or_nan(p, b),
-        "false_negative_rate": ratio_or_nan(n, a),
-        "overestimated_requests": float((fp > 0).mean()),
-        "underestimated_requests": float((fn > 0).mean()),
+        "requests": requests,
+        "believed_hit_tokens": believed,
+        "actual_hit_tokens": actual,
+        "false_positive_tokens": false_positive,
+        "false_negative_tokens": false_negative,
+        "false_positive_rate": ratio_or_nan(false_positive, believed),
+        "false_negative_rate": ratio_or_nan(false_negative, actual),
+        "overestimated_requests": overestimated,
+        "underestimated_requests": underestimated,
     }
 
 
