@@ -242,12 +242,11 @@ def cluster_block(requests: Table, per: Sequence[ReplicaTables], stats: Sequence
 
 @dataclass
 class FleetTables:
-    """What :func:`table_result` hands back: the fleet's tables, each replica's, and the summary
-    before the ``cluster`` block (which the caller adds with :func:`cluster_block`)."""
+    """What :func:`fleet_tables` hands :func:`table_result`: the fleet's request and step tables and
+    the span from the first arrival to the last finish (the ``cluster`` block's goodput rate)."""
 
     requests: Table
     steps: Table
-    per: list[ReplicaTables]
     span_s: float
 
 
@@ -283,7 +282,7 @@ def fleet_tables(per: list[ReplicaTables], steps: Table, believed: dict[str, int
     finish = np.asarray(requests["finish"], dtype=np.float64)
     arrival = np.asarray(requests["arrival"], dtype=np.float64)
     span = float(np.nanmax(finish) - np.nanmin(arrival))
-    return FleetTables(requests, steps, per, span)
+    return FleetTables(requests, steps, span)
 
 
 def table_result(replay: Any, wall: float, result_type: Callable[..., R]) -> R | None:
