@@ -33,12 +33,6 @@ class _Node:
         self.last_access = now
 
 
-def _compact(tokens: np.ndarray) -> np.ndarray:
-    if tokens.size and tokens.dtype != np.int32 and int(tokens.max()) <= _I32_MAX and int(tokens.min()) >= 0:
-        return tokens.astype(np.int32)
-    return tokens.copy()
-
-
 def compact_prompt(tokens: np.ndarray) -> np.ndarray:
     """``tokens`` as the labels hold them (int32 when every id fits, else as given; not copied when
     already so): a prompt matched against every replica's tree is converted once, and an edge whose
@@ -46,6 +40,12 @@ def compact_prompt(tokens: np.ndarray) -> np.ndarray:
     if tokens.size and tokens.dtype != np.int32 and int(tokens.max()) <= _I32_MAX and int(tokens.min()) >= 0:
         return tokens.astype(np.int32)
     return tokens
+
+
+def _compact(tokens: np.ndarray) -> np.ndarray:
+    """:func:`compact_prompt`, always a new array (a label the tree keeps must not share the caller's)."""
+    c = compact_prompt(tokens)
+    return c if c is not tokens else tokens.copy()
 
 
 def _common(label: np.ndarray, rest: np.ndarray) -> int:
