@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from sim.cluster.active_blocks import make_active_blocks
 from sim.cluster.kv_view import EventCacheView
-from sim.cluster.router import ClusterView, Decision, Router, RouterRequest
+from sim.cluster.router import ClusterView, Decision, Router, RouterRequest, argbest
 from sim.cluster.tier_index import DYNAMO
 from sim.core.kv_events import KVCacheEvent
 
@@ -134,10 +134,9 @@ class DynamoRouter(Router):
     def _pick(self, workers: list[int], logits: list[float]) -> int:
         """The worker of the lowest logit, ties uniformly at random (temperature 0), else a softmax
         sample (see the module docstring); ``logits[i]`` is ``workers[i]``'s."""
-        lo = min(logits)
         if self.temperature <= 0:
-            return self.pick_random([w for w, c in zip(workers, logits) if c == lo])
-        hi = max(logits)
+            return argbest(dict(zip(workers, logits)), self, lowest=True)
+        lo, hi = min(logits), max(logits)
         if hi == lo:
             return self.pick_random(workers)
         scale = 1.0 / ((hi - lo) * self.temperature)
