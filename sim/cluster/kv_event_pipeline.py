@@ -227,10 +227,10 @@ class KVEventPipeline:
         n = len(steps)
         if len(ends) != n:
             raise ValueError(f"{n} steps but {len(ends)} ends")
-        if n and steps[-1] - steps[0] == n - 1 and _Log is not None and isinstance(c, _Log):
-            self._publish_merged(replica, c, steps, ends)
-            return
         if n and steps[-1] - steps[0] == n - 1:
+            if _Log is not None and isinstance(c, _Log):
+                self._publish_merged(replica, c, steps, ends)
+                return
             # a window's rows (consecutive step indexes): the row that publishes the front event
             # is found from its tag, the first row whose step reaches it -- a Python step per
             # batch, not per row; the rows skipped publish nothing, as in the loop below
