@@ -25,6 +25,7 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from itertools import chain
 from typing import Any
 
@@ -274,14 +275,31 @@ def join_numeric(tables: Sequence[NumericColumnTable]) -> list[np.ndarray] | Non
     columns gives, without those per-table copies first (a fleet's step table: one copy of its rows
     instead of two). None when a column's dtype differs between tables (int64 in one, float64 in
     another: the caller then joins their Tables as pandas would type them)."""
-    out = []
+    joiners = numeric_joiners(tables)
+    return None if joiners is None else [join() for join in joiners]
+
+
+def numeric_joiners(tables: Sequence[NumericColumnTable]) -> list[Callable[[], np.ndarray]] | None:
+    """:func:`join_numeric` deferred: for each column a call that joins it (the rows the tables hold
+    now: later appends are not seen), so that a column nobody reads is never copied
+    (``sim.replay.table.LazyTable``); None as :func:`join_numeric`. Checks only the dtypes now."""
+    out: list[Callable[[], np.ndarray]] = []
     for i in range(len(tables[0].columns)):
         parts = [[*t._chunks[i], t._cols[i]] for t in tables]
-        kinds = {p[-1].typecode for p in parts}
-        if len(kinds) != 1:
+        if len({p[-1].typecode for p in parts}) != 1:
             return None
-        out.append(_joined([c for p in parts for c in p]))
+        opens = [t._n - t._base for t in tables]  # the open chunks' rows now
+        out.append(partial(_joined_at, parts, opens))
     return out
+
+
+def _joined_at(parts: list[list[array[Any]]], opens: list[int]) -> np.ndarray:
+    """:func:`_joined` of the tables' chunks, each table's open (last) chunk cut to ``opens`` rows."""
+    chunks = []
+    for p, m in zip(parts, opens, strict=True):
+        chunks += p[:-1]
+        chunks.append(p[-1] if len(p[-1]) == m else p[-1][:m])
+    return _joined(chunks)
 
 
 def _joined(chunks: list[array[Any]]) -> np.ndarray:
