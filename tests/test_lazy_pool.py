@@ -172,6 +172,61 @@ def test_compiled_pool_grows_its_arrays_and_table_keeping_every_list():
     assert ids(pools[1].longest_cached_prefix(chains[0], 30)) == list(range(1, 31))  # never reused
 
 
+@needs_compiled
+@pytest.mark.parametrize("num_blocks, sizes", [
+    (40_000, [64, 128, 256, 512, 1024, 2048, 4096, 40_000]),  # 4,096 x 8 < 40,000 <= 8,193 x 8
+    (20_000, [64, 128, 256, 512, 1024, 2048, 20_000]),  # 2,048 x 8 < 20,000 <= 4,096 x 8
+    (1_000, [64, 128, 256, 512, 1_000]),  # never 2,048 blocks: doubling to its size
+])
+def test_the_growth_past_an_eighth_of_a_large_pool_takes_it_whole(num_blocks, sizes):
+    """The compiled pool's state doubles with the blocks it hands out (pops of 50) until a growth
+    reaches both 2,048 blocks and an eighth of the pool, which takes the whole pool at once (a pool
+    that fills skips its last doublings and table rebuilds: ``WHOLE`` / ``JUMP_FROM``)."""
+    pool = CompiledBlockPool(num_blocks)
+    seen = [pool.state_blocks]
+    while pool.get_num_free_blocks() >= 50:
+        pool.get_new_blocks(50)
+        if pool.state_blocks != seen[-1]:
+            seen.append(pool.state_blocks)
+    assert seen == sizes
+    pool.check_integrity()
+
+
+@needs_compiled
+def test_a_pool_whose_table_is_huge_pages_equals_the_python_pool():
+    """A pool of 40,000 blocks takes its whole table (131,072 slots, 4 MiB: its own huge-page
+    mapping, ``huge_pages.pxi``) past 8,192 blocks, moving its keys there: pops of up to 3,000
+    blocks, caching, hits and frees until it churns (evictions), then a reset (a new huge table):
+    the free order, hits and counters of the Python pool at every step."""
+    import random
+
+    rng = random.Random(38)
+    pools = (BlockPool(40_000), CompiledBlockPool(40_000))
+    chains: list[list[bytes]] = []
+    for step in range(30):
+        n = rng.randint(500, 3000)
+        req = make_request(HASHER, f"c{step}", list(range(10**6 * step, 10**6 * step + n * BS)))
+        old = chains[rng.randrange(len(chains))] if chains else []
+        for p in pools:
+            hits = p.longest_cached_prefix(old, len(old))
+            p.touch(hits)
+            got = p.get_new_blocks(n)
+            p.cache_full_blocks(req, got, 0, n * 4 // 5, BS)
+            p.free_blocks(reversed(got))
+            p.free_blocks(hits)
+        chains.append(req.block_hashes[: n * 4 // 5])
+        facts = [(p.free_block_ids(), p.num_cached_blocks, p.num_evictions) for p in pools]
+        assert facts[0] == facts[1], step
+    assert pools[1].state_blocks == 40_000 and pools[0].num_evictions > 0
+    for chain in chains:
+        assert ids(pools[0].longest_cached_prefix(chain, len(chain))) == ids(
+            pools[1].longest_cached_prefix(chain, len(chain)))
+    pools[1].check_integrity()
+    assert [p.reset_prefix_cache() for p in pools] == [True, True]
+    assert pools[1].free_block_ids() == pools[0].free_block_ids() and pools[1].num_cached_blocks == 0
+    pools[1].check_integrity()
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_hits_and_frees_beside_the_run_compact_the_ring_in_order(impl):
     """Hit-and-free cycles leave stale ring entries after the run (the compiled pool never pops

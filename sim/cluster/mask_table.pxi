@@ -20,7 +20,8 @@ A table of 2 MiB or more has its own mapping, aligned to 2 MiB and advised to th
 pages (``madvise(MADV_HUGEPAGE)``, Linux; the default ``transparent_hugepage=madvise`` gives them
 only to memory that asks): a fleet's index is tens of MiB probed at random, and with 4 KiB pages
 nearly every probe missed the TLB too (its page walk stalled the very prefetch meant to hide the
-miss). Elsewhere, or below 2 MiB, plain ``calloc``; both are zeroed, both freed by ``_mt_free``.
+miss). Elsewhere, or below 2 MiB, plain ``calloc``; both are zeroed, both freed by ``_mt_free``
+(``sim/core/huge_pages.pxi``, shared with the compiled pool's key table).
 """
 
 from libc.stdint cimport uint64_t
@@ -28,36 +29,7 @@ from libc.stdint cimport uint64_t
 cdef extern from *:
     void __builtin_prefetch(const void* addr) nogil  # (GCC/Clang: a hint, never a fault)
 
-cdef extern from *:
-    """
-    #include <stdint.h>
-    #include <stdlib.h>
-    #include <sys/mman.h>
-    #define APC_MT_HUGE ((size_t)2 << 20)
-    /* bytes zeroed: calloc below 2 MiB; else an anonymous mapping aligned to 2 MiB (the slack
-       around it unmapped) and advised for huge pages where the system has them */
-    static void* apc_mt_alloc(size_t bytes) {
-        char *raw, *p;
-        size_t head;
-        if (bytes < APC_MT_HUGE) return calloc(bytes, 1);
-        raw = (char*)mmap(NULL, bytes + APC_MT_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (raw == (char*)MAP_FAILED) return NULL;
-        p = (char*)(((uintptr_t)raw + APC_MT_HUGE - 1) & ~(uintptr_t)(APC_MT_HUGE - 1));
-        head = (size_t)(p - raw);
-        if (head) munmap(raw, head);
-        munmap(p + bytes, APC_MT_HUGE - head);
-    #ifdef MADV_HUGEPAGE
-        madvise(p, bytes, MADV_HUGEPAGE);
-    #endif
-        return p;
-    }
-    static void apc_mt_free(void* p, size_t bytes) {
-        if (p == NULL) return;
-        if (bytes < APC_MT_HUGE) free(p); else munmap(p, bytes);
-    }
-    """
-    void* apc_mt_alloc(size_t bytes) nogil
-    void apc_mt_free(void* p, size_t bytes) nogil
+include "../core/huge_pages.pxi"  # apc_huge_alloc / apc_huge_free (shared with the compiled pool)
 
 cdef struct Slot:
     uint64_t key   # the hash, mixed (_mix)
@@ -86,7 +58,7 @@ cdef int _mt_init(MaskTable* t, Py_ssize_t initial_slots) except -1:
     t.cap = 8
     while t.cap < initial_slots:
         t.cap *= 2
-    t.slots = <Slot*>apc_mt_alloc(t.cap * sizeof(Slot))
+    t.slots = <Slot*>apc_huge_alloc(t.cap * sizeof(Slot))
     if t.slots == NULL:
         raise MemoryError()
     t.live = 0
@@ -95,7 +67,7 @@ cdef int _mt_init(MaskTable* t, Py_ssize_t initial_slots) except -1:
 
 cdef void _mt_free(MaskTable* t) noexcept:
     """Release the table's slots (the owner's ``__dealloc__``)."""
-    apc_mt_free(t.slots, t.cap * sizeof(Slot))
+    apc_huge_free(t.slots, t.cap * sizeof(Slot))
     t.slots = NULL
 
 
@@ -145,7 +117,7 @@ cdef int _mt_rebuild(MaskTable* t) except -1:
     cdef Slot* new
     while cap < 4 * (t.live + 1):
         cap *= 2
-    new = <Slot*>apc_mt_alloc(cap * sizeof(Slot))
+    new = <Slot*>apc_huge_alloc(cap * sizeof(Slot))
     if new == NULL:
         raise MemoryError()
     m = cap - 1
@@ -155,7 +127,7 @@ cdef int _mt_rebuild(MaskTable* t) except -1:
             while new[j].mask != 0:
                 j = (j + 1) & m
             new[j] = old[i]
-    apc_mt_free(old, old_cap * sizeof(Slot))
+    apc_huge_free(old, old_cap * sizeof(Slot))
     t.slots = new
     t.cap = cap
     return 0

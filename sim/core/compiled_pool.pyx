@@ -51,6 +51,7 @@ cdef inline object _external_hash(object raw):
 
 # The module is one Cython compilation unit in five files (each under the 400-line house rule):
 # the C layout, the index primitives, the free queue, this file's BlockPool API, and the views.
+include "huge_pages.pxi"
 include "compiled_pool_layout.pxi"
 include "compiled_pool_events.pxi"
 include "compiled_pool_index.pxi"
@@ -359,7 +360,7 @@ cdef class CompiledBlockPool(_PoolQueue):
             self._block(i)._key = None
             l = &self._link[i]
             l.hprev = l.hnext = l.slot = NONE
-        PyMem_Free(self._slots)
+        _free_table(self._slots, self._tcap)
         self._slots = NULL
         self._alloc_table(_table_size(self._cap))
         self.num_cached_blocks = 0

@@ -7,12 +7,26 @@ with a key is linked in exactly that key's slot list, first-inserted first.
 Every array grows with the blocks the pool has handed out, not with ``num_gpu_blocks``
 (``_PoolQueue._grow``): the per-block arrays hold ``_cap`` blocks, the table ``_table_size(_cap)``
 slots, so a pool that used a few hundred of its blocks holds a few hundred blocks' state (taken
-with ``PyMem_*``, so ``tracemalloc`` counts it). A table
+with ``PyMem_*``, so ``tracemalloc`` counts it), and one that passes an eighth of its blocks takes
+its whole size at once (a pool that fills grows once more, not through every doubling). A table
 that grows is rebuilt at the new size; its slot order is nowhere observable (the Python pool's
-dict has another order, and every result is the same with either pool). A key whose last block
-is evicted leaves the table at once (backward-shift deletion, ``_delete_slot``), so the table
-holds only live keys: at most half its slots, and no rebuild ever runs to drop dead ones.
+dict has another order, and every result is the same with either pool). A table of 2 MiB or more
+(65,536 slots and up: a pool holding more than 16,384 blocks' state) is its own mapping in huge
+pages (``huge_pages.pxi``): its probes land at random, and a pool that fills touches all of it;
+the per-block arrays of such a pool move into one more when it takes its whole size (``_arena``).
+Neither mapping is seen by ``tracemalloc`` (they are whole pools of more than 16,384 blocks).
+A key whose last block is evicted leaves the table at once (backward-shift deletion,
+``_delete_slot``), so the table holds only live keys: at most half its slots, and no rebuild ever
+runs to drop dead ones.
 """
+
+
+cdef inline void _free_table(Slot* slots, int32_t cap) noexcept:
+    """Release a table ``_PoolIndex._alloc_table`` took for ``cap`` slots (its size says how)."""
+    if cap * sizeof(Slot) < APC_HUGE:
+        PyMem_Free(slots)
+    else:
+        apc_huge_unmap(slots, cap * sizeof(Slot))
 
 
 cdef class _PoolIndex:
@@ -42,6 +56,10 @@ cdef class _PoolIndex:
     cdef int32_t _nhead  # free blocks before the run (ring positions below _vpos), while there is one
     cdef Link* _link
     cdef int32_t* _scratch  # block ids of one pop, or of one free's blocks bound for the head
+    # the one huge-page mapping of _link, _rpos, _ring and _scratch once the pool is whole and its
+    # table is huge (``_PoolQueue._move_to_arena``), else NULL (each array its own PyMem block)
+    cdef char* _arena
+    cdef size_t _arena_size
     cdef Slot* _slots
     # the key object of each slot whose key is not 16 bytes (exact compare), else None; the list
     # itself is None until such a key is first inserted (keys of the default "fast" hash are 16)
@@ -57,6 +75,7 @@ cdef class _PoolIndex:
         self._link = NULL
         self._scratch = NULL
         self._slots = NULL
+        self._arena = NULL
         self._cap = 0
         self._rmask = 0
         self._rhead = self._rtail = self._vpos = RING_BASE
@@ -65,11 +84,14 @@ cdef class _PoolIndex:
         self._nhead = 0
 
     def __dealloc__(self):
-        PyMem_Free(self._ring)
-        PyMem_Free(self._rpos)
-        PyMem_Free(self._link)
-        PyMem_Free(self._scratch)
-        PyMem_Free(self._slots)
+        if self._arena != NULL:
+            apc_huge_unmap(self._arena, self._arena_size)
+        else:
+            PyMem_Free(self._ring)
+            PyMem_Free(self._rpos)
+            PyMem_Free(self._link)
+            PyMem_Free(self._scratch)
+        _free_table(self._slots, self._tcap)
 
     @property
     def event_sink(self):
@@ -86,7 +108,12 @@ cdef class _PoolIndex:
         return <CompiledBlock>PyList_GET_ITEM(self.blocks, bid)
 
     cdef void _alloc_table(self, int32_t cap) except *:
-        cdef Slot* t = <Slot*>PyMem_Calloc(cap, sizeof(Slot))
+        """An empty table of ``cap`` slots (the old one, if any, released by the caller)."""
+        cdef Slot* t
+        if cap * sizeof(Slot) < APC_HUGE:
+            t = <Slot*>PyMem_Calloc(cap, sizeof(Slot))
+        else:
+            t = <Slot*>apc_huge_map(cap * sizeof(Slot))
         if t == NULL:
             raise MemoryError()
         self._slots = t
@@ -164,7 +191,7 @@ cdef class _PoolIndex:
                 while b != NONE:
                     self._link[b].slot = t
                     b = self._link[b].hnext
-        PyMem_Free(old)
+        _free_table(old, old_cap)
 
     cdef void _insert(self, CompiledBlock blk, object key) except *:
         """Cache ``blk`` under ``key`` after any block already there (no de-duplication)."""

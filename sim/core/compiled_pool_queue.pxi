@@ -21,11 +21,26 @@ at the tail after it (see ``sim.core.free_block_queue``, the Python pool's same 
 the blocks before the run, then the run's ids, making their objects then (``_make_virgin``), then
 the blocks after it. Block ids, free order, hits and evictions are those of the pool that made
 every block up front; memory follows the blocks handed out: ``_grow`` at least doubles the arrays
-(ids ``0 .. _cap - 1``) when a pop reaches past them, up to ``num_gpu_blocks``.
+(ids ``0 .. _cap - 1``) when a pop reaches past them, and takes all ``num_gpu_blocks`` at once when
+that reaches an eighth of them and 2,048 blocks (``WHOLE``, ``JUMP_FROM``).
 """
 
 cdef enum:
     MIN_BLOCKS = 64  # the per-block arrays' first size (about 13 KiB of a pool's state)
+    # a growth to JUMP_FROM blocks or more that reaches 1 / WHOLE of the pool's blocks takes them
+    # all: a pool that fills then skips its last doublings, each a new table filled by a rebuild
+    # (its pages faulted in anew), and a pool that stops below an eighth of its blocks never holds
+    # more than twice what it used (a small pool, whose doublings are cheap, keeps them all)
+    WHOLE = 8
+    JUMP_FROM = 2048  # (about 200 KiB of a pool's state)
+
+
+cdef inline void* _realloc(void* p, size_t size) except NULL:
+    """``PyMem_Realloc``, raising ``MemoryError`` on failure (``p`` is then still valid)."""
+    cdef void* q = PyMem_Realloc(p, size)
+    if q == NULL:
+        raise MemoryError()
+    return q
 
 
 cdef class _PoolQueue(_PoolIndex):
@@ -36,40 +51,38 @@ cdef class _PoolQueue(_PoolIndex):
 
     # -- growth -------------------------------------------------------------------------------
     cdef void _grow(self, int32_t need) except *:
-        """Make the per-block arrays hold ids ``0 .. need - 1`` at least (at least doubling, at most
-        ``num_gpu_blocks``), the ring and the table their sizes for that many blocks. Ids past
-        ``_next_virgin`` get no ring entry and no key (``_rpos`` NOT_FREE, links NONE)."""
+        """Make the per-block arrays hold ids ``0 .. need - 1`` at least (at least doubling; all
+        ``num_gpu_blocks`` once that reaches ``JUMP_FROM`` and ``1 / WHOLE`` of them), the ring and
+        the table their sizes for that many blocks. Ids past ``_next_virgin`` get no ring entry and
+        no key (``_rpos`` NOT_FREE, links NONE)."""
         cdef int32_t old = self._cap, cap, i
         cdef int64_t p
-        cdef int32_t* ring
+        cdef int32_t* ring = NULL
         if need <= old:
             return
         cap = max(need, max(2 * old, <int32_t>MIN_BLOCKS))
+        if cap >= JUMP_FROM and <int64_t>cap * WHOLE >= self.num_gpu_blocks:
+            cap = self.num_gpu_blocks
         cap = min(cap, self.num_gpu_blocks)
-        cdef void* rpos = PyMem_Realloc(self._rpos, cap * sizeof(int64_t))
-        if rpos == NULL:
-            raise MemoryError()
-        self._rpos = <int64_t*>rpos
-        cdef void* link = PyMem_Realloc(self._link, cap * sizeof(Link))
-        if link == NULL:
-            raise MemoryError()
-        self._link = <Link*>link
-        cdef void* scratch = PyMem_Realloc(self._scratch, cap * sizeof(int32_t))
-        if scratch == NULL:
-            raise MemoryError()
-        self._scratch = <int32_t*>scratch
+        cdef int32_t rsize = _ring_size(cap)
+        if cap == self.num_gpu_blocks and <size_t>_table_size(cap) * sizeof(Slot) >= APC_HUGE:
+            ring = self._move_to_arena(cap, rsize)  # (the last growth: the pool is whole)
+        else:
+            self._rpos = <int64_t*>_realloc(self._rpos, cap * sizeof(int64_t))
+            self._link = <Link*>_realloc(self._link, cap * sizeof(Link))
+            self._scratch = <int32_t*>_realloc(self._scratch, cap * sizeof(int32_t))
+            if rsize > self._rmask + 1 or self._ring == NULL:
+                ring = <int32_t*>PyMem_Calloc(rsize, sizeof(int32_t))  # zeroed: pops prefetch past the tail
+                if ring == NULL:
+                    raise MemoryError()
         for i in range(old, cap):
             self._rpos[i] = NOT_FREE
             self._link[i].hprev = self._link[i].hnext = self._link[i].slot = NONE
             self._link[i].pad = 0
-        cdef int32_t rsize = _ring_size(cap)
-        if rsize > self._rmask + 1 or self._ring == NULL:
-            ring = <int32_t*>PyMem_Calloc(rsize, sizeof(int32_t))  # zeroed: pops prefetch past the tail
-            if ring == NULL:
-                raise MemoryError()
+        if ring != NULL:
             for p in range(self._rhead, self._rtail):  # same positions, the larger ring's slots
                 ring[p & (rsize - 1)] = self._ring[p & self._rmask]
-            PyMem_Free(self._ring)
+            PyMem_Free(self._ring)  # (never the arena's: the arena comes with the last growth)
             self._ring = ring
             self._rmask = rsize - 1
         self._cap = cap
@@ -77,6 +90,30 @@ cdef class _PoolQueue(_PoolIndex):
             self._alloc_table(_table_size(cap))
         elif _table_size(cap) > self._tcap:
             self._rebuild(_table_size(cap))
+
+    cdef int32_t* _move_to_arena(self, int32_t cap, int32_t rsize) except NULL:
+        """Move the per-block arrays into one huge-page mapping for ``cap`` blocks (the arena: links,
+        ring positions, scratch, and the ring of ``rsize`` entries, returned empty for the caller to
+        fill): a whole pool's per-block state is about 1 MiB read at random block ids, which in 4 KiB
+        pages is some 250 page faults to fill and a TLB miss on most reads."""
+        cdef size_t n_link = cap * sizeof(Link), n_rpos = cap * sizeof(int64_t)
+        cdef size_t n_ring = rsize * sizeof(int32_t), n_scratch = cap * sizeof(int32_t)
+        cdef size_t size = (n_link + n_rpos + n_ring + n_scratch + APC_HUGE - 1) & ~(APC_HUGE - 1)
+        cdef char* a = <char*>apc_huge_map(size)
+        if a == NULL:
+            raise MemoryError()
+        memcpy(a, self._link, self._cap * sizeof(Link))
+        memcpy(a + n_link, self._rpos, self._cap * sizeof(int64_t))
+        memcpy(a + n_link + n_rpos + n_ring, self._scratch, self._cap * sizeof(int32_t))
+        PyMem_Free(self._link)
+        PyMem_Free(self._rpos)
+        PyMem_Free(self._scratch)
+        self._link = <Link*>a
+        self._rpos = <int64_t*>(a + n_link)
+        self._scratch = <int32_t*>(a + n_link + n_rpos + n_ring)
+        self._arena = a
+        self._arena_size = size
+        return <int32_t*>(a + n_link + n_rpos)
 
     cdef void _make_virgin(self, int32_t n) except *:
         """Make the objects of the never-used ids a pop of ``n`` will take (the run comes after the
@@ -179,6 +216,12 @@ cdef class _PoolQueue(_PoolIndex):
     cdef bint _is_free(self, int32_t bid) noexcept:
         """Query: whether a block handed out before (``bid < _next_virgin``) is free."""
         return self._rpos[bid] != NOT_FREE
+
+    @property
+    def state_blocks(self):
+        """Query: the blocks the C arrays hold state for (ids ``0 .. state_blocks - 1``; see
+        ``_grow``): the pool's memory, which follows the blocks it handed out."""
+        return self._cap
 
     def free_block_ids(self):
         """Query: free block ids, head (next reused) first."""
