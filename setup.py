@@ -7,11 +7,12 @@ build fails the install still succeeds and the same code runs interpreted (same 
   ``sim/core/compiled_hash.pyx`` (the fast hash chain over runs), ``sim/core/offload/chunk_table.pyx``
   (the CPU tier's LRU chunk table), ``workloads/trace_scan.pyx``
   (the trace line scanner), ``workloads/bounds_scan.pyx`` (the policy loops of the offline
-  references), ``sim/cluster/compiled_index.pyx`` (the routers' KV-event index) and
-  ``sim/cluster/compiled_active.pyx`` (Dynamo's active blocks per worker). Without them
+  references), ``sim/cluster/compiled_index.pyx`` (the routers' KV-event index),
+  ``sim/cluster/compiled_active.pyx`` (Dynamo's active blocks per worker) and
+  ``sim/replay/compiled_window.pyx`` (a bulk decode window's step loop). Without them
   ``sim.core.pool_impl`` says once that it falls back to the Python pool, the hash uses its numpy
   code, traces the stdlib ``json`` path, the offline references their Python loops and the
-  routers the Python index, and the CPU tier the Python manager.
+  routers the Python index, the CPU tier the Python manager, and a bulk window its Python loop.
 * **mypyc** (``sim.core.native_build.ENGINE_MODULES``): the engine's per-step modules -- the request, scheduler, KV
   manager and coordinator, the executor interface and the replay's step loop and decode window --
   compiled from their own typed ``.py`` source, which stays the code that runs without the build.
@@ -47,6 +48,7 @@ _MODULES = {
     "sim.cluster.compiled_active": "sim/cluster/compiled_active.pyx",
     "sim.core.offload.chunk_table": "sim/core/offload/chunk_table.pyx",
     "workloads.convert.word_scan": "workloads/convert/word_scan.pyx",
+    "sim.replay.compiled_window": "sim/replay/compiled_window.pyx",
 }
 
 

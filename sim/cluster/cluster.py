@@ -214,7 +214,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         if self.pipeline is not None:
             self.pipeline.publish(replica, row[0], row[1] + row[2])
 
-    def step_ends(self, replica: int, columns: tuple[Sequence[Any], ...], ends: list[float] | None = None) -> None:
+    def step_ends(self, replica: int, columns: tuple[Sequence[Any], ...], ends: Sequence[float] | None = None) -> None:
         # a window's rows in bulk: the metrics history and the KV-event batches are separate
         # structures, so filling one for every row and then the other is step_end row by row
         if ends is None:  # (else the window's own: ClusterHooks.step_ends)
@@ -222,7 +222,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         if self._keep_metrics:
             self._metrics[replica].extend(window_metrics(columns, ends))
         if self.pipeline is not None:
-            self.pipeline.publish_rows(replica, columns[0], ends)
+            self.pipeline.publish_rows(replica, columns[0], ends)  # type: ignore[arg-type]  # (array: read by index)
 
     # -- the dispatcher ------------------------------------------------------------------------
     def _peek(self) -> TraceRequest | None:

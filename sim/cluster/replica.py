@@ -88,7 +88,7 @@ class ClusterHooks:
         """A step row was recorded (``sim.replay.metrics.STEP_COLUMNS`` order; see
         :func:`row_metrics`)."""
 
-    def step_ends(self, replica: int, columns: tuple[Sequence[Any], ...], ends: list[float] | None = None) -> None:
+    def step_ends(self, replica: int, columns: tuple[Sequence[Any], ...], ends: Sequence[float] | None = None) -> None:
         """A fast-forward window's rows were recorded, given as columns in ``STEP_COLUMNS`` order:
         the same as :meth:`step_end` on each row in step order (an override does it in bulk).
         ``ends``: :func:`step_end_times` of ``columns`` when the window already has them (its
@@ -107,7 +107,7 @@ def step_end_times(columns: tuple[Sequence[Any], ...]) -> list[float]:
     return list(map(operator.add, columns[1], columns[2]))
 
 
-def window_metrics(columns: tuple[Sequence[Any], ...], ends: list[float]) -> Iterator[ReplicaMetrics]:
+def window_metrics(columns: tuple[Sequence[Any], ...], ends: Sequence[float]) -> Iterator[ReplicaMetrics]:
     """:func:`row_metrics` of every row given as columns, in row order."""
     return map(ReplicaMetrics, ends, columns[_WAITING], columns[_RUNNING], columns[_KV_USAGE])
 
@@ -181,7 +181,7 @@ class ReplicaRecorder(ReplayRecorder):
         super().step(*values)
         self._hooks.step_end(self.index, values)
 
-    def steps(self, *columns: Sequence[Any], ends: list[float] | None = None) -> None:
+    def steps(self, *columns: Sequence[Any], ends: Sequence[float] | None = None) -> None:
         """A fast-forward window's rows: appended in one go, then reported to the cluster as step
         ends in step order (the router's gauges and the KV-event batches are per step, as in the
         plain loop; nothing else runs between a window's rows, so the order of the two is free)."""

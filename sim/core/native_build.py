@@ -29,6 +29,7 @@ ENGINE_MODULES = (
     "sim.replay.step_runner",
     "sim.replay.sync_loop",
     "sim.replay.decode_window",
+    "sim.replay.window_gates",  # the decode window's admission gates (split from decode_window)
     "sim.replay.window_apply",
     # the CPU offload tier's per-chunk structures (its policies, their references, the manager):
     # an interpreted class cannot subclass a compiled one, so the references compile too

@@ -25,7 +25,9 @@ prefill's full chunks), the window ending before the first step that leaves budg
 needed fit the free queue (no preemption); no request
 finishes before the window's last step; no arrival becomes visible inside it unless the waiting
 queue already blocks admissions. Equality with the plain step loop is a test.
-``sim.replay.window_apply`` plays a planned window. Imports neither simpy nor torch.
+``sim.replay.window_apply`` plays a planned window; ``sim.replay.window_gates`` holds the admission
+gates; ``sim.replay.compiled_window`` runs a bulk window's step loop in C where built (this module's
+loop, ``_bulk_loop``, is its oracle). Imports neither simpy nor torch.
 """
 
 from __future__ import annotations
@@ -33,13 +35,18 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 
 from sim.core.executor import StepShape
-from sim.core.kv_cache_spec import cdiv
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler
 from sim.core.step_price import RooflinePrice
+from sim.replay.window_gates import head_stays_refused, step0_admits
+
+_bulk_steps: Callable[..., tuple[array[float], array[float]]] | None
+try:  # the bulk window's step loop in C (same floats; sim.replay.compiled_window, built by pip install -e .)
+    from sim.replay.compiled_window import bulk_steps as _bulk_steps
+except ImportError:  # pragma: no cover - where the extension is not built
+    _bulk_steps = None
 
 
 def constant_column(value: int, k: int) -> array[int]:
@@ -74,7 +81,7 @@ class Window:
     num_new_tokens: Sequence[int]
     num_prefill_tokens: Sequence[int]
     num_decode_seqs: Sequence[int]
-    durations: list[float]
+    durations: Sequence[float]  # (an array('d') from a compiled bulk window: no float object per step)
     lookups: list[bool]  # whether the waiting head is looked up (and refused) in the step
     first_tokens: list[tuple[int, list[Request]]]  # (step, requests sampling their first-ever token), when any
     lookup_head: Request | None = None
@@ -83,78 +90,12 @@ class Window:
     free_blocks: list[int] = field(default_factory=list)  # the pool's free blocks after each step (apply_window)
     cached_blocks: list[int] = field(default_factory=list)  # its cached blocks after each step
     usage: list[float] = field(default_factory=list)  # the KV usage after each step (apply_window)
-    starts: list[float] = field(default_factory=list)  # each step's start, then the window's end
+    starts: Sequence[float] = field(default_factory=list)  # each step's start, then the window's end (as durations)
     finished: list[Request] = field(default_factory=list)  # freed at the last step (apply_window)
 
     @property
     def k(self) -> int:
         return len(self.durations)
-
-
-_unique_outputs = attrgetter("unique_outputs")
-
-
-def _head_stays_refused(scheduler: Scheduler, tail: list[Request]) -> Request | None | bool:
-    """The waiting head if it is refused at every window step, None if no lookup happens, False if
-    a lookup could admit something (no window then)."""
-    if not scheduler.waiting:
-        return None
-    cfg = scheduler.config
-    if len(scheduler.running) >= cfg.max_num_active_reqs:
-        return None  # the waiting loop stops before any lookup
-    if cfg.policy != "fcfs" or not cfg.scheduler_reserve_full_isl:
-        return False
-    if not all(map(_unique_outputs, scheduler.running)):
-        return False
-    head = scheduler.waiting.peek()
-    kvm = scheduler.kv_cache_manager
-    head_hashes = head.block_hashes
-    for r in tail:
-        c = kvm.get_num_cached_blocks(r.request_id)
-        hashes = r.block_hashes
-        if c < len(hashes) and c < len(head_hashes) and hashes[c] == head_hashes[c]:
-            return False  # this prefill could cache the head's next missing block
-    # Refused now (full-sequence gate, as allocate_slots would compute it, without recording a
-    # lookup) => refused at every window step: the free queue only shrinks and the hit chain only
-    # loses blocks, which never lowers the need.
-    hits, num_hits = kvm.peek_computed_blocks(head)
-    if kvm.full_sequence_fits(head, hits, num_hits, has_scheduled_reqs=True):
-        return False
-    return head
-
-
-def _step0_admits(scheduler: Scheduler, budget_gate: bool) -> bool:
-    """True when ``plan_window`` surely finds no window because step 0 leaves token budget to a
-    waiting head that its lookup may admit (``budget_gate``, or the full-sequence gate passing
-    whatever the hits: a waiting request holds no block and a hit counts at most once, as evictable,
-    where it would count once as new, so the need is at most its whole sequence's blocks plus the
-    watermark); found here without the window's per-request set-up. Step 0 leaves budget when the
-    running requests' demands -- a decoder's 1, a prefill's remaining tokens up to the long-prefill
-    threshold, an upper bound of what ``schedule()`` gives -- sum below it. Sync scheduling only."""
-    if not scheduler.waiting:
-        return False
-    cfg = scheduler.config
-    running = scheduler.running
-    if len(running) >= cfg.max_num_active_reqs:
-        return False
-    kvm = scheduler.kv_cache_manager
-    if not budget_gate:
-        head = scheduler.waiting.peek()
-        need = cdiv(min(head.num_tokens, cfg.max_model_len), kvm.block_size)
-        need += kvm.coordinator.watermark_for(head, True)
-        if need > kvm.block_pool.get_num_free_blocks():
-            return False
-    budget = cfg.max_num_batched_tokens
-    threshold = scheduler.long_prefill_threshold()
-    demand = 0
-    for r in running:
-        n = r.num_tokens - r.num_computed_tokens
-        if 0 < threshold < n:
-            n = threshold
-        demand += n
-        if demand >= budget:
-            return False
-    return True
 
 
 def _extend_bulk_need(need: list[int], firsts: list[int], bs: int, horizon: int) -> None:
@@ -208,7 +149,7 @@ def plan_window(
         and (cfg.policy != "fcfs" or not cfg.scheduler_reserve_full_isl)
     )
     kvm = scheduler.kv_cache_manager
-    if _step0_admits(scheduler, budget_gate):
+    if step0_admits(scheduler, budget_gate):
         return None
     max_len = cfg.max_model_len
     # bulk: how long until one finishes (k_max), its context sum; one pass over running
@@ -233,8 +174,8 @@ def plan_window(
     bulk, tail = running[:n_bulk], running[n_bulk:]
     if n_bulk > cfg.max_num_batched_tokens or k_max < 2:
         return None
-    head = None if budget_gate else _head_stays_refused(scheduler, tail)
-    if head is False:  # a lookup could admit the head (see _head_stays_refused)
+    head = None if budget_gate else head_stays_refused(scheduler, tail)
+    if head is False:  # a lookup could admit the head (see head_stays_refused)
         budget_gate, head = True, None
     if budget_gate and not tail and n_bulk < cfg.max_num_batched_tokens:
         return None  # step 0 leaves budget, so it would look the head up (see budget_gate)
@@ -368,6 +309,22 @@ def _bulk_window(scheduler: Scheduler, bulk: list[Request], bulk_blocks: list[in
     shape, plan or tail; the steps end where the general loop's would, for the same reasons."""
     n_bulk = len(bulk)
     bs = scheduler.kv_cache_manager.block_size
+    cols: tuple[Sequence[float], Sequence[float]]  # (durations, starts)
+    if step_price is not None and _bulk_steps is not None:  # the same loop in C (sim.replay.compiled_window)
+        cols = _bulk_steps(step_price, n_bulk, ctx, k_max, free, bulk_first, bs, now, next_arrival, stop_at_arrival,
+                           observed)
+    else:
+        cols = _bulk_loop(scheduler.step_index, n_bulk, bs, bulk_first, bulk_need, ctx, k_max, free, price,
+                          step_price, now, next_arrival, stop_at_arrival, observed)
+    return _bulk(bulk, bulk_blocks, head, look, cols[0], cols[1])
+
+
+def _bulk_loop(step_index: int, n_bulk: int, bs: int, bulk_first: list[int], bulk_need: list[int], ctx: int,
+               k_max: int, free: int, price: Callable[[StepShape, int], float], step_price: RooflinePrice | None,
+               now: float, next_arrival: float, stop_at_arrival: bool,
+               observed: bool) -> tuple[list[float], list[float]]:
+    """:func:`_bulk_window`'s steps, in Python: ``(durations, starts)`` (the oracle of
+    ``sim.replay.compiled_window.bulk_steps``, and the path without a ``step_price`` or the build)."""
     durations: list[float] = []
     starts = [now]
     start = now
@@ -383,7 +340,7 @@ def _bulk_window(scheduler: Scheduler, bulk: list[Request], bulk_blocks: list[in
         if step_price is not None:
             d = step_price.step_time(n_bulk, n_bulk, ctx, ctx + n_bulk)
         else:  # the index step j will get (apply_window)
-            d = price(StepShape(n_bulk, n_bulk, n_bulk, 0, ctx, ctx + n_bulk), scheduler.step_index + j)
+            d = price(StepShape(n_bulk, n_bulk, n_bulk, 0, ctx, ctx + n_bulk), step_index + j)
         if observed and start + d >= next_arrival:
             break  # an observed window is over before the next arrival (see plan_window)
         used += need
@@ -391,9 +348,16 @@ def _bulk_window(scheduler: Scheduler, bulk: list[Request], bulk_blocks: list[in
         start = start + d  # the same float arithmetic as the plain loop's clock
         starts.append(start)
         ctx += n_bulk
+    return durations, starts
+
+
+def _bulk(bulk: list[Request], bulk_blocks: list[int], head: Request | None, look: bool, durations: Sequence[float],
+          starts: Sequence[float]) -> Window | None:
+    """The bulk window of these steps (None under 2 steps)."""
     k = len(durations)
     if k < 2:
         return None
+    n_bulk = len(bulk)
     bulk_col = constant_column(n_bulk, k)  # (copied by the step table, not converted)
     return Window(bulk, [], [], bulk_col, bulk_col, constant_column(0, k), bulk_col, durations, [look] * k, [],
                   head, bulk_blocks, [], starts=starts)

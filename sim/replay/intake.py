@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import operator
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from sim.core.request import Request, RequestBlockHasher
 from sim.core.scheduler import Scheduler
@@ -80,7 +80,7 @@ class RequestIntake:
                 self.scheduler.add_request(r)
             self._pending.clear()
 
-    def due_counts(self, times: list[float]) -> list[int]:
+    def due_counts(self, times: Sequence[float]) -> list[int]:
         """For each of the non-decreasing ``times``, how many records not yet handed to the
         scheduler arrive at or before it (to ARRIVAL_EPS_S); delivers them (they stay pending)."""
         if not times:

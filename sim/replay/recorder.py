@@ -124,7 +124,7 @@ class ReplayRecorder:
         """One step row, in ``STEP_COLUMNS`` order."""
         self._steps.append(*values)
 
-    def steps(self, *columns: Sequence[Any], ends: list[float] | None = None) -> None:
+    def steps(self, *columns: Sequence[Any], ends: Sequence[float] | None = None) -> None:
         """Several step rows given as columns (lists, or arrays for a window's constant columns:
         ``NumericColumnTable.extend``), in ``STEP_COLUMNS`` order (a fast-forward window).
         ``ends``: each row's start + duration when the caller has those floats already (a window's

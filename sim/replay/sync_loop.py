@@ -17,7 +17,7 @@ A generator of :data:`~sim.replay.step_runner.Wait` values; imports neither simp
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from sim.replay.decode_window import Window, constant_column
 from sim.replay.errors import ReplayError
@@ -82,7 +82,7 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
     n_finished[k - 1] = len(window.finished)
     durations = window.durations
     # each row's end: the next step's start, the float start + duration made when planning
-    ends: list[float] | None = starts[1:]
+    ends: Sequence[float] | None = starts[1:]
     if run.kv_worker is not None:  # a tiered step records its end minus its start (StepRunner._transfers)
         durations = [starts[j + 1] - starts[j] for j in range(k)]
         ends = None  # (start + (end - start) may round off the end: the hook adds them itself)
@@ -100,7 +100,7 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
     run.after_step()
 
 
-def window_waits(now: float, end: float, durations: list[float]) -> list[float]:
+def window_waits(now: float, end: float, durations: Sequence[float]) -> list[float]:
     """The clock waits of a window from ``now`` to ``end`` (the float the plain loop reaches by
     adding ``durations`` one by one): one wait when one lands exactly, else the durations themselves."""
     d = exact_delay(now, end)
