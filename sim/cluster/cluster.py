@@ -222,7 +222,7 @@ class ClusterReplay(ClusterHooks, ClusterView):
         if self._keep_metrics:
             self._metrics[replica].extend(window_metrics(columns, ends))
         if self.pipeline is not None:
-            self.pipeline.publish_rows(replica, columns[0], ends)  # type: ignore[arg-type]  # (array: read by index)
+            self.pipeline.publish_rows(replica, columns[0], ends)
 
     # -- the dispatcher ------------------------------------------------------------------------
     def _peek(self) -> TraceRequest | None:

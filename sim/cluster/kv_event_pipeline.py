@@ -39,6 +39,7 @@ import heapq
 import random
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sim.core.kv_events import EventSink, KVCacheEvent
@@ -65,18 +66,26 @@ except ImportError:  # pragma: no cover - not built: the closure below, same lis
 DelaySampler = Callable[[], float]
 
 
+@dataclass(frozen=True, slots=True)
+class FixedDelay:
+    """A fixed delay: every draw is ``value`` (a window's merged batches need no draw to know it)."""
+
+    value: float
+
+    def __call__(self) -> float:
+        return self.value
+
+
 def delay_sampler(spec: dict[str, Any] | float, seed: int) -> DelaySampler:
     """A delay distribution in seconds: a number (fixed), or ``{dist: fixed|uniform|exponential|
     lognormal, ...}`` with ``mean_s`` (fixed, exponential), ``low_s``/``high_s`` (uniform),
     ``median_s``/``sigma`` (lognormal)."""
     if not isinstance(spec, dict):
-        value = float(spec)
-        return lambda: value
+        return FixedDelay(float(spec))
     rng = random.Random(seed)
     dist = spec.get("dist", "fixed")
     if dist == "fixed":
-        value = float(spec["mean_s"])
-        return lambda: value
+        return FixedDelay(float(spec["mean_s"]))
     if dist == "uniform":
         lo, hi = float(spec["low_s"]), float(spec["high_s"])
         return lambda: rng.uniform(lo, hi)
@@ -148,6 +157,7 @@ class KVEventPipeline:
     def __init__(self, num_replicas: int, delay: DelaySampler,  # deliver(replica, EventBatch)
                  deliver: Callable[[int, Any], None], record: bool = False, raw: bool = False) -> None:
         self.delay = delay
+        self._fixed = delay.value if isinstance(delay, FixedDelay) else None
         self._deliver = deliver
         self._collected: list[_Collected | KVEventLog] = [_Collected() for _ in range(num_replicas)]
         self.raw = raw and not record and _Log is not None
@@ -220,7 +230,7 @@ class KVEventPipeline:
         self._seq += 1
         heapq.heappush(self._in_flight, (due, self._seq, replica, self._epoch[replica], batch, 1))
 
-    def publish_rows(self, replica: int, steps: Sequence[int], ends: list[float]) -> None:
+    def publish_rows(self, replica: int, steps: Sequence[int], ends: Sequence[float]) -> None:
         """Changes state: :meth:`publish` for each of a window's steps, in step order (the events
         were all collected before: the window's engine work is done when its rows are recorded)."""
         c = self._collected[replica]
@@ -249,7 +259,7 @@ class KVEventPipeline:
             if front <= step:
                 self.publish(replica, step, end)
 
-    def _publish_merged(self, replica: int, log: KVEventLog, steps: Sequence[int], ends: list[float]) -> None:
+    def _publish_merged(self, replica: int, log: KVEventLog, steps: Sequence[int], ends: Sequence[float]) -> None:
         """:meth:`publish_rows` of a window's rows (consecutive steps) on a raw log, the batches
         that are due by the window's end merged into one (a raw router only feeds its index, whose
         replicas' bits are independent, so what it reads at a routing instant is the same): each
@@ -257,17 +267,28 @@ class KVEventPipeline:
         (the same draws); while those dues are at most the window's end -- the present, so every
         later delivery takes all of them at once, in the same order -- their events travel as one
         batch, due at the first one's due and counted as that many batches; the rest (a delay
-        past the window's end) are published one by one, as before."""
+        past the window's end) are published one by one, as before. A fixed delay needs no loop
+        when every row's due is at most the window's end (the common case): the dues are then
+        known from the first and the last row alone."""
         first, last, bound = steps[0], steps[-1], ends[-1]
-        # the rows that publish: the first whose step reaches each event's tag (earlier tags: row 0);
-        # the tags never decrease, so their distinct values come in order
-        rows: list[int] = []
-        for t in dict.fromkeys(log.tags()):
-            if t > last:
-                break
-            j = t - first if t > first else 0
-            if not rows or rows[-1] != j:
-                rows.append(j)
+        # the rows that publish: the first whose step reaches each event's tag (the tags up to the
+        # first step: row 0); the tags' distinct values come in order (tags_upto, in C)
+        tags = log.tags_upto(last)
+        if not tags:
+            return
+        early = bisect_right(tags, first)
+        fixed = self._fixed
+        if fixed is not None:
+            # every draw is `fixed`, and a window's row ends never decrease (a step ends when the
+            # next starts), so the running max of the dues is the last row's, and the first row's
+            # due heads the merged batch when that last one is at most the window's end
+            top = max(ends[tags[-1] - first if tags[-1] > first else 0] + fixed, self._last_due[replica])
+            if top <= bound:
+                head_due = max(ends[0 if early else tags[0] - first] + fixed, self._last_due[replica])
+                self._last_due[replica] = top
+                self._push(replica, head_due, log.take(last), len(tags) - early + (1 if early else 0))
+                return
+        rows = ([0] if early else []) + [t - first for t in tags[early:]]
         merged, head_due = 0, 0.0
         for i, j in enumerate(rows):
             due = max(ends[j] + self.delay(), self._last_due[replica])

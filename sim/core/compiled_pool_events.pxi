@@ -174,6 +174,19 @@ cdef class KVEventLog:
         """Query: the step tags of the events not yet taken, in order."""
         return [self._steps[i] for i in range(self._start, self._ne)]
 
+    def tags_upto(self, int64_t last):
+        """Query: the distinct step tags up to ``last`` of the events not yet taken, in order --
+        ``tags()`` deduplicated and cut, without an int per event (each next tag is found by
+        bisection: the tags never decrease, see ``take``). A window publishes a batch per tag."""
+        cdef list out = []
+        cdef Py_ssize_t i = self._start
+        cdef int64_t t
+        while i < self._ne and self._steps[i] <= last:
+            t = self._steps[i]
+            out.append(t)
+            i = self._cut(i + 1, t)
+        return out
+
     def front(self):
         """Query: the step tag of the first event not yet taken (None: none left)."""
         return self._steps[self._start] if self._start < self._ne else None
@@ -182,15 +195,10 @@ cdef class KVEventLog:
         """Changes state: the events from the front up to the first tagged after ``step``, as a
         :class:`RawEventBatch` (None: none). The tags never decrease (a scheduler's
         ``step_index`` only grows), so the cut is a bisection."""
-        cdef Py_ssize_t lo = self._start, hi = self._ne, mid, w0, w1
-        if lo == hi or self._steps[lo] > step:
+        cdef Py_ssize_t lo = self._start, w0, w1
+        if lo == self._ne or self._steps[lo] > step:
             return None
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if self._steps[mid] <= step:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = self._cut(lo, step)
         w0 = self._at[self._start]
         w1 = self._at[lo] if lo < self._ne else self._nw
         cdef RawEventBatch batch = RawEventBatch.__new__(RawEventBatch)
@@ -204,6 +212,17 @@ cdef class KVEventLog:
         elif lo > 4096 and 2 * lo > self._ne:
             self._compact()
         return batch
+
+    cdef inline Py_ssize_t _cut(self, Py_ssize_t lo, int64_t step) noexcept:
+        """The first event from ``lo`` on tagged after ``step`` (``_ne``: none), by bisection."""
+        cdef Py_ssize_t hi = self._ne, mid
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if self._steps[mid] <= step:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     cdef void _compact(self) noexcept:
         """Drop the taken front (events and words) by moving the rest down."""
