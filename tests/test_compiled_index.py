@@ -5,6 +5,7 @@ the table's end included) and rebuilds."""
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import pytest
@@ -47,9 +48,11 @@ def calls(draw: st.DrawFn) -> list[tuple]:
 def _call_both(py: Any, c: Any, call: tuple) -> None:
     """One drawn call on the Python index and the compiled one: a match must answer the same, in the
     same order; any other call changes both."""
-    if call[0] == "match":
-        got, want = c.match(call[1], call[2]), py.match(call[1], call[2])
-        assert got == want and list(got.items()) == list(want.items())
+    if call[0] == "match":  # (the hashes as a list, an array('Q') read in place, any other iterable)
+        want = py.match(call[1], call[2])
+        for hashes in (call[1], array("Q", call[1]), tuple(call[1])):
+            got = c.match(hashes, call[2])
+            assert got == want and list(got.items()) == list(want.items())
     else:
         getattr(py, call[0])(*call[1:])
         getattr(c, call[0])(*call[1:])
@@ -125,9 +128,9 @@ def test_tables_past_2_mib_in_their_own_mapping_answer_as_the_oracle() -> None:
 @given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0, 0, 1, 1, 2]), st.lists(HASHES, max_size=40)),
                 max_size=30))
 def test_a_long_raw_batch_applies_as_its_calls(events: list[tuple]) -> None:
-    """``apply_raw`` (every word through the lookahead ring, headers too) leaves the index as the
-    store/remove/clear calls of its events do; a cleared event's words, if any, are skipped."""
-    from array import array
+    """``apply_raw`` (the hashes gathered apart from the headers, then through the lookahead ring)
+    leaves the index as the store/remove/clear calls of its events do; a cleared event's words, if
+    any, are skipped."""
 
     py, c = KVEventIndex(4), CompiledKVEventIndex(4, initial_slots=8)
     for replica in range(4):
@@ -154,6 +157,8 @@ def test_replica_numbers_are_checked_and_large_fleets_get_the_python_index() -> 
         c.store(4, [1])
     with pytest.raises(ValueError, match="0 to 64 replicas"):
         CompiledKVEventIndex(65)
+    with pytest.raises(TypeError, match="array\\('Q'\\)"):  # (an array of another type: not words)
+        c.match(array("q", [1]), [0])
     assert type(make_kv_event_index(64)) is CompiledKVEventIndex
     assert type(make_kv_event_index(65)) is ShardedKVEventIndex
     assert [type(t) for t in make_kv_event_index(130).shards] == [CompiledKVEventIndex] * 3  # type: ignore[attr-defined]

@@ -90,6 +90,8 @@ def test_compiled_pool_log_records_the_objects_events(num_blocks: int, ops: list
         assert _state(pools[0]) == _state(pools[1])
     assert len(raw) == len(from_python) == len(objects)
     assert raw.tags() == from_python.tags() == objects.steps
+    for last in [-1, *cuts, 10**9]:  # the distinct tags up to a step, in order (a window's publishing rows)
+        assert raw.tags_upto(last) == from_python.tags_upto(last) == sorted({t for t in objects.steps if t <= last})
     # cut at random steps, then everything: the batches are the object events' cuts, in order
     taken: dict[str, list] = {"raw": [], "py": []}
     start = 0
@@ -103,6 +105,7 @@ def test_compiled_pool_log_records_the_objects_events(num_blocks: int, ops: list
             if batch is not None:
                 assert len(batch) == end - start and batch.runs() == _runs_of(objects[start:end])
                 taken[name].append(batch.runs())
+            assert log.tags_upto(10**9) == list(dict.fromkeys(log.tags()))
         start = end
     assert taken["raw"] == taken["py"] and len(raw) == 0 and raw.front() is None
 
@@ -144,6 +147,9 @@ def test_log_refuses_events_it_cannot_hold() -> None:
 
     with pytest.raises(ValueError, match="malformed raw KV-event words"):
         index.apply_raw(0, array("Q", [STORED | 5 << 8, 1]))
+    with pytest.raises(ValueError, match="malformed raw KV-event words at word 2"):  # checked before any change
+        index.apply_raw(0, array("Q", [STORED | 1 << 8, 7, 9 | 1 << 8, 8]))
+    assert index.num_entries(0) == 0 and index.match([7], [0]) == {}
     with pytest.raises(TypeError, match="array"):
         index.apply_raw(0, array("q", [1]))
     assert len(bad) == 0

@@ -42,10 +42,9 @@ from the project.
 
 from cpython cimport array as carray
 from cpython.dict cimport PyDict_GetItem
-from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport Py_SIZE, PyObject
 from libc.stdint cimport uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.stdlib cimport calloc, free, realloc
 
 include "mask_table.pxi"
 
@@ -67,7 +66,6 @@ MAX_WORKERS = 64
 FLAGGED = 31  # fleets of up to this many workers flag multiple references in the holder masks
 
 cdef uint64_t SEEN = (<uint64_t>1) << 63  # a found slot's mark during one pass (see the module docstring)
-cdef carray.array _WORDS = carray.array("Q")  # the template of words()'s arrays
 
 
 cdef inline uint64_t _ref_slot(uint64_t key, uint32_t worker) noexcept nogil:
@@ -86,7 +84,7 @@ cdef class CompiledActiveBlocks:
     cdef int _n
     cdef uint64_t _hmask         # the holder bits of a mask (the flags and SEEN are above them)
     cdef Py_ssize_t _distinct[64]
-    cdef uint64_t* _buf          # scratch: a list's hashes as C words (see _keys)
+    cdef carray.array _words     # the hashes _keys handed out last (kept: its buffer is read)
     cdef Py_ssize_t* _found      # scratch: the slots marked SEEN in one pass (see _held)
     cdef Py_ssize_t _bufcap
 
@@ -105,7 +103,6 @@ cdef class CompiledActiveBlocks:
         if self._refs == NULL:
             raise MemoryError()
         _mt_init(&self._h, initial_slots)
-        self._buf = NULL
         self._found = NULL
         self._bufcap = 0
         self._rlive = self._rused = 0
@@ -115,38 +112,23 @@ cdef class CompiledActiveBlocks:
     def __dealloc__(self):
         free(self._refs)
         _mt_free(&self._h)
-        free(self._buf)
         free(self._found)
 
     # -- a prompt's hashes as C words -----------------------------------------------------------
     def words(self, hashes):
         """The hashes as an ``array('Q')``, the form every method here reads in place (a request's
-        hashes converted once serve its logits, acquire and release; ``array('Q', hashes)``
-        converts each int by the general byte-array path, several times slower)."""
-        cdef Py_ssize_t i, n
-        cdef list hs
-        cdef carray.array out
-        if type(hashes) is carray.array and (<carray.array>hashes).ob_descr.typecode == b'Q':
-            return hashes
-        hs = hashes if type(hashes) is list else list(hashes)
-        n = PyList_GET_SIZE(hs)
-        out = carray.clone(_WORDS, n, False)
-        for i in range(n):
-            out.data.as_ulonglongs[i] = <uint64_t>(<object>PyList_GET_ITEM(hs, i))
-        return out
+        hashes converted once serve its logits, acquire and release; ``mask_table.pxi``'s
+        ``_mt_words``)."""
+        return _mt_words(hashes)
 
     cdef int _reserve(self, Py_ssize_t n) except -1:
-        """Both scratch buffers hold at least ``n`` entries."""
+        """The scratch of marked slots holds at least ``n`` entries."""
         cdef Py_ssize_t cap = self._bufcap if self._bufcap else 256
         cdef void* p
         if n <= self._bufcap:
             return 0
         while cap < n:
             cap *= 2
-        p = realloc(self._buf, cap * sizeof(uint64_t))
-        if p == NULL:
-            raise MemoryError()
-        self._buf = <uint64_t*>p
         p = realloc(self._found, cap * sizeof(Py_ssize_t))
         if p == NULL:
             raise MemoryError()
@@ -155,26 +137,13 @@ cdef class CompiledActiveBlocks:
         return 0
 
     cdef const uint64_t* _keys(self, object hashes, Py_ssize_t* n) except NULL:
-        """The hashes as C words, their count in ``n``: an ``array('Q')``'s own buffer, else the
-        list's (or iterable's) ints converted into the scratch buffer -- converted first, so that
-        the table slots of the hashes ahead can be fetched while one is handled (a prompt's hashes
-        are random keys in a table larger than the caches: each is a miss). Valid until the next
-        call that converts (no Python code runs between)."""
-        cdef carray.array a
-        cdef list hs
-        cdef Py_ssize_t i
-        if type(hashes) is carray.array:
-            a = <carray.array>hashes
-            if a.ob_descr.typecode != b'Q':
-                raise TypeError(f"hashes as an array are an array('Q'), got typecode {a.typecode!r}")
-            n[0] = Py_SIZE(a)
-            return <const uint64_t*>a.data.as_ulonglongs if n[0] else <const uint64_t*>&SEEN
-        hs = hashes if type(hashes) is list else list(hashes)
-        n[0] = PyList_GET_SIZE(hs)
-        self._reserve(n[0] if n[0] else 1)
-        for i in range(n[0]):
-            self._buf[i] = <uint64_t>(<object>PyList_GET_ITEM(hs, i))
-        return self._buf
+        """The hashes as C words (``words``), their count in ``n``: an ``array('Q')``'s own buffer,
+        else a list's (or iterable's) ints converted first, so that the table slots of the hashes
+        ahead can be fetched while one is handled (a prompt's hashes are random keys in a table
+        larger than the caches: each is a miss). Valid until the next call (the array is kept)."""
+        self._words = _mt_words(hashes)
+        n[0] = Py_SIZE(self._words)
+        return <const uint64_t*>self._words.data.as_ulonglongs if n[0] else <const uint64_t*>&SEEN
 
     cdef int _held(self, object hashes, Py_ssize_t* counts) except -1:
         """``counts[w]``: how many distinct hashes of ``hashes`` are active on worker ``w``."""
@@ -188,7 +157,7 @@ cdef class CompiledActiveBlocks:
         if self._n == 64 and type(hashes) is not set:  # (SEEN is worker 63's bit: a set dedupes)
             hashes = set(hashes)
         ks = self._keys(hashes, &n)
-        self._reserve(n if n else 1)  # (a list's words: reserved by _keys already, so ks stays valid)
+        self._reserve(n if n else 1)
         _mt_start(&self._h, ring, ks, n)
         for i in range(n):
             j = _mt_find(&self._h, _mt_next(&self._h, ring, ks, i, n))

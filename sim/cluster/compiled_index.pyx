@@ -21,7 +21,7 @@ from cpython cimport array as carray
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport Py_SIZE
 from libc.stdint cimport uint64_t
-from libc.stdlib cimport free
+from libc.stdlib cimport free, realloc
 
 include "mask_table.pxi"
 
@@ -39,6 +39,8 @@ cdef class CompiledKVEventIndex:
     cdef MaskTable _t             # hash -> the replicas holding it (mask_table.pxi)
     cdef int _n
     cdef list _entries            # per replica: hashes it holds
+    cdef uint64_t* _keys          # scratch: a raw batch's hashes without their headers (apply_raw)
+    cdef Py_ssize_t _kcap
 
     def __cinit__(self, int num_replicas, Py_ssize_t initial_slots=1024):
         """``initial_slots``: the table's first size (rounded up to a power of two, at least 8);
@@ -48,9 +50,12 @@ cdef class CompiledKVEventIndex:
         self._n = num_replicas
         _mt_init(&self._t, initial_slots)
         self._entries = [0] * num_replicas
+        self._keys = NULL
+        self._kcap = 0
 
     def __dealloc__(self):
         _mt_free(&self._t)
+        free(self._keys)
 
     def store(self, int replica, hashes):
         """Changes state: ``BlockStored``."""
@@ -93,46 +98,75 @@ cdef class CompiledKVEventIndex:
         event a header word, ``kind | count << 8``, then its hashes) in order -- ``store`` for a
         stored event, ``remove`` for a removed one, ``clear`` for a cleared one: the calls
         ``apply`` makes for the same events as objects, without an object or a list per event.
-        Each word's table slot is fetched ``RING`` words before its turn (``mask_table.pxi``:
-        the hashes are random, one cache miss at a time would dominate)."""
+        A first pass checks the headers (a malformed batch changes nothing) and gathers the
+        hashes apart from them; each hash's table slot is then fetched ``RING`` hashes before its
+        turn (``mask_table.pxi``: the hashes are random, one cache miss at a time would dominate;
+        a header fetched a slot for nothing, and most events are one removed hash)."""
         cdef uint64_t bit = (<uint64_t>1) << self._check(replica)
         if words.ob_descr.typecode != b'Q':
             raise TypeError(f"raw KV-event words are an array('Q'), got typecode {words.typecode!r}")
         cdef const uint64_t* w = <const uint64_t*>words.data.as_ulonglongs
-        cdef Py_ssize_t n = len(words), i, j, left = 0, delta = 0
+        cdef Py_ssize_t n = len(words), i = 0, j, k = 0, nk = 0, count, delta = 0
         cdef uint64_t key
         cdef uint64_t ring[RING]
-        cdef int kind = EV_STORED
+        cdef int kind
         cdef Slot* s
-        for i in range(0, n, 8):  # (the batch's words, written at its step: cold by its delivery)
-            __builtin_prefetch(&w[i])
-        # every word goes through the ring, headers too (mixed for nothing: the ring stays in step)
-        _mt_start(&self._t, ring, w, n)
-        for i in range(n):
-            key = _mt_next(&self._t, ring, w, i, n)
-            if left == 0:  # a header: kind | count << 8
-                kind = <int>(w[i] & 0xFF)
-                left = <Py_ssize_t>(w[i] >> 8)
-                if left > n - 1 - i or kind > EV_CLEARED:
-                    raise ValueError(f"malformed raw KV-event words at word {i} of {n}")
-                if kind == EV_CLEARED:
-                    self._entries[replica] += delta
-                    delta = 0
-                    self.clear(replica)
+        self._reserve(n)
+        while i < n:  # (the batch's words, written at its step: cold by its delivery; read in order)
+            kind = <int>(w[i] & 0xFF)
+            count = <Py_ssize_t>(w[i] >> 8)
+            if count > n - 1 - i or kind > EV_CLEARED:
+                raise ValueError(f"malformed raw KV-event words at word {i} of {n}")
+            i += 1
+            if kind == EV_CLEARED:  # (a cleared event's words, if it had any, say nothing: skipped,
+                i += count          # as RawEventBatch.runs does)
                 continue
-            left -= 1
-            if kind == EV_STORED:
-                s = _mt_insert(&self._t, key)
-                if not (s.mask & bit):
-                    s.mask |= bit
-                    delta += 1
-            elif kind == EV_REMOVED:
-                j = _mt_find(&self._t, key)
-                if j >= 0 and self._t.slots[j].mask & bit:
-                    _mt_drop_bit(&self._t, j, bit)
-                    delta -= 1
-            # (a cleared event's words, if it had any, say nothing: skipped, as RawEventBatch.runs does)
+            while count:  # (mostly one hash: a loop, not a memcpy call)
+                self._keys[nk] = w[i]
+                nk += 1
+                i += 1
+                count -= 1
+        _mt_start(&self._t, ring, self._keys, nk)
+        i = 0
+        while i < n:
+            kind = <int>(w[i] & 0xFF)
+            count = <Py_ssize_t>(w[i] >> 8)
+            i += 1 + count
+            if kind == EV_CLEARED:
+                self._entries[replica] += delta
+                delta = 0
+                self.clear(replica)
+                continue
+            while count:
+                count -= 1
+                key = _mt_next(&self._t, ring, self._keys, k, nk)
+                k += 1
+                if kind == EV_STORED:
+                    s = _mt_insert(&self._t, key)
+                    if not (s.mask & bit):
+                        s.mask |= bit
+                        delta += 1
+                else:
+                    j = _mt_find(&self._t, key)
+                    if j >= 0 and self._t.slots[j].mask & bit:
+                        _mt_drop_bit(&self._t, j, bit)
+                        delta -= 1
         self._entries[replica] += delta
+
+    cdef int _reserve(self, Py_ssize_t n) except -1:
+        """The scratch of gathered hashes holds at least ``n`` words."""
+        cdef Py_ssize_t cap = self._kcap if self._kcap else 256
+        cdef void* p
+        if n <= self._kcap:
+            return 0
+        while cap < n:
+            cap *= 2
+        p = realloc(self._keys, cap * sizeof(uint64_t))
+        if p == NULL:
+            raise MemoryError()
+        self._keys = <uint64_t*>p
+        self._kcap = cap
+        return 0
 
     cdef int _store(self, int replica, uint64_t bit, list hs) except -1:
         cdef Py_ssize_t i, n = PyList_GET_SIZE(hs), added = 0
@@ -165,22 +199,16 @@ cdef class CompiledKVEventIndex:
         """Query: leading hashes held per candidate replica (only those holding block 0). ``hashes``:
         a list of ints, or an ``array('Q')`` read in place (``RouterRequest.words``)."""
         cdef uint64_t active = 0, held, dropped, mask
-        cdef list hs = None
-        cdef const unsigned long long* words = NULL
-        cdef Py_ssize_t i, j, n
+        cdef carray.array a = _mt_words(hashes)
+        cdef const uint64_t* words = <const uint64_t*>a.data.as_ulonglongs
+        cdef Py_ssize_t i, j, n = Py_SIZE(a)
         cdef dict out = {}
-        if type(hashes) is carray.array and (<carray.array>hashes).ob_descr.typecode == b'Q':
-            words = (<carray.array>hashes).data.as_ulonglongs
-            n = Py_SIZE(hashes)
-        else:
-            hs = hashes if type(hashes) is list else list(hashes)
-            n = PyList_GET_SIZE(hs)
         for r in candidates:
             active |= (<uint64_t>1) << self._check(r)
         for i in range(n):
             if not active:
                 return out
-            j = _mt_find(&self._t, _mix(words[i] if words != NULL else <uint64_t>(<object>PyList_GET_ITEM(hs, i))))
+            j = _mt_find(&self._t, _mix(words[i]))
             mask = self._t.slots[j].mask if j >= 0 else 0
             held = active & mask
             dropped = active & ~held

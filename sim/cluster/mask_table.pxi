@@ -24,6 +24,8 @@ miss). Elsewhere, or below 2 MiB, plain ``calloc``; both are zeroed, both freed 
 (``sim/core/huge_pages.pxi``, shared with the compiled pool's key table).
 """
 
+from cpython cimport array as carray
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport uint64_t
 
 cdef extern from *:
@@ -42,6 +44,29 @@ cdef struct MaskTable:
     Slot* slots
     Py_ssize_t cap   # a power of two
     Py_ssize_t live  # slots with a nonzero mask
+
+
+cdef carray.array _MT_WORDS = carray.array("Q")  # the template of _mt_words' arrays
+
+
+cdef carray.array _mt_words(object hashes):
+    """``hashes`` as an ``array('Q')``, the C words both tables' callers read in place: an
+    ``array('Q')`` itself (another array: TypeError), else the ints of a list (or any iterable)
+    converted one by one (``array('Q', ints)`` converts each int by the general byte-array path,
+    several times slower)."""
+    cdef list hs
+    cdef carray.array out
+    cdef Py_ssize_t i, n
+    if type(hashes) is carray.array:
+        if (<carray.array>hashes).ob_descr.typecode != b'Q':
+            raise TypeError(f"hashes as an array are an array('Q'), got typecode {hashes.typecode!r}")
+        return <carray.array>hashes
+    hs = hashes if type(hashes) is list else list(hashes)
+    n = PyList_GET_SIZE(hs)
+    out = carray.clone(_MT_WORDS, n, False)
+    for i in range(n):
+        out.data.as_ulonglongs[i] = <uint64_t>(<object>PyList_GET_ITEM(hs, i))
+    return out
 
 
 cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
@@ -72,8 +97,12 @@ cdef void _mt_free(MaskTable* t) noexcept:
 
 
 cdef inline void _mt_fetch(MaskTable* t, uint64_t key) noexcept:
-    """Hint: mixed ``key``'s home slot will be read soon."""
-    __builtin_prefetch(&t.slots[<Py_ssize_t>(key & <uint64_t>(t.cap - 1))])
+    """Hint: mixed ``key``'s home slot, and the slot after it, will be read soon (a probe past
+    the home, or a deletion's shift, reads on: where that slot lies in the next cache line, it
+    was the one miss not fetched ahead)."""
+    cdef Py_ssize_t m = t.cap - 1, i = <Py_ssize_t>(key & <uint64_t>m)
+    __builtin_prefetch(&t.slots[i])
+    __builtin_prefetch(&t.slots[(i + 1) & m])
 
 
 cdef inline void _mt_start(MaskTable* t, uint64_t* ring, const uint64_t* hs, Py_ssize_t n) noexcept:
