@@ -78,7 +78,6 @@ class DynamoRouter(Router):
         self._active: dict[str, _Active] = {}
         self._blocks = make_active_blocks(n)  # active prompt blocks per worker (sim.cluster.active_blocks)
         self._prefill_tokens = [0] * n
-        self._one_hasher = len({id(h) for h in self.events.group_of}) == 1
 
     def route(self, request: RouterRequest) -> Decision:
         view = self.view
@@ -87,22 +86,20 @@ class DynamoRouter(Router):
         events = self.events
         host: dict[int, int] = {}
         words: Sequence[int] | None = None
-        if events.tiers is None and self._one_hasher:
+        if events.tiers is None:
+            overlaps = events.match_blocks(request, up)
+        else:
+            matches = events.match_tiers(request, up)
+            overlaps = {w: m.gpu for w, m in matches.items() if m.gpu}
+            host = {w: m.host for w, m in matches.items() if m.host}
+        if events.tiers is None and events.one_hasher:
             # the common fleet (every replica hashes alike, no CPU tier): the prompt's hashes once,
-            # as words for the logits, the acquire and the release (EventCacheView.match_blocks's
-            # one group, without grouping)
-            hashes = request.words(events.group_of[0])  # (an array('Q') from the compiled chain)
-            overlaps = events.index.match(hashes, up)
-            words = self._blocks.words(hashes)
+            # as words for the logits, the acquire and the release (an array('Q') from the
+            # compiled chain, as match_blocks read them)
+            words = self._blocks.words(request.words(events.group_of[0]))
             logits = self._blocks.logits(words, up, overlaps, self._prefill_tokens, request.prompt_len,
                                          view.facts[0].block_size, self.overlap_credit, self.prefill_load_scale)
         else:
-            if events.tiers is None:
-                overlaps = events.match_blocks(request, up)
-            else:
-                matches = events.match_tiers(request, up)
-                overlaps = {w: m.gpu for w, m in matches.items() if m.gpu}
-                host = {w: m.host for w, m in matches.items() if m.host}
             logits = self._grouped_logits(request, up, overlaps, host)
         choice = self._pick(up, logits)
         held: Sequence[int] = words if words is not None else request.hashes(events.group_of[choice])
@@ -119,14 +116,10 @@ class DynamoRouter(Router):
         """The logits of ``up``'s workers, in its order: one ``ActiveCounts.logits`` call per hasher
         (a mixed fleet hashes each group's way), with CPU-tier credit where ``host`` has any."""
         assert self.view is not None
-        group_of = self.events.group_of
-        by: dict[int, list[int]] = {}
-        for w in up:
-            by.setdefault(id(group_of[w]), []).append(w)
         out: dict[int, float] = {}
-        for members in by.values():
+        for hasher, members in self.events.groups(up):
             out.update(zip(members, self._blocks.logits(
-                request.hashes(group_of[members[0]]), members, overlaps, self._prefill_tokens, request.prompt_len,
+                request.hashes(hasher), members, overlaps, self._prefill_tokens, request.prompt_len,
                 self.view.facts[members[0]].block_size, self.overlap_credit, self.prefill_load_scale, host,
                 self.host_cache_hit_weight)))
         return [out[w] for w in up]

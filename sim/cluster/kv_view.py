@@ -44,6 +44,7 @@ class EventCacheView:
         self.index: EventIndex = self.tiers.gpu if self.tiers is not None else make_kv_event_index(len(facts))
         self._hashers: dict[tuple[str, int, int | str, int, bool, bool], BlockHasher] = {}
         self.group_of = [self._hasher(f) for f in facts]
+        self.one_hasher = len({id(h) for h in self.group_of}) == 1  # (the common fleet: no grouping)
         self._apply = getattr(self.index, "apply", None)  # the compiled index's batch dispatch
         # a raw batch in C (one medium only: a cleared event then clears the one index)
         self._apply_raw = getattr(self.index, "apply_raw", None) if self.tiers is None else None
@@ -116,24 +117,33 @@ class EventCacheView:
         GPU prefix alone, for every field, when the view has one medium."""
         if self.tiers is None:
             return {i: TierMatch(b, 0, b, b, 0) for i, b in self.match_blocks(request, candidates).items()}
-        by_group: dict[int, list[int]] = {}
-        for i in candidates:
-            by_group.setdefault(id(self.group_of[i]), []).append(i)
         out: dict[int, TierMatch] = {}
-        for members in by_group.values():
-            out.update(self.tiers.match(request.hashes(self.group_of[members[0]]), members))
+        for hasher, members in self.groups(candidates):
+            out.update(self.tiers.match(request.hashes(hasher), members))
         return out
 
     def match_blocks(self, request: RouterRequest, candidates: Iterable[int]) -> dict[int, int]:
-        """Query: leading blocks each candidate holds (absent: none), per its own hashing."""
+        """Query: leading blocks each candidate holds (absent: none), per its own hashing; the
+        prompt's hashes as ``RouterRequest.words`` made them (the compiled index reads an
+        ``array('Q')`` in place)."""
+        if self.one_hasher:
+            return self.index.match(request.words(self.group_of[0]), candidates)
+        out: dict[int, int] = {}
+        for hasher, members in self.groups(candidates):
+            out.update(self.index.match(request.words(hasher), members))
+        return out
+
+    def groups(self, candidates: Iterable[int]) -> list[tuple[BlockHasher, list[int]]]:
+        """Query: ``candidates`` by hashing (a mixed fleet hashes each group its own way): each
+        group's hasher with its members in ``candidates``' order, the groups in the order of
+        their first members (one group when every replica hashes alike)."""
+        if self.one_hasher:
+            members = list(candidates)
+            return [(self.group_of[0], members)] if members else []
         by_group: dict[int, list[int]] = {}
         for i in candidates:
             by_group.setdefault(id(self.group_of[i]), []).append(i)
-        out: dict[int, int] = {}
-        for members in by_group.values():
-            hasher = self.group_of[members[0]]
-            out.update(self.index.match(request.hashes(hasher), members))
-        return out
+        return [(self.group_of[members[0]], members) for members in by_group.values()]
 
     def hit_tokens(self, request: RouterRequest, replica: int, blocks: int) -> int:
         """``blocks`` leading blocks of ``replica`` as tokens vLLM could serve from cache."""

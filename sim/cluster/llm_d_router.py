@@ -128,12 +128,9 @@ class LlmDRouter(Router):
 
     def _speculative_blocks(self, request: RouterRequest, up: list[int]) -> dict[int, int]:
         """Leading blocks of the speculative index per candidate, hashed as each replica hashes."""
-        groups: dict[int, list[int]] = {}
-        for i in up:
-            groups.setdefault(id(self.events.group_of[i]), []).append(i)
         out: dict[int, int] = {}
-        for members in groups.values():
-            out.update(self.speculative.match(request.hashes(self.events.group_of[members[0]]), members))
+        for hasher, members in self.events.groups(up):
+            out.update(self.speculative.match(request.hashes(hasher), members))
         return out
 
     def _weighted(self, m: TierMatch) -> float:

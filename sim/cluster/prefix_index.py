@@ -24,6 +24,7 @@ stdlib (and that optional extension).
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -142,7 +143,8 @@ class ShardedKVEventIndex:
         for replica in candidates:
             self._at(replica)
             by_shard.setdefault(replica // _SHARD, []).append(replica % _SHARD)
-        hs = hashes if type(hashes) is list else list(hashes)
+        # (a list or an array('Q') is read by every shard as it is: the compiled match reads an array in place)
+        hs = hashes if type(hashes) is list or type(hashes) is array else list(hashes)
         found: list[tuple[int, int]] = []
         for k, members in by_shard.items():
             lo = k * _SHARD
