@@ -14,7 +14,7 @@ from sim.core.kv_cache_block import KVCacheBlock
 from sim.core.offload.connector import OffloadingConnectorScheduler
 from sim.core.offload.manager import LookupResult
 from sim.core.offload.policy import ReqContext
-from sim.core.offload.request_state import RequestOffloadState, chunk_blocks
+from sim.core.offload.request_state import RequestOffloadState, chunk_blocks, stored_indices, stored_run
 from sim.core.offload.step_worker import StepDelayWorker
 from sim.core.offload.transfer import KVConnectorMetadata, KVConnectorOutput
 from sim.core.request import Request
@@ -212,3 +212,21 @@ def test_a_store_jobs_source_blocks_are_its_chunks_blocks(bpc: int, picked: set[
     want = [blocks[c * bpc + j] for c in ids for j in range(bpc)]
     assert chunk_blocks(blocks, ids[0], ids[-1] + 1, ids, bpc) == want
     assert chunk_blocks(blocks, ids[0], ids[-1] + 1, [], bpc) == blocks[ids[0] * bpc : (ids[-1] + 1) * bpc]
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=hst.integers(1, 10), start=hst.integers(0, 5), data=hst.data())
+def test_a_partial_offers_stored_chunks_are_a_run_or_listed(n: int, start: int, data: hst.DataObject) -> None:
+    """``stored_run``: a partial offer whose stored keys are its tail gives ``(first, [])`` -- the
+    chunks from ``first`` to the offer's end, no list --, any other subsequence its indices, listed
+    (``stored_indices``), and both name the same chunks."""
+    offered = [f"k{start + i}".encode() for i in range(n)]
+    picked = sorted(data.draw(hst.sets(hst.integers(0, n - 1), min_size=1)))
+    stored = [offered[i] for i in picked]
+    first, listed = stored_run(offered, stored, start)
+    want = [start + i for i in picked]
+    assert stored_indices(offered, stored, start) == want
+    if picked == list(range(picked[0], n)):
+        assert (first, listed) == (start + picked[0], [])
+    else:
+        assert (first, listed) == (want[0], want)

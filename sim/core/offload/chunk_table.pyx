@@ -107,6 +107,7 @@ cdef class _TableCore:
     cdef dict groups  # a running request's rank -> its _Group
     cdef list group_ids  # group id -> _Group (None: free)
     cdef list free_gids
+    cdef list spare_groups  # dropped groups, their stacks kept for the next running request
     cdef Py_ssize_t group_entries
     cdef int32_t gseq
     cdef public object events  # (removed, keys) raw events while KV events are on, else None
@@ -141,7 +142,7 @@ cdef class _TableCore:
             self.protected[i] = 0
         self.events = None
         self.report_evictions = report_evictions
-        self.groups, self.group_ids, self.free_gids = {}, [], []
+        self.groups, self.group_ids, self.free_gids, self.spare_groups = {}, [], [], []
 
     def __dealloc__(self) -> None:
         cdef Py_ssize_t s
@@ -391,3 +392,4 @@ cdef class _TableCore:
 
 include "chunk_table_group_ops.pxi"
 include "chunk_table_ops.pxi"
+include "chunk_table_evict.pxi"

@@ -56,6 +56,23 @@ cdef Entry _heap_pop(Heap* h) noexcept:
     return top
 
 
+cdef void _heap_replace_top(Heap* h, Entry e) noexcept:
+    """The top replaced by ``e`` (``h`` not empty), sifted down: ``_heap_pop`` then ``_heap_push``
+    in one pass."""
+    cdef Py_ssize_t i = 0, child, n = h.size
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and _less(&h.data[child + 1], &h.data[child]):
+            child += 1
+        if not _less(&h.data[child], &e):
+            break
+        h.data[i] = h.data[child]
+        i = child
+    h.data[i] = e
+
+
 cdef class _Group:
     """One running request's completed stores: ``stack[:n]`` in descending rank (top: the smallest)."""
 
@@ -73,10 +90,18 @@ cdef class _Group:
 
     cdef int append(self, Entry e) except -1:
         if self.n == self.cap:
-            self.cap = 2 * self.cap if self.cap else 64
-            self.stack = <Entry*>realloc(self.stack, self.cap * sizeof(Entry))
-            if not self.stack:
-                raise MemoryError()
+            self.reserve(self.n + 1)
         self.stack[self.n] = e
         self.n += 1
+        return 0
+
+    cdef int reserve(self, Py_ssize_t need) except -1:
+        """Room for ``need`` entries (the capacity doubles, from 64)."""
+        if need <= self.cap:
+            return 0
+        while self.cap < need:
+            self.cap = 2 * self.cap if self.cap else 64
+        self.stack = <Entry*>realloc(self.stack, self.cap * sizeof(Entry))
+        if not self.stack:
+            raise MemoryError()
         return 0

@@ -155,7 +155,7 @@ cdef class LRUChunkTable(_TableCore):
             for i in range(n):
                 if slots[i] >= 0:
                     self.protected[slots[i]] = 1
-            ok = self._evict(num_to_evict, n - num_to_store, evicted)
+            ok = _evict(self, num_to_evict, n - num_to_store, evicted)
             for i in range(n):
                 if slots[i] >= 0:
                     self.protected[slots[i]] = 0
@@ -195,52 +195,6 @@ cdef class LRUChunkTable(_TableCore):
         self.allocations += 1
         return PrepareStoreOutput(to_store, evicted if evicted is not None else [], chunk_ids)
 
-    cdef bint _evict(self, Py_ssize_t n, Py_ssize_t num_protected, list out) except -1:
-        """Remove the ``n`` smallest-rank evictable, unprotected chunks (their keys appended to
-        ``out`` in eviction order unless ``out`` is None, their ids pushed on the free stack);
-        False, and nothing changed, when there are fewer (vLLM ``evict``: protected entries are
-        pushed back)."""
-        cdef Entry* picked = <Entry*>malloc((n + num_protected + 1) * sizeof(Entry))
-        if not picked:
-            raise MemoryError()
-        cdef Py_ssize_t i, num_picked = 0, num_deferred = 0
-        cdef Entry e
-        cdef int32_t s
-        try:
-            while num_picked < n and self._num_entries():
-                if self.fifo_head + 8 < self.fifo_tail:  # (the FIFO's victims-to-be, fetched ahead)
-                    APC_PREFETCH(&self.sl[self.fifo[self.fifo_head + 8].slot])
-                self._pop_min(&e)
-                if not self._live(&e):
-                    continue
-                if self.protected[e.slot]:  # kept at the end of the buffer
-                    picked[n + num_deferred] = e
-                    num_deferred += 1
-                    continue
-                picked[num_picked] = e
-                num_picked += 1
-            for i in range(num_deferred):
-                _heap_push(&self.heap, picked[n + i])
-            if num_picked < n:
-                for i in range(num_picked):
-                    _heap_push(&self.heap, picked[i])
-                return False
-            # (the victims' buckets fetched ahead, found by the hashes their records keep: the key
-            # objects are not read for them)
-            for i in range(n):
-                APC_PREFETCH(&self.tbl[<size_t>self.sl[picked[i].slot].hash & self.tbl_mask])
-            for i in range(n):
-                s = picked[i].slot
-                if out is not None:
-                    out.append(<object>self.sl[s].key)
-                self._index_del(s)
-                self.free_stack[self.num_free_stack] = s
-                self.num_free_stack += 1
-            self.num_evictable -= n
-            return True
-        finally:
-            free(picked)
-
     def complete_store(self, keys, chunks=None) -> None:
         """Make the chunks of a finished store ready and evictable; ``chunks``: the ids of its
         ``PrepareStoreOutput`` (still pending: no lookup needed)."""
@@ -263,11 +217,13 @@ cdef class LRUChunkTable(_TableCore):
         if fast:  # (one request's store: its chunks go on its stack, chunk_table_groups.pxi)
             grank = self.sl[slots[0]].major
             g = _group_of(self, grank)
-            for i in range(n):
+            i = 0
+            while i < n:
                 s = slots[i]
                 self.sl[s].ref_cnt = 0
                 self.num_evictable += 1
                 _push_stored(self, s, g if self.sl[s].major == grank else None)
+                i = _stack_run(self, g, slots, i + 1, n, grank)  # (those that follow it on the stack)
             if g.alive:
                 _group_top(self, g)
             self.num_write_pending -= len(key_list)
@@ -299,27 +255,22 @@ cdef class LRUChunkTable(_TableCore):
         cdef int32_t* known = (<_Access>acc).slots
         cdef Py_ssize_t i, cap = (<_Access>acc).cap
         cdef int32_t s
-        cdef Slot* c
+        cdef PyObject* key  # (borrowed from seen, which holds it: no reference taken per key)
         for i in range(min(cap, PyList_GET_SIZE(seen))):
             if known[i] >= 0:
                 APC_PREFETCH(&self.sl[known[i]])
         for i in range(PyList_GET_SIZE(seen) - 1, -1, -1):
-            key = <object>PyList_GET_ITEM(seen, i)
-            if key is None:
+            key = PyList_GET_ITEM(seen, i)
+            if key == <PyObject*>None:
                 continue
             s = known[i] if i < cap else -1
             # (the chunk it had when observed, if that chunk still holds this very key: a key is
             # held by one chunk at most, so no probe is needed)
-            if s < 0 or self.sl[s].key != <PyObject*>key:
-                s = self._slot(key)
+            if s < 0 or self.sl[s].key != key:
+                s = self._slot(<object>key)
                 if s < 0:
                     continue
-            c = &self.sl[s]
-            self.next_rank += 1
-            c.major = self.next_rank
-            c.minor = 0
-            if c.ref_cnt == 0:
-                self._push(s)
+            _rerank_fresh(self, s)
 
     # -- queries ------------------------------------------------------------------------------
     def num_free_chunks(self) -> int:

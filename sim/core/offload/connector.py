@@ -45,7 +45,7 @@ from sim.core.offload.request_state import (
     RequestOffloadState,
     StepAllocations,
     chunk_blocks,
-    stored_indices,
+    stored_run,
 )
 from sim.core.request import PREEMPTED, Request
 from sim.core.transfer_job import KVConnectorMetadata, KVConnectorOutput, TransferJob
@@ -299,8 +299,8 @@ class OffloadingConnectorScheduler:
         """Offer one request's next chunks (vLLM ``_build_store_jobs``' loop body); ``num_tokens_after_batch``
         < 0 marks a finished request. With ``late_sources`` (a decode window's prefill: its new blocks are
         known once the window is played) a store job's ``(job id, state, first, end, chunk indices)`` is
-        appended there for its source blocks -- the chunks ``[first, end)``, or the listed indices when not
-        all of them were stored (``sim.replay.tier_window``); its block count is its chunks'."""
+        appended there for its source blocks -- the chunks ``[first, end)`` (all offered, or a partial
+        offer's stored tail), or the listed indices (``sim.replay.tier_window``); its block count is its chunks'."""
         req = st.req
         req_id = req.request_id
         tpc, bpc = self.tokens_per_chunk, self.blocks_per_chunk
@@ -335,18 +335,19 @@ class OffloadingConnectorScheduler:
         if self.events_tracker is not None:  # vLLM record_store in _build_store_jobs
             self.events_tracker.record_store(st, start, new_keys, result.keys_to_store)
         to_store = result.keys_to_store  # (a list of its own: the job keeps it)
-        # (the usual case: every offered chunk [start, num_chunks) is stored, no indices listed)
-        chunk_ids = [] if len(to_store) == len(new_keys) else stored_indices(new_keys, to_store, start)
+        # the stored chunks: [first, num_chunks) -- every one offered (the usual case) or a partial
+        # offer's tail -- or the listed indices (request_state.stored_run)
+        first, chunk_ids = (start, []) if len(to_store) == len(new_keys) else stored_run(new_keys, to_store, start)
         # (no null block is a source: OffloadTier's one full-attention group never holds one)
         src: list[KVCacheBlock] = [] if late_sources is not None else chunk_blocks(
-            st.blocks, start, num_chunks, chunk_ids, bpc)
+            st.blocks, first, num_chunks, chunk_ids, bpc)
         st.next_stored_chunk_idx = max(st.next_stored_chunk_idx, num_chunks)
         job_id = self._new_job_id()
         st.transfer_jobs.add(job_id)
-        self.jobs[job_id] = JobStatus(req_id, to_store, True, src, result.chunks, chunk_ids[0] if chunk_ids else start)
+        self.jobs[job_id] = JobStatus(req_id, to_store, True, src, result.chunks, first)
         num_blocks = len(src)
         if late_sources is not None:
-            late_sources.append((job_id, st, start, num_chunks, chunk_ids))
+            late_sources.append((job_id, st, first, num_chunks, chunk_ids))
             num_blocks = len(to_store) * bpc
         out.append(TransferJob(job_id, req_id, "store", num_blocks))
         self.stats.store_jobs += 1

@@ -134,17 +134,26 @@ class RequestOffloadState:
         return self.storable_chunks(n, tokens_per_chunk, blocks_per_chunk)
 
 
+def stored_tail(offered: list[OffloadKey], stored: list[OffloadKey], start: int) -> int:
+    """Query: the chunk index of the first ``stored`` key when the stored keys of an offer of
+    ``offered`` (the request's keys from index ``start``) are its last ones -- the usual partial
+    offer: a resident head, the rest new --, else -1 (see :func:`stored_indices`)."""
+    n = len(stored)
+    k = len(offered) - n
+    j = 0
+    while j < n and offered[k + j] is stored[j]:
+        j += 1
+    return start + k if j == n else -1  # (a key has one position in the offer: they are its last n)
+
+
 def stored_indices(offered: list[OffloadKey], stored: list[OffloadKey], start: int) -> list[int]:
     """Query: the chunk indices of the ``stored`` keys of an offer of ``offered`` (the request's keys
     from index ``start``); ``stored`` is a subsequence of ``offered`` in its order (``prepare_store``
     keeps the offer's order) and a request's keys are distinct, so one walk pairs them."""
     n = len(stored)
-    k = len(offered) - n
-    j = 0
-    while j < n and offered[k + j] is stored[j]:  # (the usual partial offer: a resident head, the rest new)
-        j += 1
-    if j == n:  # (a key has one position in the offer: the stored keys are its last n)
-        return list(range(start + k, start + k + n))
+    first = stored_tail(offered, stored, start)
+    if first >= 0:
+        return list(range(first, first + n))
     out: list[int] = []
     j = 0
     for i, key in enumerate(offered):
@@ -153,6 +162,17 @@ def stored_indices(offered: list[OffloadKey], stored: list[OffloadKey], start: i
             j += 1
     assert j == n, "the stored keys are not a subsequence of the offer"
     return out
+
+
+def stored_run(offered: list[OffloadKey], stored: list[OffloadKey], start: int) -> tuple[int, list[int]]:
+    """Query: a partial offer's stored chunks as ``(first, indices)``: the chunks ``[first, end of
+    the offer)`` and no list when they are its tail (:func:`stored_tail`), else the first of the
+    listed indices and the list (:func:`stored_indices`)."""
+    first = stored_tail(offered, stored, start)
+    if first >= 0:
+        return first, []
+    indices = stored_indices(offered, stored, start)
+    return indices[0], indices
 
 
 def chunk_blocks(
