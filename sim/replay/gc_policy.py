@@ -13,7 +13,15 @@ indexes and sixteen replicas' tables would otherwise be walked again and again: 
 * a first-generation pass runs every ``REPLAY_GC_THRESHOLD`` net allocations instead; the cycles
   a replay does make are still collected, only later.
 
-Both are restored when the replay ends, however it ends. Imports only the standard library.
+Both are restored when the replay ends, however it ends, and one pass over the two young
+generations then moves what the replay made and still holds to the oldest generation: at the raised
+threshold few passes ran, so its survivors -- a fleet's engines, tables and router index, about a
+million objects -- are all young, and the default policy would walk them twice while the result is
+built (a first-generation pass at the next 700 allocations, a second-generation one ten passes
+later): gc callbacks on the Dynamo 16-replica child (first 2,000 Mooncake requests), GC time after
+the clock stops 0.033 -> 0.015 s. (``gc.freeze`` + ``gc.unfreeze`` would move them without a walk,
+but uncounted: the full collections that free a dead fleet's cycles would come later and later in a
+process that replays many times.) Imports only the standard library.
 """
 
 from __future__ import annotations
@@ -38,3 +46,4 @@ def replay_gc() -> Iterator[None]:
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
+        gc.collect(1)  # the replay's survivors to the oldest generation, walked once (see the module docstring)
