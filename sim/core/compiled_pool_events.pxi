@@ -129,7 +129,9 @@ cdef class KVEventLog:
 
     cdef int begin(self, int64_t step, int kind, Py_ssize_t count) except -1:
         """Changes state: append an event's header (its ``count`` hashes follow with ``put``)."""
-        self._reserve(1, 1 + count)
+        # (the room checked here: a _reserve call per event was 23 M of the log's 78 M instructions)
+        if self._ne >= self._cape or self._nw + 1 + count > self._capw:
+            self._reserve(1, 1 + count)
         self._steps[self._ne] = step
         self._at[self._ne] = self._nw
         self._ne += 1
