@@ -21,6 +21,8 @@ from libc.string cimport memcpy
 
 import numpy as np
 
+include "be64.pxi"
+
 cdef carray.array _WORDS = carray.array("Q")  # the template of chain_runs_external's arrays
 
 
@@ -70,7 +72,6 @@ cdef tuple _chain_runs(const int64_t[:] starts, const int64_t[:] lengths, Py_ssi
     cdef list keys = PyList_New(n)
     cdef object key
     cdef char* out
-    cdef const unsigned char* b
     cdef int64_t[:] ends = _cumsum(lengths)  # end (exclusive) of each run
     cdef uint64_t ka0 = run_keys[0, 0], kb0 = run_keys[0, 1], ka1 = run_keys[1, 0], kb1 = run_keys[1, 1]
     cdef uint64_t l0 = lane_keys[0, 0], l1 = lane_keys[1, 0], p0 = mult[0], p1 = mult[1]
@@ -120,11 +121,8 @@ cdef tuple _chain_runs(const int64_t[:] starts, const int64_t[:] lengths, Py_ssi
         memcpy(out + 8, &f1, 8)
         Py_INCREF(key)  # PyList_SET_ITEM steals a reference
         PyList_SET_ITEM(keys, i, key)
-        if words != NULL:  # bytes 8..15 read big-endian, whatever the host's byte order
-            b = <const unsigned char*>out + 8  # (written out: gcc makes the shifts one byte swap)
-            words[i] = ((<uint64_t>b[0] << 56) | (<uint64_t>b[1] << 48) | (<uint64_t>b[2] << 40)
-                        | (<uint64_t>b[3] << 32) | (<uint64_t>b[4] << 24) | (<uint64_t>b[5] << 16)
-                        | (<uint64_t>b[6] << 8) | <uint64_t>b[7])
+        if words != NULL:  # the event form: bytes 8..15 read big-endian (be64.pxi)
+            words[i] = _be64(<const unsigned char*>out + 8)
     return keys, (h0, h1)
 
 

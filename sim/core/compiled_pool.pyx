@@ -53,6 +53,7 @@ cdef inline object _external_hash(object raw):
 # the C layout, the index primitives, the free queue, this file's BlockPool API, and the views.
 include "huge_pages.pxi"
 include "compiled_pool_layout.pxi"
+include "be64.pxi"
 include "compiled_pool_events.pxi"
 include "compiled_pool_index.pxi"
 include "compiled_pool_queue.pxi"

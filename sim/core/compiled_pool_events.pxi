@@ -39,14 +39,11 @@ cdef inline uint64_t _ext64(object raw) except? 0:
     if not PyBytes_Check(raw):
         return <uint64_t>external_block_hash(raw)
     cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(raw)
-    cdef Py_ssize_t n = PyBytes_GET_SIZE(raw)
-    cdef Py_ssize_t i = n - 8 if n > 8 else 0
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(raw), i = 0
     cdef uint64_t v = 0
-    if n >= 8:  # (every key of the default hashes: one load, the shifts below are a byte swap to gcc)
-        p += n - 8
-        return ((<uint64_t>p[0] << 56) | (<uint64_t>p[1] << 48) | (<uint64_t>p[2] << 40) | (<uint64_t>p[3] << 32)
-                | (<uint64_t>p[4] << 24) | (<uint64_t>p[5] << 16) | (<uint64_t>p[6] << 8) | <uint64_t>p[7])
-    while i < n:
+    if n >= 8:  # (every key of the default hashes: the last 8 bytes, be64.pxi)
+        return _be64(p + n - 8)
+    while i < n:  # (a shorter key: all its bytes)
         v = (v << 8) | p[i]
         i += 1
     return v
