@@ -55,3 +55,47 @@ def test_a_long_window_grows_its_buffers() -> None:
                                 True, False)
     got_d, got_s = compiled_window.bulk_steps(price, 8, 1000, 5000, 10**6, [3] * 8, 16, 1.0, float("inf"), True, False)
     assert len(got_d) == 5000 and list(got_d) == want_d and list(got_s) == want_s
+
+
+_VALUES = st.one_of(st.integers(-(2**64), 2**64), st.floats(allow_nan=False), st.booleans(), st.none())
+
+
+@st.composite
+def _column(draw: st.DrawFn) -> object:
+    kind = draw(st.sampled_from(["ints", "floats", "mixed", "array_q", "array_d", "range", "tuple"]))
+    if kind == "ints":
+        return draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6))
+    if kind == "floats":
+        return draw(st.lists(st.one_of(st.floats(), st.integers(-(2**70), 2**70)), max_size=6))
+    if kind == "mixed":
+        return draw(st.lists(_VALUES, max_size=6))
+    if kind == "array_q":
+        return array("q", draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6)))
+    if kind == "array_d":
+        return array("d", draw(st.lists(st.floats(), max_size=6)))
+    if kind == "range":
+        start = draw(st.integers(-(2**64), 2**64))
+        return range(start, start + draw(st.integers(0, 5)), draw(st.sampled_from([1, 1, 2])))
+    return tuple(draw(st.lists(st.integers(0, 99), max_size=4)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(codes=st.lists(st.sampled_from("qd"), min_size=1, max_size=6), data=st.data())
+def test_put_columns_appends_what_put_would_and_stops_at_the_first_it_leaves(codes, data) -> None:
+    """put_columns (a window's step columns in C) against column_table._put, its oracle: the columns
+    it reports done hold what _put appends (same values, float bits included); the rest, from the
+    first one it leaves, are untouched."""
+    from sim.replay.column_table import _put
+
+    columns = tuple(data.draw(_column()) for _ in codes)
+    base = [array(c, [1] if c == "q" else [0.5]) for c in codes]
+    got = [array(c, a) for c, a in zip(codes, base, strict=True)]
+    done = compiled_window.put_columns(got, columns)
+    assert 0 <= done <= len(codes)
+    for i, (c, values) in enumerate(zip(codes, columns, strict=True)):
+        want = array(c, base[i])
+        if i < done:
+            _put(want, values)  # (a column put_columns took, _put takes too)
+            assert want.tobytes() == got[i].tobytes()
+        else:
+            assert got[i].tobytes() == want.tobytes()

@@ -33,6 +33,12 @@ import numpy as np
 
 from sim.replay.table import Column, Table, typed_column
 
+_put_columns: Callable[[list[array[Any]], tuple[Sequence[Any], ...]], int] | None
+try:  # a window's columns appended in C (sim.replay.compiled_window, built by pip install -e .)
+    from sim.replay.compiled_window import put_columns as _put_columns
+except ImportError:  # pragma: no cover - where the extension is not built
+    _put_columns = None
+
 CHUNK_ROWS = 8192  # rows of Python values a column holds before they become one numpy chunk
 # rows of a NumericColumnTable's chunk (4 KiB a column). An open chunk grows by a fast-forward window's
 # rows at a time (~150 in a fleet) and array over-allocates a sixteenth, so nearly every window's extend
@@ -210,8 +216,11 @@ class NumericColumnTable:
         saved = self._cols[:]  # a column turned float64 is a new array: a refusal restores this list
         try:
             try:
-                # one C loop, as ColumnTable.extend; a refused column is left as it was (_put)
-                any(map(_put, self._cols, columns))
+                # the columns C takes as they are (arrays of the column's type, lists of exact numbers,
+                # ranges: compiled_window.put_columns, the same values as _put's), then the rest (_put)
+                # in one C loop, as ColumnTable.extend; a refused column is left as it was (_put)
+                done = _put_columns(self._cols, columns) if _put_columns is not None else 0
+                any(map(_put, self._cols[done:], columns[done:]))
             except _REFUSED:
                 self._truncate(before)
                 for i, values in enumerate(columns):
