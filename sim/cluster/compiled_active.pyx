@@ -158,9 +158,9 @@ cdef class CompiledActiveBlocks:
             hashes = set(hashes)
         ks = self._keys(hashes, &n)
         self._reserve(n if n else 1)
-        _mt_start(&self._h, ring, ks, n)
+        _mt_start(&self._h, ring, ks, n, False)
         for i in range(n):
-            j = _mt_find(&self._h, _mt_next(&self._h, ring, ks, i, n))
+            j = _mt_find(&self._h, _mt_next(&self._h, ring, ks, i, n, False))
             if j < 0:
                 continue
             mask = self._h.slots[j].mask & self._hmask
@@ -250,9 +250,9 @@ cdef class CompiledActiveBlocks:
         cdef Py_ssize_t i, n
         cdef Slot* s
         cdef const uint64_t* ks = self._keys(hashes, &n)
-        _mt_start(&self._h, ring, ks, n)
+        _mt_start(&self._h, ring, ks, n, False)
         for i in range(n):
-            key = _mt_next(&self._h, ring, ks, i, n)
+            key = _mt_next(&self._h, ring, ks, i, n, False)
             s = _mt_insert(&self._h, key)
             if s.mask & bit:  # held already: one more reference (flagged in the mask)
                 self._ref_insert(key, w).count += 1
@@ -273,9 +273,9 @@ cdef class CompiledActiveBlocks:
         cdef const uint64_t* ks = self._keys(hashes, &n)
         for i in range(0, n, 8):  # (a request's words were made at its routing: cold by its end)
             __builtin_prefetch(&ks[i])
-        _mt_start(&self._h, ring, ks, n)
+        _mt_start(&self._h, ring, ks, n, True)
         for i in range(n):
-            key = _mt_next(&self._h, ring, ks, i, n)
+            key = _mt_next(&self._h, ring, ks, i, n, True)
             j = _mt_find(&self._h, key)
             if j < 0 or not (self._h.slots[j].mask & bit):
                 raise KeyError(ks[i])

@@ -126,7 +126,7 @@ cdef class CompiledKVEventIndex:
                 nk += 1
                 i += 1
                 count -= 1
-        _mt_start(&self._t, ring, self._keys, nk)
+        _mt_start(&self._t, ring, self._keys, nk, True)
         i = 0
         while i < n:
             kind = <int>(w[i] & 0xFF)
@@ -139,7 +139,7 @@ cdef class CompiledKVEventIndex:
                 continue
             while count:
                 count -= 1
-                key = _mt_next(&self._t, ring, self._keys, k, nk)
+                key = _mt_next(&self._t, ring, self._keys, k, nk, True)
                 k += 1
                 if kind == EV_STORED:
                     s = _mt_insert(&self._t, key)

@@ -96,32 +96,36 @@ cdef void _mt_free(MaskTable* t) noexcept:
     t.slots = NULL
 
 
-cdef inline void _mt_fetch(MaskTable* t, uint64_t key) noexcept:
-    """Hint: mixed ``key``'s home slot, and the slot after it, will be read soon (a probe past
-    the home, or a deletion's shift, reads on: where that slot lies in the next cache line, it
-    was the one miss not fetched ahead)."""
+cdef inline void _mt_fetch(MaskTable* t, uint64_t key, bint deep) noexcept:
+    """Hint: mixed ``key``'s home slot will be read soon; ``deep``: the next cache line too, for a
+    run that deletes (a deletion's backward shift reads on to the end of the probe run: perf put
+    most of a raw batch's time on those reads when only the home line was fetched ahead). A run
+    that only probes (a prompt's match or acquire) fetches the home line alone: the line after it
+    is rarely read there and only takes a fetch slot."""
     cdef Py_ssize_t m = t.cap - 1, i = <Py_ssize_t>(key & <uint64_t>m)
     __builtin_prefetch(&t.slots[i])
-    __builtin_prefetch(&t.slots[(i + 1) & m])
+    if deep:  # (slot i + 4 always lies in the line after slot i's: 16-byte slots, 64-byte lines)
+        __builtin_prefetch(&t.slots[(i + 4) & m])
 
 
-cdef inline void _mt_start(MaskTable* t, uint64_t* ring, const uint64_t* hs, Py_ssize_t n) noexcept:
+cdef inline void _mt_start(MaskTable* t, uint64_t* ring, const uint64_t* hs, Py_ssize_t n, bint deep) noexcept:
     """Begin a run over the ``n`` hashes ``hs``: the first ``RING`` mixed into ``ring``, their home
-    slots fetched. Then ``_mt_next`` for ``i = 0, 1, ..., n - 1``, each once and in order."""
+    slots fetched (``deep``: see ``_mt_fetch``). Then ``_mt_next`` for ``i = 0, 1, ..., n - 1``,
+    each once and in order, with the same ``deep``."""
     cdef Py_ssize_t j
     for j in range(n if n < RING else RING):
         ring[j] = _mix(hs[j])
-        _mt_fetch(t, ring[j])
+        _mt_fetch(t, ring[j], deep)
 
 
 cdef inline uint64_t _mt_next(MaskTable* t, uint64_t* ring, const uint64_t* hs, Py_ssize_t i,
-                              Py_ssize_t n) noexcept:
+                              Py_ssize_t n, bint deep) noexcept:
     """``hs[i]`` mixed (from ``ring``), after mixing ``hs[i + RING]`` into its place and fetching
     its home slot. Valid across a rebuild: a mixed key does not depend on the table's size."""
     cdef uint64_t key = ring[i & (RING - 1)]
     if i + RING < n:
         ring[i & (RING - 1)] = _mix(hs[i + RING])
-        _mt_fetch(t, ring[i & (RING - 1)])
+        _mt_fetch(t, ring[i & (RING - 1)], deep)
     return key
 
 
