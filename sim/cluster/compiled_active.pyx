@@ -44,7 +44,7 @@ from cpython cimport array as carray
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport Py_SIZE, PyObject
 from libc.stdint cimport uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, realloc
+from libc.stdlib cimport calloc, free
 
 include "mask_table.pxi"
 
@@ -121,21 +121,6 @@ cdef class CompiledActiveBlocks:
         ``_mt_words``)."""
         return _mt_words(hashes)
 
-    cdef int _reserve(self, Py_ssize_t n) except -1:
-        """The scratch of marked slots holds at least ``n`` entries."""
-        cdef Py_ssize_t cap = self._bufcap if self._bufcap else 256
-        cdef void* p
-        if n <= self._bufcap:
-            return 0
-        while cap < n:
-            cap *= 2
-        p = realloc(self._found, cap * sizeof(Py_ssize_t))
-        if p == NULL:
-            raise MemoryError()
-        self._found = <Py_ssize_t*>p
-        self._bufcap = cap
-        return 0
-
     cdef const uint64_t* _keys(self, object hashes, Py_ssize_t* n) except NULL:
         """The hashes as C words (``words``), their count in ``n``: an ``array('Q')``'s own buffer,
         else a list's (or iterable's) ints converted first, so that the table slots of the hashes
@@ -157,7 +142,7 @@ cdef class CompiledActiveBlocks:
         if self._n == 64 and type(hashes) is not set:  # (SEEN is worker 63's bit: a set dedupes)
             hashes = set(hashes)
         ks = self._keys(hashes, &n)
-        self._reserve(n if n else 1)
+        _mt_reserve(<void**>&self._found, &self._bufcap, n if n else 1, sizeof(Py_ssize_t))
         _mt_start(&self._h, ring, ks, n, False)
         for i in range(n):
             j = _mt_find(&self._h, _mt_next(&self._h, ring, ks, i, n, False))

@@ -21,7 +21,7 @@ from cpython cimport array as carray
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.object cimport Py_SIZE
 from libc.stdint cimport uint64_t
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free
 
 include "mask_table.pxi"
 
@@ -111,7 +111,7 @@ cdef class CompiledKVEventIndex:
         cdef uint64_t ring[RING]
         cdef int kind
         cdef Slot* s
-        self._reserve(n)
+        _mt_reserve(<void**>&self._keys, &self._kcap, n, sizeof(uint64_t))
         while i < n:  # (the batch's words, written at its step: cold by its delivery; read in order)
             kind = <int>(w[i] & 0xFF)
             count = <Py_ssize_t>(w[i] >> 8)
@@ -152,21 +152,6 @@ cdef class CompiledKVEventIndex:
                         _mt_drop_bit(&self._t, j, bit)
                         delta -= 1
         self._entries[replica] += delta
-
-    cdef int _reserve(self, Py_ssize_t n) except -1:
-        """The scratch of gathered hashes holds at least ``n`` words."""
-        cdef Py_ssize_t cap = self._kcap if self._kcap else 256
-        cdef void* p
-        if n <= self._kcap:
-            return 0
-        while cap < n:
-            cap *= 2
-        p = realloc(self._keys, cap * sizeof(uint64_t))
-        if p == NULL:
-            raise MemoryError()
-        self._keys = <uint64_t*>p
-        self._kcap = cap
-        return 0
 
     cdef int _store(self, int replica, uint64_t bit, list hs) except -1:
         cdef Py_ssize_t i, n = PyList_GET_SIZE(hs), added = 0

@@ -27,6 +27,7 @@ miss). Elsewhere, or below 2 MiB, plain ``calloc``; both are zeroed, both freed 
 from cpython cimport array as carray
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from libc.stdint cimport uint64_t
+from libc.stdlib cimport realloc
 
 cdef extern from *:
     void __builtin_prefetch(const void* addr) nogil  # (GCC/Clang: a hint, never a fault)
@@ -67,6 +68,23 @@ cdef carray.array _mt_words(object hashes):
     for i in range(n):
         out.data.as_ulonglongs[i] = <uint64_t>(<object>PyList_GET_ITEM(hs, i))
     return out
+
+
+cdef int _mt_reserve(void** buf, Py_ssize_t* cap, Py_ssize_t n, size_t item) except -1:
+    """A caller's scratch ``buf[0]`` (``cap[0]`` items of ``item`` bytes) holds at least ``n`` items:
+    grown by doubling from 256 (``realloc``: what it held is kept), ``cap[0]`` updated."""
+    cdef Py_ssize_t c = cap[0] if cap[0] else 256
+    cdef void* p
+    if n <= cap[0]:
+        return 0
+    while c < n:
+        c *= 2
+    p = realloc(buf[0], c * item)
+    if p == NULL:
+        raise MemoryError()
+    buf[0] = p
+    cap[0] = c
+    return 0
 
 
 cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
