@@ -113,7 +113,7 @@ def _offers_reach_head(sched: Scheduler, tier: OffloadTier, offerers: list[Reque
     """Query: a chunk the window's offerers may offer is one of the waiting head's: that chunk would
     be pending at a later step's lookup of the head. Otherwise the window's offers change the head's
     lookups only by evicting: a smaller CPU hit, never a deferral, and the head stays refused
-    (``sim.replay.decode_window._head_stays_refused``: its refusal holds whatever its hits).
+    (``sim.replay.window_gates.head_stays_refused``: its refusal holds whatever its hits).
     A key names its whole prefix (a chain of block hashes), so an offered key can equal a head's key
     only at the same chunk index, and then so do their keys at every smaller index: comparing the
     first offered chunk's key (index ``next_stored_chunk_idx``) with the head's decides."""
