@@ -236,14 +236,18 @@ class OffloadingConnectorScheduler:
             req = s.request
             st = status[req.request_id]
             st.update_offload_keys(hpc, tpc)
-            if s.admitted:  # the whole block table
+            admitted, new = s.admitted, s.new_blocks
+            if admitted:  # the whole block table
                 st.blocks.clear()
-            if s.new_blocks:  # (the blocks themselves: their ids are read only where needed)
-                st.blocks.extend(s.new_blocks)
-                allocated.add_new(s.new_blocks)
+            if new:  # (the blocks themselves: their ids are read only where needed)
+                st.blocks.extend(new)
+                allocated.add_new(new)
+            elif st.prompt_offered and not admitted:
+                continue  # the test below held at an earlier step and still holds (prompt_offered)
             n_after = s.num_computed_before + s.num_new_tokens
             prompt = req.num_prompt_tokens
-            if prompt_only and n_after >= prompt and st.next_stored_chunk_idx * tpc > prompt - tpc:
+            st.prompt_offered = prompt_only and n_after >= prompt and st.next_stored_chunk_idx * tpc > prompt - tpc
+            if st.prompt_offered:
                 continue  # a decode whose prompt is all offered: build_store_job's fast path
             self.build_store_job(st, n_after, store_jobs)
         load_ids = {j.job_id for j in self._batch_load_jobs}

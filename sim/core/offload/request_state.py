@@ -81,6 +81,10 @@ class RequestOffloadState:
     # chunks_stored when none of its chunks was pending (-1: unknown), or a pending chunk's index
     head_stable_at: int = -1
     head_pending_chunk: int = -1
+    # build_connector_meta's decode test held at the request's last full pass (prompt_only, its prompt
+    # computed and all offered): n_after and next_stored_chunk_idx only grow until its next admission,
+    # which recomputes it, so a later step without new blocks skips reading the step's fields again
+    prompt_offered: bool = False
 
     def update_offload_keys(self, hashes_per_chunk: int, tokens_per_chunk: int) -> None:
         """Extend ``keys`` with the request's newly full chunks (vLLM ``update_offload_keys``)."""
