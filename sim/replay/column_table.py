@@ -293,11 +293,11 @@ def numeric_joiners(tables: Sequence[NumericColumnTable]) -> list[Callable[[], n
     now: later appends are not seen), so that a column nobody reads is never copied
     (``sim.replay.table.LazyTable``); None as :func:`join_numeric`. Checks only the dtypes now."""
     out: list[Callable[[], np.ndarray]] = []
+    opens = [t._n - t._base for t in tables]  # the open chunks' rows now (the same for every column)
     for i in range(len(tables[0].columns)):
         parts = [[*t._chunks[i], t._cols[i]] for t in tables]
         if len({p[-1].typecode for p in parts}) != 1:
             return None
-        opens = [t._n - t._base for t in tables]  # the open chunks' rows now
         out.append(partial(_joined_at, parts, opens))
     return out
 

@@ -81,11 +81,12 @@ def window_steps(run: StepRunner, window: Window) -> Iterator[Wait]:
     n_finished = constant_column(0, k)
     n_finished[k - 1] = len(window.finished)
     durations = window.durations
-    # each row's end: the next step's start, the float start + duration made when planning
-    ends: Sequence[float] | None = starts[1:]
+    ends: Sequence[float] | None
     if run.kv_worker is not None:  # a tiered step records its end minus its start (StepRunner._transfers)
         durations = [starts[j + 1] - starts[j] for j in range(k)]
         ends = None  # (start + (end - start) may round off the end: the hook adds them itself)
+    else:  # each row's end: the next step's start, the float start + duration made when planning
+        ends = starts[1:]
     zeros = constant_column(0, k)
     rec.steps(  # (lists, arrays where constant, a range of step indexes: NumericColumnTable.extend)
         range(first_step, first_step + k), starts[:k], durations, window.num_seqs, window.num_new_tokens,

@@ -202,7 +202,7 @@ class LazyTable(Table):
 
     def _made(self) -> Table:
         """The plain Table of every column (made now where not yet)."""
-        return Table({name: self[name] for name in self._names}) if self._names else Table({})
+        return Table({name: self[name] for name in self._names})
 
 
 def _given(col: Column) -> Callable[[], Column]:

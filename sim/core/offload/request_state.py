@@ -154,18 +154,10 @@ def stored_indices(offered: list[OffloadKey], stored: list[OffloadKey], start: i
     """Query: the chunk indices of the ``stored`` keys of an offer of ``offered`` (the request's keys
     from index ``start``); ``stored`` is a subsequence of ``offered`` in its order (``prepare_store``
     keeps the offer's order) and a request's keys are distinct, so one walk pairs them."""
-    n = len(stored)
     first = stored_tail(offered, stored, start)
     if first >= 0:
-        return list(range(first, first + n))
-    out: list[int] = []
-    j = 0
-    for i, key in enumerate(offered):
-        if j < n and (key is stored[j] or key == stored[j]):  # (both managers return the offered objects)
-            out.append(start + i)
-            j += 1
-    assert j == n, "the stored keys are not a subsequence of the offer"
-    return out
+        return list(range(first, first + len(stored)))
+    return _paired_indices(offered, stored, start)
 
 
 def stored_run(offered: list[OffloadKey], stored: list[OffloadKey], start: int) -> tuple[int, list[int]]:
@@ -175,8 +167,22 @@ def stored_run(offered: list[OffloadKey], stored: list[OffloadKey], start: int) 
     first = stored_tail(offered, stored, start)
     if first >= 0:
         return first, []
-    indices = stored_indices(offered, stored, start)
+    indices = _paired_indices(offered, stored, start)
     return indices[0], indices
+
+
+def _paired_indices(offered: list[OffloadKey], stored: list[OffloadKey], start: int) -> list[int]:
+    """:func:`stored_indices` by the walk that pairs each stored key with its offered position
+    (when the stored keys are not the offer's tail)."""
+    n = len(stored)
+    out: list[int] = []
+    j = 0
+    for i, key in enumerate(offered):
+        if j < n and (key is stored[j] or key == stored[j]):  # (both managers return the offered objects)
+            out.append(start + i)
+            j += 1
+    assert j == n, "the stored keys are not a subsequence of the offer"
+    return out
 
 
 def chunk_blocks(
